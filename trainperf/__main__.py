@@ -1,0 +1,3 @@
+from trainperf.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,28 @@
+"""Helpers shared by subcommand modules (kept free of torch imports)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+
+def add_json_flag(parser) -> None:
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON for scripts")
+
+
+def add_config_args(parser, *, required: bool = True) -> None:
+    parser.add_argument("config", nargs=None if required else "?", help="YAML config file")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config field, e.g. --set optimizer.lr=3e-4 (repeatable; wins over the file)",
+    )
+
+
+def print_json(obj: Any) -> None:
+    json.dump(obj, sys.stdout, indent=2, default=str)
+    sys.stdout.write("\n")
