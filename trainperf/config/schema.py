@@ -1,0 +1,376 @@
+"""The typed configuration tree.
+
+Every field carries a docstring: those docstrings are the JSON Schema
+descriptions (``trainperf config schema``) and the documentation. Unknown keys
+are rejected (the loader suggests the nearest valid name). ``"auto"`` values
+are resolved from the hardware probe by :mod:`trainperf.config.resolve`.
+
+Precedence: ``--set`` overrides > YAML file > the defaults written here.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+Auto = Literal["auto"]
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+        use_attribute_docstrings=True,
+        validate_assignment=True,
+        protected_namespaces=(),
+    )
+
+
+def _parse_bytes(value):
+    """Accept 1024, "512MB", "50GB", "8GiB"."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return int(value)
+    if isinstance(value, str):
+        text = value.strip().replace(" ", "")
+        units = {
+            "": 1, "b": 1,
+            "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+            "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+        }
+        num = text.rstrip("KMGTBikmgtb")
+        unit = text[len(num):].lower()
+        if unit in units and num:
+            try:
+                return int(float(num) * units[unit])
+            except ValueError:
+                pass
+    raise ValueError(f"{value!r} is not a size; write bytes as a number or with a unit, e.g. '512MB' or '50GB'")
+
+
+# --------------------------------------------------------------------------- run
+class RunConfig(Section):
+    name: str = "run"
+    """Name of the run; used in the default run directory."""
+    dir: Optional[str] = None
+    """Run directory (metrics, checkpoints, summary.json). Default: runs/<name>."""
+    steps: int = Field(200, ge=1)
+    """Number of optimizer steps to train."""
+    seed: int = 1337
+    """Seed for parameters, data order and dropout; the same seed gives the same run."""
+    device: Literal["auto", "cpu", "cuda", "xla"] = "auto"
+    """Where to train: auto picks cuda when available, else cpu."""
+    threads: Union[Auto, int] = "auto"
+    """CPU threads for intra-op parallelism (auto: usable CPUs / local ranks)."""
+    log_every: int = Field(10, ge=1)
+    """Print and log a progress line every this many steps."""
+    eval_every: int = Field(100, ge=0)
+    """Evaluate on the validation split every this many steps (0: only at the end)."""
+    eval_batches: int = Field(8, ge=1)
+    """Micro-batches averaged for one validation loss."""
+    sample_tokens: int = Field(200, ge=0)
+    """Length of the text sample generated at the end (0: none)."""
+    progress: bool = True
+    """Show a progress bar (disabled automatically when stderr is not a terminal)."""
+
+
+# --------------------------------------------------------------------------- model
+class ModelConfig(Section):
+    preset: str = "tiny"
+    """Reference GPT shape (tiny, gpt2-124m, gpt2-350m, ...; see trainperf.models.presets)."""
+    entrypoint: Optional[str] = None
+    """Your own model: "package.module:function" returning an nn.Module whose forward(idx, targets)
+    returns (logits, loss) with loss the mean cross-entropy over the tokens (see README)."""
+    n_layer: Optional[int] = Field(None, ge=1)
+    """Transformer blocks (default: from the preset)."""
+    n_head: Optional[int] = Field(None, ge=1)
+    """Attention heads (default: from the preset)."""
+    n_embd: Optional[int] = Field(None, ge=1)
+    """Hidden size (default: from the preset)."""
+    block_size: Optional[int] = Field(None, ge=1)
+    """Context length in tokens (default: from the preset)."""
+    vocab_size: Union[Auto, int] = "auto"
+    """Vocabulary size; auto takes it from the data (padded up to a multiple of 64)."""
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    """Dropout probability in attention and MLP outputs."""
+    bias: bool = True
+    """Use bias in linear layers and layer norms."""
+    init_std: float = Field(0.02, gt=0)
+    """Standard deviation of the normal weight initialization."""
+
+
+# --------------------------------------------------------------------------- data
+class CacheConfig(Section):
+    dir: Optional[str] = None
+    """Disk cache directory shared by the processes of a node (None: no disk cache)."""
+    max_bytes: int = 50 * 10**9
+    """Size bound of the disk cache; least recently used entries are evicted ("50GB", "512MB")."""
+
+    _size = field_validator("max_bytes", mode="before")(lambda cls, v: _parse_bytes(v))
+
+
+class PrefetchConfig(Section):
+    device_bytes: int = 8 * 2**30
+    """Bound of the device prefetch ring in bytes ("8GiB" as in the founding document)."""
+    depth: int = Field(4, ge=1)
+    """Batches prepared ahead of use (upper bound; the byte bound may lower it)."""
+    io_threads: int = Field(8, ge=1)
+    """Threads issuing reads ahead of use (async IO)."""
+
+    _size = field_validator("device_bytes", mode="before")(lambda cls, v: _parse_bytes(v))
+
+
+class SimulateConfig(Section):
+    read_latency_ms: float = Field(0.0, ge=0)
+    """Added latency per read, like a network filesystem (for benchmarks and diagnosis)."""
+    bandwidth_mb_s: Optional[float] = Field(None, gt=0)
+    """Bandwidth cap of the simulated storage in MB/s (None: no cap)."""
+
+
+class DataConfig(Section):
+    source: Literal["tokens", "synthetic", "files", "dataset"] = "tokens"
+    """tokens: a prepared token memmap; synthetic: random tokens (throughput work);
+    files: a directory of sample files; dataset: a map-style Dataset from `dataset_entrypoint`."""
+    path: str = "data/stdlib"
+    """Directory with train.bin, val.bin and meta.json (written by `trainperf data prepare`)."""
+    prepare_from: Optional[str] = "stdlib"
+    """If `path` holds no prepared data: prepare it from this directory of text files, or from
+    "stdlib" (the Python standard library's source). None: fail with instructions."""
+    prepare_max_bytes: int = 16 * 10**6
+    """Bound on the text read when preparing (bytes)."""
+    val_fraction: float = Field(0.05, gt=0, lt=0.5)
+    """Fraction of the prepared tokens held out for validation."""
+    dataset_entrypoint: Optional[str] = None
+    """For source=dataset: "package.module:function" returning a map-style Dataset."""
+    num_workers: Union[Auto, int] = "auto"
+    """Loader workers per rank; auto = min(32, usable CPUs / local ranks) where workers help."""
+    pin_memory: Union[Auto, bool] = "auto"
+    """Pin host batches (auto: on when training on CUDA)."""
+    prefetch_factor: int = Field(3, ge=1)
+    """Batches each worker prepares ahead (the founding document's 3)."""
+    shuffle: bool = True
+    """Shuffle sample order (deterministic from run.seed and the epoch)."""
+    drop_last: bool = True
+    """Drop the samples that do not fill an equal share for every rank (else pad by repeating)."""
+    on_bad_sample: Literal["error", "skip"] = "error"
+    """What to do with an unreadable sample: stop with its index and file, or skip it and count it."""
+    loader: Literal["simple", "hybrid", "dataloader"] = "simple"
+    """Batch loader: simple (in-process), hybrid (HybridLoader tiers), dataloader (torch DataLoader)."""
+    cache: CacheConfig = CacheConfig()
+    """Disk cache tier."""
+    prefetch: PrefetchConfig = PrefetchConfig()
+    """Host/device prefetch tier."""
+    simulate: SimulateConfig = SimulateConfig()
+    """Slow-storage simulation wrapped around the source."""
+
+
+# --------------------------------------------------------------------------- train
+class TrainConfig(Section):
+    global_batch: int = Field(16, ge=1)
+    """Sequences per optimizer step, summed over all data-parallel ranks and micro-steps."""
+    micro_batch: int = Field(16, ge=1)
+    """Sequences per forward/backward on one rank; accumulation = global / (micro * data ranks)."""
+    grad_clip: float = Field(1.0, ge=0)
+    """Clip the global gradient norm to this value (0: no clipping)."""
+
+
+class OptimizerConfig(Section):
+    type: Literal["adamw", "fused_adam", "adam", "sgd"] = "adamw"
+    """adamw / fused_adam (AdamW with the fused kernel where the device has one, foreach elsewhere),
+    adam (no decoupled decay), sgd (momentum 0.9)."""
+    lr: float = Field(1e-3, gt=0)
+    """Peak learning rate."""
+    weight_decay: float = Field(0.1, ge=0)
+    """Decoupled weight decay, applied to matrices only (not biases, norms or embeddings' bias)."""
+    betas: tuple[float, float] = (0.9, 0.95)
+    """Adam betas."""
+    eps: float = Field(1e-8, gt=0)
+    """Adam epsilon."""
+    impl: Literal["auto", "fused", "foreach", "for-loop"] = "auto"
+    """Kernel: auto picks fused where the device supports it, foreach elsewhere."""
+
+
+class ScheduleConfig(Section):
+    type: Literal["cosine", "linear", "constant"] = "cosine"
+    """Decay after warm-up."""
+    warmup_steps: int = Field(20, ge=0)
+    """Linear warm-up from 0 to the peak learning rate."""
+    min_lr_ratio: float = Field(0.1, ge=0, le=1)
+    """Final learning rate as a fraction of the peak."""
+
+
+class PrecisionConfig(Section):
+    dtype: Literal["auto", "fp32", "tf32", "bf16", "fp16"] = "auto"
+    """fp32; tf32 (fp32 storage, TF32 matmuls on Ampere+); bf16 or fp16 autocast (fp16 with loss
+    scaling). auto: bf16 on GPUs that support it, fp16 on older GPUs, fp32 on CPU."""
+    init_scale: float = Field(2.0**16, gt=0)
+    """Initial loss scale for fp16."""
+
+
+class CheckpointingConfig(Section):
+    mode: Literal["none", "full", "ratio", "every_k", "selective", "budget"] = "none"
+    """Activation checkpointing: none, full (every block), ratio (a fraction of blocks, spread
+    evenly), every_k (one block in k), selective (op level: keep matmul outputs), budget (least
+    recompute that fits memory.checkpointing.budget_gb)."""
+    ratio: float = 0.25
+    """For mode=ratio: fraction of blocks checkpointed (0.25 = one in four, the founding document's)."""
+    every_k: int = Field(4, ge=1)
+    """For mode=every_k: checkpoint one block in this many."""
+    blocks: Optional[str] = None
+    """Dotted path of the repeated blocks (e.g. "transformer.h"); None: found automatically."""
+    budget_gb: Optional[float] = Field(None, gt=0)
+    """For mode=budget: activation + model-state budget per rank in GB."""
+
+
+class MemoryConfig(Section):
+    checkpointing: CheckpointingConfig = CheckpointingConfig()
+    """Activation (gradient) checkpointing."""
+
+
+class CompileConfig(Section):
+    enabled: bool = False
+    """Compile the model with torch.compile (falls back to eager with a warning if it fails)."""
+    mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = "default"
+    """torch.compile mode."""
+    fullgraph: bool = False
+    """Require one graph (no graph breaks)."""
+    backend: str = "inductor"
+    """torch.compile backend (inductor; openxla on XLA devices)."""
+    regional: bool = False
+    """Compile each repeated block separately (faster compile) instead of the whole model."""
+
+
+class CompressionConfig(Section):
+    type: Literal["none", "fp16", "bf16", "powersgd"] = "none"
+    """Gradient compression for data-parallel all-reduce (DDP communication hooks)."""
+    rank: int = Field(4, ge=1)
+    """PowerSGD matrix approximation rank."""
+    warmup_steps: int = Field(10, ge=0)
+    """PowerSGD: steps of uncompressed all-reduce before compression starts."""
+
+
+class BalanceConfig(Section):
+    enabled: bool = False
+    """Rebalance per-rank micro-batch shares to follow measured speed."""
+    window: int = 100
+    """Steps of per-rank speed measurements kept (the founding document's 100)."""
+    threshold: float = 0.2
+    """Rebalance when the coefficient of variation of per-rank compute time exceeds this."""
+    min_share: float = 0.05
+    """Smallest fraction of the global batch a rank may get."""
+    max_share: float = 0.95
+    """Largest fraction of the global batch a rank may get."""
+    hysteresis: float = 0.5
+    """After a rebalance, the imbalance must exceed threshold x (1 + hysteresis) ... relative to the
+    new shares before moving again; prevents oscillation."""
+
+
+class ParallelismConfig(Section):
+    data: int = -1
+    """Data-parallel replicas (DDP); -1 derives it from the world size."""
+    data_shard: int = 1
+    """FSDP2 sharding degree (fully_shard)."""
+    tensor: int = Field(1, ge=1)
+    """Tensor-parallel degree (DTensor); must divide model.n_head."""
+    pipeline: int = Field(1, ge=1)
+    """Pipeline-parallel degree (torch.distributed.pipelining); at most model.n_layer."""
+    microbatches: int = Field(8, ge=1)
+    """Pipeline micro-batches per step (the founding document's chunks=8)."""
+    pipeline_schedule: Literal["gpipe", "1f1b", "interleaved_1f1b"] = "1f1b"
+    """Pipeline schedule."""
+    interleave: int = Field(1, ge=1)
+    """Virtual stages per rank for interleaved 1F1B."""
+    sequence_parallel: bool = False
+    """Shard layer norms and dropout along the sequence under tensor parallelism."""
+    compression: CompressionConfig = CompressionConfig()
+    """Gradient compression."""
+    fsdp_reduce_dtype: Literal["fp32", "bf16", "fp16"] = "fp32"
+    """FSDP2 gradient reduce-scatter dtype."""
+    balance: BalanceConfig = BalanceConfig()
+    """Dynamic load balancer."""
+
+    @field_validator("data", "data_shard")
+    @classmethod
+    def _degree(cls, v: int) -> int:
+        if v == 0 or v < -1:
+            raise ValueError("must be a positive degree or -1 (derive from the world size)")
+        return v
+
+
+class ProfileConfig(Section):
+    start_step: Optional[int] = Field(None, ge=0)
+    """Record a torch.profiler trace starting at this step (None: no trace)."""
+    steps: int = Field(3, ge=1)
+    """Steps recorded in the trace."""
+
+
+class MonitorConfig(Section):
+    jsonl: bool = True
+    """Write metrics.jsonl (one line per step) in the run directory."""
+    tensorboard: bool = False
+    """Also write TensorBoard events (needs the tensorboard package)."""
+    prometheus_port: Optional[int] = Field(None, ge=0, le=65535)
+    """Serve metrics for Prometheus on this port (None: off)."""
+    prometheus_host: str = "127.0.0.1"
+    """Address the Prometheus endpoint binds to (loopback unless you say otherwise)."""
+    sample_every_s: float = Field(1.0, gt=0)
+    """Device sampler period (NVML, CPU, RAM)."""
+    nvtx: bool = True
+    """Emit NVTX ranges per phase on CUDA (visible under nsys profile -t cuda,nvtx)."""
+    mfu: bool = True
+    """Compute MFU/HFU (FLOPs counted once with FlopCounterMode and from the formula)."""
+    profile: ProfileConfig = ProfileConfig()
+    """torch.profiler trace window."""
+
+
+class CheckpointConfig(Section):
+    every: int = Field(0, ge=0)
+    """Save every this many steps (0: only at the end)."""
+    keep: int = Field(3, ge=1)
+    """Keep the last K checkpoints."""
+    dir: Optional[str] = None
+    """Checkpoint directory (default: <run.dir>/checkpoints)."""
+    at_end: bool = True
+    """Save a checkpoint after the last step."""
+
+
+class DistributedConfig(Section):
+    backend: Literal["auto", "nccl", "gloo"] = "auto"
+    """Process-group backend: auto = nccl on CUDA, gloo on CPU."""
+    timeout_s: float = Field(300.0, gt=0)
+    """Collective timeout: a rank that dies or hangs ends the job within this time."""
+    flight_recorder: bool = True
+    """On CUDA, keep NCCL's flight recorder of recent collectives for post-mortem."""
+
+
+class Config(Section):
+    """The whole trainperf configuration."""
+
+    run: RunConfig = RunConfig()
+    """Run identity, length, seed, device."""
+    model: ModelConfig = ModelConfig()
+    """Model choice and shape."""
+    data: DataConfig = DataConfig()
+    """Data source and loader."""
+    train: TrainConfig = TrainConfig()
+    """Batch sizes and clipping."""
+    optimizer: OptimizerConfig = OptimizerConfig()
+    """Optimizer."""
+    schedule: ScheduleConfig = ScheduleConfig()
+    """Learning-rate schedule."""
+    precision: PrecisionConfig = PrecisionConfig()
+    """Numeric precision policy."""
+    memory: MemoryConfig = MemoryConfig()
+    """Memory savers."""
+    compile: CompileConfig = CompileConfig()
+    """torch.compile."""
+    parallelism: ParallelismConfig = ParallelismConfig()
+    """Parallel degrees and related settings."""
+    monitor: MonitorConfig = MonitorConfig()
+    """Metrics, sampling and profiling."""
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    """Checkpointing for resume."""
+    distributed: DistributedConfig = DistributedConfig()
+    """Process group settings."""
+
+    def run_dir(self) -> str:
+        return self.run.dir or f"runs/{self.run.name}"
