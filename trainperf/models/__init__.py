@@ -1,0 +1,1 @@
+"""Reference models (plain nn.Modules) and the builder."""
