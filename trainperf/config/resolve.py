@@ -24,7 +24,7 @@ class DeviceFacts:
     cuda_name: str = ""
     bf16: bool = False
     tf32: bool = False  # Ampere (sm80) or newer
-    fused_adam: bool = False
+    fused_adam_devices: tuple = ("cuda",)
     xla: bool = False
     cpus: int = 1
     local_ranks: int = 1
@@ -40,7 +40,13 @@ class DeviceFacts:
             major, _ = torch.cuda.get_device_capability(0)
             facts.tf32 = major >= 8
             facts.bf16 = torch.cuda.is_bf16_supported()
-            facts.fused_adam = True
+        try:
+            from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
+
+            fused_devices = set(_get_fused_kernels_supported_devices())
+        except ImportError:  # older torch: fused AdamW on CUDA only
+            fused_devices = {"cuda"}
+        facts.fused_adam_devices = tuple(sorted(fused_devices))
         return facts
 
 
@@ -124,14 +130,17 @@ def resolve(cfg: Config, facts: DeviceFacts | None = None, world_size: int | Non
         if opt.type == "sgd":
             opt.impl = "foreach"
             notes["optimizer.impl"] = "SGD: foreach"
-        elif on_cuda and facts.fused_adam:
+        elif cfg.run.device in facts.fused_adam_devices:
             opt.impl = "fused"
-            notes["optimizer.impl"] = f"{opt.type}: fused kernel on CUDA"
+            notes["optimizer.impl"] = f"{opt.type}: this torch has a fused AdamW kernel for {cfg.run.device}"
         else:
             opt.impl = "foreach"
-            notes["optimizer.impl"] = f"{opt.type}: no fused kernel used on {cfg.run.device}; foreach (multi-tensor) instead"
-    if opt.impl == "fused" and not on_cuda and cfg.run.device != "cpu":
-        raise ConfigError(f"optimizer.impl='fused' is not available on {cfg.run.device}; use foreach")
+            notes["optimizer.impl"] = f"{opt.type}: no fused kernel on {cfg.run.device}; foreach (multi-tensor) instead"
+    if opt.impl == "fused" and (opt.type == "sgd" or cfg.run.device not in facts.fused_adam_devices):
+        raise ConfigError(
+            f"optimizer.impl='fused' is not available for {opt.type} on {cfg.run.device} with this torch; "
+            "use optimizer.impl=foreach or auto"
+        )
 
     # --- data loader settings
     d = cfg.data

@@ -75,9 +75,14 @@ def host_facts() -> dict[str, Any]:
 
 def cpu_facts() -> dict[str, Any]:
     model = None
+    flags: set[str] = set()
     for line in (_read("/proc/cpuinfo") or "").splitlines():
-        if line.lower().startswith(("model name", "hardware")):  # x86, some ARM
+        key = line.lower()
+        if model is None and key.startswith(("model name", "hardware")):  # x86, some ARM
             model = line.split(":", 1)[1].strip()
+        elif not flags and key.startswith(("flags", "features")):
+            flags = set(line.split(":", 1)[1].split())
+        if model is not None and flags:
             break
     logical = os.cpu_count() or 1
     try:
@@ -101,8 +106,10 @@ def cpu_facts() -> dict[str, Any]:
         "affinity": affinity,
         "cgroup_quota": quota,
         "usable": usable,
-        "usable_reason": "; ".join(reasons) or "all logical CPUs (no affinity mask or cgroup quota)",
+        "usable_reason": "; ".join(reasons) or "no affinity mask or cgroup quota: all logical CPUs",
         "numa_nodes": nodes,
+        # Native bf16 arithmetic on the CPU (AVX512-BF16 or AMX): bf16 autocast pays off there.
+        "bf16_native": bool(flags & {"avx512_bf16", "amx_bf16"}),
     }
 
 
@@ -262,11 +269,13 @@ def _catalog_peak(name: str | None) -> float | None:
         return None
     if entry is None:
         return None
-    items = entry.items() if isinstance(entry, dict) else vars(entry).items() if hasattr(entry, "__dict__") else []
-    for key, value in items:
-        if "bf16" in key.lower() and isinstance(value, (int, float)) and "sparse" not in key.lower():
-            return float(value)
-    return None
+    if hasattr(entry, "peak_tflops"):
+        try:
+            return float(entry.peak_tflops("bf16"))
+        except Exception:
+            return None
+    value = entry.get("bf16_tflops") if isinstance(entry, dict) else getattr(entry, "bf16_tflops", None)
+    return float(value) if isinstance(value, (int, float)) else None
 
 
 def _nvml_gpus() -> tuple[list[dict], dict, dict]:

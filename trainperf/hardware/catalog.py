@@ -1,0 +1,219 @@
+"""Hardware catalog: dense peaks, memory and interconnect of the devices trainperf plans for.
+
+Pure Python (no torch). Used by the planner (``trainperf plan``), by MFU in the monitor and by
+``doctor``: they look a device up by catalog key (``a100-80gb``) or by the name NVML/torch
+reports (``"NVIDIA A100-SXM4-80GB"``, ``"NVIDIA H100 80GB HBM3"``, ``"NVIDIA H200"``) with
+:func:`lookup_gpu`.
+
+Peaks are **dense** tensor-core figures (never the 2:4-sparsity ones): A100 312 BF16 TFLOP/s,
+H100/H200 SXM 989 (the 1,979 often quoted for H100 is the sparse figure). Sources: NVIDIA
+A100 / H100 / H200 datasheets; InfiniBand per GPU: HDR 200 Gb/s on DGX A100, NDR 400 Gb/s on
+DGX H100/H200 (see REFERENCE.md). Bandwidths are in GB/s = 1e9 bytes/s; ``nvlink_gbps`` is the
+total (both directions) per GPU as NVIDIA quotes it, ``internode_gbps`` one direction per GPU.
+
+Extend it with a YAML file (``trainperf plan --catalog FILE``)::
+
+    gpus:
+      my-h100-roce:          # a new key, or an existing one to override fields
+        base: h100-sxm       # optional: start from an existing entry
+        internode_gbps: 25
+        aliases: ["NVIDIA H100 80GB HBM3 (RoCE cluster)"]
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, fields, replace
+
+from trainperf.errors import ConfigError, UserError
+
+
+@dataclass(frozen=True)
+class GPUSpec:
+    """One accelerator (or a CPU socket) as the planner and MFU see it."""
+
+    key: str
+    """Catalog key, e.g. ``a100-80gb``."""
+    name: str
+    """Marketing / NVML name."""
+    bf16_tflops: float
+    """Dense BF16 tensor-core peak, TFLOP/s (FP16 dense is the same on these parts)."""
+    fp16_tflops: float
+    """Dense FP16 tensor-core peak, TFLOP/s."""
+    tf32_tflops: float
+    """Dense TF32 tensor-core peak, TFLOP/s."""
+    fp32_tflops: float
+    """FP32 (non-tensor-core) peak, TFLOP/s."""
+    hbm_gib: float
+    """Device memory in GiB as the driver reports it (A100 80GB = 80 GiB)."""
+    hbm_tbps: float
+    """Device memory bandwidth, TB/s."""
+    nvlink_gbps: float
+    """Intra-node GPU-to-GPU bandwidth per GPU, GB/s, both directions summed (NVLink; PCIe when
+    there is no NVLink)."""
+    internode_gbps: float
+    """Inter-node bandwidth per GPU, one direction, GB/s (one HDR/NDR NIC per GPU on DGX)."""
+    gpus_per_node: int
+    """Devices sharing the fast intra-node fabric."""
+    sms: int = 0
+    """Streaming multiprocessors (0 when not applicable)."""
+    aliases: tuple[str, ...] = ()
+    """Extra exact names (case-insensitive) that map to this entry."""
+    note: str = ""
+
+    def peak_tflops(self, dtype: str = "bf16") -> float:
+        """Dense peak for a precision: bf16, fp16, tf32 or fp32."""
+        table = {"bf16": self.bf16_tflops, "fp16": self.fp16_tflops, "tf32": self.tf32_tflops, "fp32": self.fp32_tflops}
+        if dtype not in table:
+            raise ConfigError(f"precision {dtype!r} has no peak in the catalog; choose one of {', '.join(table)}")
+        return table[dtype]
+
+    @property
+    def hbm_bytes(self) -> float:
+        return self.hbm_gib * 2**30
+
+    def as_dict(self) -> dict:
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d["aliases"] = list(self.aliases)
+        return d
+
+
+_BUILTIN = [
+    GPUSpec("a100-40gb", "NVIDIA A100-SXM4-40GB", 312, 312, 156, 19.5, 40.0, 1.555, 600, 25, 8, 108,
+            note="DGX A100, HDR 200 Gb/s per GPU"),
+    GPUSpec("a100-80gb", "NVIDIA A100-SXM4-80GB", 312, 312, 156, 19.5, 80.0, 2.039, 600, 25, 8, 108,
+            note="DGX A100, HDR 200 Gb/s per GPU"),
+    GPUSpec("h100-sxm", "NVIDIA H100 80GB HBM3", 989, 989, 494, 67, 79.6, 3.35, 900, 50, 8, 132,
+            note="DGX H100, NDR 400 Gb/s per GPU"),
+    GPUSpec("h100-pcie", "NVIDIA H100 PCIe", 756, 756, 378, 51, 79.6, 2.0, 128, 25, 8, 114,
+            note="no NVLink assumed: PCIe Gen5 x16 (128 GB/s both directions); one 200 Gb/s NIC per GPU"),
+    GPUSpec("h200", "NVIDIA H200", 989, 989, 494, 67, 140.4, 4.8, 900, 50, 8, 132,
+            note="HGX H200 SXM 141 GB, NDR 400 Gb/s per GPU"),
+    GPUSpec("cpu", "CPU (generic server socket)", 2.0, 1.0, 1.0, 1.0, 256.0, 0.2, 100, 12.5, 1, 0,
+            note="nominal figures for a 2-socket AVX-512 server; calibrate with --calibrate or a --catalog file"),
+]
+
+CATALOG: dict[str, GPUSpec] = {g.key: g for g in _BUILTIN}
+
+
+def _norm(text: str) -> str:
+    return re.sub(r"[\s_]+", " ", text.strip().lower())
+
+
+def _pattern_match(name: str, catalog: dict[str, GPUSpec]) -> GPUSpec | None:
+    """Map an NVML/torch device name to a built-in entry by its family and memory."""
+    n = _norm(name)
+    if "gh200" in n:
+        return None  # different part (Grace Hopper); add it with --catalog
+    if "h200" in n:
+        return catalog.get("h200")
+    if "h100" in n:
+        if "nvl" in n:
+            return None  # H100 NVL has its own peaks; not in the catalog
+        return catalog.get("h100-pcie" if "pcie" in n else "h100-sxm")
+    if "a100" in n:
+        return catalog.get("a100-80gb" if "80gb" in n.replace(" ", "") else "a100-40gb")
+    if n in ("cpu",):
+        return catalog.get("cpu")
+    return None
+
+
+def lookup_gpu(name_or_nvml_name: str, catalog: dict[str, GPUSpec] | None = None) -> GPUSpec | None:
+    """The entry for a catalog key, an alias or an NVML name; ``None`` when unknown.
+
+    >>> lookup_gpu("NVIDIA A100-SXM4-80GB").key
+    'a100-80gb'
+    """
+    if not name_or_nvml_name:
+        return None
+    catalog = CATALOG if catalog is None else catalog
+    n = _norm(name_or_nvml_name)
+    for spec in catalog.values():
+        if n == _norm(spec.key) or n == _norm(spec.name) or any(n == _norm(a) for a in spec.aliases):
+            return spec
+    return _pattern_match(name_or_nvml_name, catalog)
+
+
+def get_gpu(name: str, catalog: dict[str, GPUSpec] | None = None) -> GPUSpec:
+    """Like :func:`lookup_gpu` but raises a :class:`UserError` listing the catalog."""
+    catalog = CATALOG if catalog is None else catalog
+    spec = lookup_gpu(name, catalog)
+    if spec is None:
+        import difflib
+
+        close = difflib.get_close_matches(name.lower(), list(catalog), n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        listing = ", ".join(f"{k} ({v.name})" for k, v in catalog.items())
+        raise UserError(
+            f"GPU {name!r} is not in the hardware catalog.{hint} Known: {listing}. "
+            "Add your device with --catalog FILE (YAML, see trainperf/hardware/catalog.py)."
+        )
+    return spec
+
+
+_NUMERIC = {f.name for f in fields(GPUSpec)} - {"key", "name", "aliases", "note"}
+_ALLOWED = _NUMERIC | {"name", "aliases", "note", "base"}
+
+
+def load_catalog(path: str | None, base: dict[str, GPUSpec] | None = None) -> dict[str, GPUSpec]:
+    """The built-in catalog extended (or overridden) by a user's YAML file."""
+    catalog = dict(CATALOG if base is None else base)
+    if not path:
+        return catalog
+    import yaml
+
+    if not os.path.isfile(path):
+        raise UserError(f"catalog file {path!r} does not exist; pass a YAML file with a top-level 'gpus:' mapping")
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f) or {}
+    except yaml.YAMLError as exc:
+        raise UserError(f"catalog file {path!r} is not valid YAML: {exc}") from None
+    gpus = data.get("gpus") if isinstance(data, dict) else None
+    if not isinstance(gpus, dict):
+        raise UserError(f"catalog file {path!r}: expected a top-level mapping 'gpus: {{key: {{field: value}}}}'")
+    for key, entry in gpus.items():
+        catalog[str(key)] = _entry_from_yaml(str(key), entry, catalog, path)
+    return catalog
+
+
+def _entry_from_yaml(key: str, entry, catalog: dict[str, GPUSpec], path: str) -> GPUSpec:
+    if not isinstance(entry, dict):
+        raise UserError(f"catalog file {path!r}: gpus.{key} must be a mapping of fields")
+    unknown = set(entry) - _ALLOWED
+    if unknown:
+        raise UserError(
+            f"catalog file {path!r}: gpus.{key} has unknown field(s) {', '.join(sorted(map(str, unknown)))}; "
+            f"valid fields: {', '.join(sorted(_ALLOWED))}"
+        )
+    base_key = entry.get("base", key if key in catalog else None)
+    if base_key is not None and base_key not in catalog:
+        raise UserError(f"catalog file {path!r}: gpus.{key}.base={base_key!r} is not a catalog key; known: {', '.join(catalog)}")
+    values: dict = {}
+    for name in _NUMERIC:
+        if name in entry:
+            val = entry[name]
+            if isinstance(val, bool) or not isinstance(val, (int, float)) or val < 0:
+                raise UserError(f"catalog file {path!r}: gpus.{key}.{name}={val!r} must be a non-negative number")
+            values[name] = int(val) if name in ("gpus_per_node", "sms") else float(val)
+    if "aliases" in entry:
+        aliases = entry["aliases"]
+        if isinstance(aliases, str):
+            aliases = [aliases]
+        values["aliases"] = tuple(str(a) for a in aliases)
+    for name in ("name", "note"):
+        if name in entry:
+            values[name] = str(entry[name])
+    if base_key is not None:
+        return replace(catalog[base_key], key=key, **values)
+    missing = sorted(_NUMERIC - {"sms"} - set(values))
+    if missing:
+        raise UserError(
+            f"catalog file {path!r}: new entry gpus.{key} lacks {', '.join(missing)}; give them or set 'base:' to an existing key"
+        )
+    values.setdefault("name", key)
+    return GPUSpec(key=key, **values)
+
+
+__all__ = ["GPUSpec", "CATALOG", "lookup_gpu", "get_gpu", "load_catalog"]

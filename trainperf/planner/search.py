@@ -1,0 +1,245 @@
+"""Layout search: every valid (tp, pp, dp, micro-batch, interleave, recompute, SP, ZeRO) that
+fits in memory, ranked by step time; the rest rejected with the reason."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from trainperf.errors import UserError
+from trainperf.hardware.catalog import GPUSpec
+from trainperf.planner.constants import DEFAULTS, Constants
+from trainperf.planner.cost import GIB, RECOMPUTE, Estimate, Layout, estimate
+from trainperf.planner.model import ModelSpec
+
+MAX_TP = 64
+MAX_INTERLEAVE = 8
+# The founding document's 175B case: tensor 8 x pipeline 4 x data 16 on 512 GPUs.
+SEED_BASELINES = {("gpt3-175b", 512): (8, 4, 16)}
+# Published global batches (sequences) for presets; other models get ~4M tokens (see below).
+PUBLISHED_BATCH = {"gpt3-175b": (1536, "GPT-3 paper, Brown et al. 2020, Table 2.1: 3.2M tokens")}
+
+
+@dataclass
+class Fixed:
+    """Parts of the layout the user fixed (None: searched)."""
+
+    tp: int | None = None
+    pp: int | None = None
+    dp: int | None = None
+    micro_batch: int | None = None
+    interleave: int | None = None
+    recompute: str | None = None
+    sequence_parallel: bool | None = None
+    zero: int | None = None
+    max_micro_batch: int = 16
+
+
+@dataclass
+class Plan:
+    model: ModelSpec
+    gpu: GPUSpec
+    gpus: int
+    global_batch: int
+    candidates: list[Estimate]
+    rejected: list[dict]
+    evaluated: int = 0
+    out_of_memory: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def best(self) -> Estimate:
+        return self.candidates[0]
+
+
+def _divisors(n: int) -> list[int]:
+    small = [d for d in range(1, int(math.isqrt(n)) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+def default_global_batch(model: ModelSpec, gpus: int) -> tuple[int, str]:
+    if model.name in PUBLISHED_BATCH:
+        return PUBLISHED_BATCH[model.name]
+    target = max(1, round(2**22 / model.seq))
+    batch = math.ceil(target / gpus) * gpus
+    return batch, f"about 4M tokens ({target} sequences of {model.seq}) rounded up to a multiple of {gpus} GPUs"
+
+
+def check_fixed(model: ModelSpec, gpus: int, fx: Fixed) -> None:
+    """Reject impossible fixed parts up front with the valid choices."""
+    if gpus < 1:
+        raise UserError(f"--gpus {gpus}: must be at least 1")
+    if fx.tp is not None and (fx.tp < 1 or model.heads % fx.tp):
+        valid = ", ".join(str(d) for d in _divisors(model.heads) if d <= gpus)
+        raise UserError(f"--tp {fx.tp} does not divide the {model.heads} attention heads of {model.name}; choose among {valid}")
+    if fx.pp is not None and (fx.pp < 1 or model.layers % fx.pp):
+        valid = ", ".join(str(d) for d in _divisors(model.layers) if d <= gpus)
+        raise UserError(f"--pp {fx.pp} does not divide the {model.layers} layers of {model.name}; choose among {valid}")
+    for name in ("tp", "pp", "dp"):
+        val = getattr(fx, name)
+        if val is not None and gpus % val:
+            raise UserError(f"--{name} {val} does not divide --gpus {gpus}; choose among {', '.join(map(str, _divisors(gpus)))}")
+    prod = (fx.tp or 1) * (fx.pp or 1) * (fx.dp or 1)
+    if gpus % prod:
+        raise UserError(
+            f"--gpus {gpus} is not divisible by the fixed degrees "
+            f"(tp {fx.tp or 1} x pp {fx.pp or 1} x dp {fx.dp or 1} = {prod}); change a degree or the GPU count"
+        )
+    if fx.tp and fx.pp and fx.dp and prod != gpus:
+        raise UserError(f"tp x pp x dp = {fx.tp} x {fx.pp} x {fx.dp} = {prod} but --gpus is {gpus}; they must be equal")
+    if fx.interleave is not None and fx.interleave > 1:
+        if fx.pp is not None and (fx.pp == 1 or (model.layers // fx.pp) % fx.interleave):
+            raise UserError(
+                f"--interleave {fx.interleave} needs a pipeline (pp > 1) whose layers per stage "
+                f"({model.layers // fx.pp}) it divides"
+            )
+    if fx.recompute is not None and fx.recompute not in RECOMPUTE:
+        raise UserError(f"--recompute {fx.recompute!r}: choose one of {', '.join(RECOMPUTE)}")
+    if fx.zero is not None and fx.zero not in (0, 1, 2, 3):
+        raise UserError(f"--zero {fx.zero}: choose 0, 1, 2 or 3")
+    if fx.micro_batch is not None and fx.micro_batch < 1:
+        raise UserError(f"--microbatch {fx.micro_batch}: must be at least 1")
+
+
+def search(
+    model: ModelSpec,
+    gpu: GPUSpec,
+    gpus: int,
+    global_batch: int,
+    fixed: Fixed | None = None,
+    c: Constants = DEFAULTS,
+) -> Plan:
+    """All layouts that fit, fastest first. Raises UserError when none does (with the fix)."""
+    fx = fixed or Fixed()
+    check_fixed(model, gpus, fx)
+    if global_batch < 1:
+        raise UserError(f"--global-batch {global_batch}: must be at least 1")
+    candidates: list[Estimate] = []
+    rejected: list[dict] = []
+    evaluated = oom = 0
+    closest: Estimate | None = None  # the out-of-memory layout with the smallest shortfall
+
+    tps = [fx.tp] if fx.tp else [d for d in _divisors(gpus) if d <= MAX_TP]
+    for tp in tps:
+        if model.heads % tp:
+            rejected.append({"tp": tp, "reason": f"tp {tp} does not divide {model.heads} heads"})
+            continue
+        pps = [fx.pp] if fx.pp else [d for d in _divisors(gpus // tp) if d <= model.layers]
+        for pp in pps:
+            if gpus % (tp * pp):
+                continue
+            if model.layers % pp:
+                rejected.append({"tp": tp, "pp": pp, "reason": f"pp {pp} does not divide {model.layers} layers"})
+                continue
+            dp = gpus // (tp * pp)
+            if fx.dp and dp != fx.dp:
+                continue
+            if global_batch % dp:
+                rejected.append({"tp": tp, "pp": pp, "dp": dp,
+                                 "reason": f"global batch {global_batch} not divisible by dp {dp}"})
+                continue
+            fits_here: list[Estimate] = []
+            best_oom: Estimate | None = None
+            for layout in _variants(model, tp, pp, dp, global_batch, fx):
+                evaluated += 1
+                est = estimate(model, gpu, layout, global_batch, c)
+                if est.fits:
+                    fits_here.append(est)
+                else:
+                    oom += 1
+                    if best_oom is None or est.memory_bytes < best_oom.memory_bytes:
+                        best_oom = est
+            if not fits_here and best_oom is None:
+                rejected.append({"tp": tp, "pp": pp, "dp": dp,
+                                 "reason": "no micro-batch / interleave choice is valid for this batch"})
+            elif not fits_here:
+                short = (best_oom.memory_bytes - best_oom.gpu_memory_bytes) / GIB
+                rejected.append({
+                    "tp": tp, "pp": pp, "dp": dp,
+                    "reason": f"out of memory by {short:.1f} GiB even as {best_oom.layout.short()} "
+                              f"({best_oom.memory_bytes / GIB:.1f} of {gpu.hbm_gib:.0f} GiB)",
+                    "short_by_gib": round(short, 2),
+                    "closest": best_oom.as_dict(),
+                })
+                if closest is None or best_oom.memory_bytes < closest.memory_bytes:
+                    closest = best_oom
+            candidates.extend(fits_here)
+
+    if not candidates:
+        raise UserError(_nothing_fits(model, gpu, gpus, global_batch, closest, rejected))
+    candidates.sort(key=lambda e: (e.step_time_s, e.memory_bytes))
+    return Plan(model, gpu, gpus, global_batch, candidates, rejected, evaluated, oom)
+
+
+def _variants(model: ModelSpec, tp: int, pp: int, dp: int, global_batch: int, fx: Fixed):
+    local = global_batch // dp
+    mbs = [fx.micro_batch] if fx.micro_batch else [b for b in _divisors(local) if b <= fx.max_micro_batch]
+    if fx.micro_batch and local % fx.micro_batch:
+        return
+    sps = [fx.sequence_parallel and tp > 1] if fx.sequence_parallel is not None else ([False, True] if tp > 1 else [False])
+    recomputes = [fx.recompute] if fx.recompute else list(RECOMPUTE)
+    if fx.zero is not None:
+        zeros = [fx.zero] if (dp > 1 or fx.zero == 0) else [0]
+    else:
+        zeros = [0] if dp == 1 else ([0, 1] if pp > 1 else [0, 1, 2, 3])
+    layers_per_stage = model.layers // pp
+    for b in mbs:
+        m = local // b
+        if fx.interleave:
+            vs = [fx.interleave]
+        elif pp > 1:
+            vs = [v for v in _divisors(layers_per_stage) if v <= MAX_INTERLEAVE]
+        else:
+            vs = [1]
+        for v in vs:
+            if v > 1 and (pp == 1 or layers_per_stage % v or m % pp):
+                continue  # Megatron's interleaved schedule needs micro-batches divisible by pp
+            for rc in recomputes:
+                for sp in sps:
+                    for z in zeros:
+                        if z >= 2 and pp > 1:
+                            continue  # ZeRO-2/3 do not combine with pipeline parallelism
+                        yield Layout(tp, pp, dp, b, v, rc, sp, z)
+
+
+def _nothing_fits(model, gpu, gpus, global_batch, closest, rejected) -> str:
+    head = f"{model.name} ({model.params() / 1e9:.1f}B parameters) fits in no layout on {gpus} x {gpu.key} ({gpu.hbm_gib:.0f} GiB)"
+    if closest is None:
+        reasons = "; ".join(sorted({r["reason"] for r in rejected})[:5]) or "no valid degrees"
+        return f"{head}: {reasons}. Change --gpus, --global-batch or the fixed degrees."
+    need = closest.memory_bytes
+    short = (need - closest.gpu_memory_bytes) / GIB
+    states = closest.memory["model_states_layers"] + closest.memory.get("model_states_embedding", 0.0)
+    # States scale ~1/(tp*pp): GPUs needed so the states shrink by the shortfall.
+    factor = states / max(1.0, states - (need - closest.gpu_memory_bytes)) if states > need - closest.gpu_memory_bytes else None
+    fix = []
+    if factor:
+        more = 2 ** math.ceil(math.log2(factor))
+        fix.append(f"about {more}x the GPUs ({gpus * more}) to split the model states further")
+    fix.append("a GPU with more memory (see the catalog: h200 has 141 GB)")
+    fix.append("--recompute full and ZeRO (--zero 1) if you fixed other choices")
+    return (
+        f"{head}. The closest is {closest.layout.short()} at {need / GIB:.1f} GiB per GPU, "
+        f"{short:.1f} GiB over. Fix: {'; or '.join(fix)}."
+    )
+
+
+def rank_of(plan: Plan, tp: int, pp: int, dp: int) -> tuple[int, Estimate] | None:
+    """1-based rank and estimate of the fastest variant with these degrees, or None."""
+    for i, est in enumerate(plan.candidates):
+        L = est.layout
+        if (L.tp, L.pp, L.dp) == (tp, pp, dp):
+            return i + 1, est
+    return None
+
+
+def explain(better: Estimate, worse: Estimate) -> list[str]:
+    """Why `better` is faster: the time components that differ most, largest first."""
+    lines = []
+    for key in better.time:
+        delta = worse.time.get(key, 0.0) - better.time.get(key, 0.0)
+        if abs(delta) >= 0.005 * worse.step_time_s:
+            verb = "less" if delta > 0 else "more"
+            lines.append((abs(delta), f"{verb} {key.replace('_', ' ')}: {better.time[key]:.2f} s vs {worse.time[key]:.2f} s"))
+    lines.sort(reverse=True)
+    return [text for _, text in lines]

@@ -1,0 +1,153 @@
+"""Atomic, verified checkpoints for one process (distributed runs use torch.distributed.checkpoint).
+
+Layout in the checkpoint directory::
+
+    step-00000100.pt     the state (torch.save), written atomically
+    step-00000100.json   manifest: step, size, sha256; written last, marks the checkpoint complete
+
+Writing: serialize to memory, hash, write a temporary file, fsync, rename, fsync
+the directory, then the manifest the same way. A process killed at any moment
+(kill -9 included) leaves either a complete checkpoint or one that is ignored
+(a temporary file, or a .pt without manifest). Reading verifies size and
+sha256 and loads with ``weights_only=True``; a corrupt latest checkpoint is
+reported and the previous good one is used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import re
+import signal
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainperf.errors import CheckpointError
+
+_NAME = re.compile(r"^step-(\d{8})\.json$")
+# Fault injection for the crash-consistency test: kill -9 this process half-way through
+# writing the checkpoint of the given step.
+FAULT_ENV = "TRAINPERF_FAULT_KILL_IN_CHECKPOINT"
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: Path, data: bytes, *, kill_midway: bool = False) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with open(tmp, "wb") as f:
+        half = len(data) // 2
+        f.write(data[:half])
+        if kill_midway:
+            f.flush()
+            os.fsync(f.fileno())
+            os.kill(os.getpid(), signal.SIGKILL)
+        f.write(data[half:])
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+class CheckpointManager:
+    def __init__(self, directory: str | os.PathLike, keep: int = 3):
+        self.dir = Path(directory)
+        self.keep = keep
+
+    # ------------------------------------------------------------------ write
+    def save(self, step: int, state: dict[str, Any]) -> Path:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        buf = io.BytesIO()
+        torch.save(state, buf)
+        data = buf.getvalue()
+        path = self.dir / f"step-{step:08d}.pt"
+        kill = os.environ.get(FAULT_ENV) == str(step)
+        atomic_write(path, data, kill_midway=kill)
+        manifest = {"step": step, "file": path.name, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+        atomic_write(self.dir / f"step-{step:08d}.json", json.dumps(manifest).encode())
+        self.prune()
+        return path
+
+    def prune(self) -> None:
+        steps = self.steps()
+        for step in steps[: max(0, len(steps) - self.keep)]:
+            for suffix in (".json", ".pt"):  # manifest first: a half-pruned checkpoint is never "complete"
+                (self.dir / f"step-{step:08d}{suffix}").unlink(missing_ok=True)
+        for tmp in self.dir.glob(".step-*.tmp*"):
+            pid = tmp.name.rsplit("tmp", 1)[-1]
+            if pid != str(os.getpid()):
+                tmp.unlink(missing_ok=True)
+
+    # ------------------------------------------------------------------ read
+    def steps(self) -> list[int]:
+        """Steps with a manifest (complete as written), ascending."""
+        if not self.dir.is_dir():
+            return []
+        return sorted(int(m.group(1)) for p in self.dir.iterdir() if (m := _NAME.match(p.name)))
+
+    def verify_and_load(self, step: int, map_location: str | torch.device = "cpu") -> dict:
+        manifest_path = self.dir / f"step-{step:08d}.json"
+        try:
+            manifest = json.loads(manifest_path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise CheckpointError(f"{manifest_path}: unreadable manifest ({exc})") from None
+        path = self.dir / manifest["file"]
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise CheckpointError(f"{path}: cannot read ({exc.strerror})") from None
+        if len(data) != manifest["bytes"]:
+            raise CheckpointError(f"{path}: truncated ({len(data)} of {manifest['bytes']} bytes)")
+        if hashlib.sha256(data).hexdigest() != manifest["sha256"]:
+            raise CheckpointError(f"{path}: checksum mismatch (the file was altered or corrupted)")
+        try:
+            return torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
+        except Exception as exc:  # noqa: BLE001 - any unpickling failure means unusable
+            raise CheckpointError(f"{path}: cannot be loaded ({type(exc).__name__}: {exc})") from None
+
+    def load_latest(self, map_location: str | torch.device = "cpu") -> tuple[int, dict] | None:
+        """The newest checkpoint that verifies; warns about each corrupt one skipped. None if there is none."""
+        steps = self.steps()
+        errors = []
+        for step in reversed(steps):
+            try:
+                state = self.verify_and_load(step, map_location)
+            except CheckpointError as exc:
+                errors.append(str(exc))
+                warnings.warn(f"checkpoint of step {step} is corrupt: {exc}; trying the previous one", stacklevel=2)
+                continue
+            if errors:
+                print(f"resume: skipped {len(errors)} corrupt checkpoint(s); using step {step}", flush=True)
+            return step, state
+        if errors:
+            raise CheckpointError(
+                f"every checkpoint in {self.dir} is corrupt ({'; '.join(errors)}); "
+                "start over with --resume never or point --resume at a good checkpoint file"
+            )
+        return None
+
+    def load_file(self, path: str, map_location="cpu") -> dict:
+        """Load a checkpoint file named by the user (verified against its manifest when present)."""
+        p = Path(path)
+        if not p.exists():
+            raise CheckpointError(f"--resume {path!r}: no such file; pass a step-XXXXXXXX.pt file or 'auto'")
+        m = re.match(r"^step-(\d{8})\.pt$", p.name)
+        if m and (p.parent / f"step-{m.group(1)}.json").exists():
+            return CheckpointManager(p.parent).verify_and_load(int(m.group(1)), map_location)
+        try:
+            return torch.load(p, map_location=map_location, weights_only=True)
+        except Exception as exc:  # noqa: BLE001
+            raise CheckpointError(f"{path}: cannot be loaded as a checkpoint ({type(exc).__name__}: {exc})") from None

@@ -1,0 +1,200 @@
+"""``fit``: the run around the step — resume, log, evaluate, checkpoint, summarize."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from trainperf.config.load import dump_yaml
+from trainperf.errors import CheckpointError
+from trainperf.monitor.sinks import JSONLSink
+from trainperf.train.checkpoint import CheckpointManager
+from trainperf.train.loop import Trainer
+
+
+def _progress(total: int, initial: int, enabled: bool):
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True, leave=False,
+                disable=not (enabled and sys.stderr.isatty()))
+
+
+def resume_state(trainer: Trainer, ckpts: CheckpointManager, resume: str, run_dir: Path) -> int | None:
+    """Apply ``--resume`` (auto | never | PATH). Returns the step resumed from, or None for a fresh start."""
+    if resume == "never":
+        if ckpts.dir.exists():
+            shutil.rmtree(ckpts.dir)
+        return None
+    if resume == "auto":
+        found = ckpts.load_latest(map_location=trainer.device)
+        if found is None:
+            return None
+        step, state = found
+    else:
+        state = ckpts.load_file(resume, map_location=trainer.device)
+        step = int(state.get("step", 0))
+    trainer.load_state_dict(state)
+    return step
+
+
+def fit(trainer: Trainer, *, resume: str = "auto", verbose: bool = True) -> dict:
+    cfg = trainer.cfg
+    run_dir = Path(cfg.run_dir())
+    main = trainer.is_main
+    ckpts = CheckpointManager(cfg.checkpoint.dir or run_dir / "checkpoints", keep=cfg.checkpoint.keep)
+    resumed_from = resume_state(trainer, ckpts, resume, run_dir)
+    say = print if (verbose and main) else (lambda *a, **k: None)
+    if main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(dump_yaml(cfg))
+    sink = JSONLSink(run_dir / "metrics.jsonl", truncate_after_step=resumed_from) if (main and cfg.monitor.jsonl) else None
+    if resumed_from is not None:
+        say(f"resume: continuing from the checkpoint of step {resumed_from}")
+
+    n_params = sum(p.numel() for p in trainer.eager_model.parameters())
+    say(f"train: {n_params / 1e6:.2f}M parameters | device {trainer.device} | precision {cfg.precision.dtype} | "
+        f"global batch {cfg.train.global_batch} x {trainer.data.seq_len} tokens | accumulation {trainer.accum} | "
+        f"{cfg.run.steps} steps -> {run_dir}")
+
+    initial_val = trainer.evaluate() if trainer.step == 0 else None
+    if initial_val is not None:
+        say(f"step 0: val loss {initial_val:.4f}")
+    pending: list = []  # step results whose loss is still on the device
+    last_loss = float("nan")
+    val_loss = initial_val
+    tokens = 0
+    train_time = 0.0
+    bar = _progress(cfg.run.steps, trainer.step, cfg.run.progress and main)
+    start_step = trainer.step
+    t_start = time.perf_counter()
+    while trainer.step < cfg.run.steps:
+        res = trainer.train_step()
+        pending.append((trainer.step, res))
+        tokens += res.tokens
+        train_time += res.step_time
+        bar.update(1)
+        done = trainer.step >= cfg.run.steps
+        if trainer.step % cfg.run.log_every == 0 or done:
+            last_loss = _flush(pending, sink, trainer, bar, say)
+            pending = []
+        if cfg.run.eval_every and trainer.step % cfg.run.eval_every == 0 and not done:
+            val_loss = trainer.evaluate()
+            say(f"step {trainer.step}: val loss {val_loss:.4f}")
+            if sink:
+                sink.write({"step": trainer.step, "val_loss": val_loss})
+        if cfg.checkpoint.every and trainer.step % cfg.checkpoint.every == 0 and not done:
+            _save(trainer, ckpts)
+    bar.close()
+    elapsed = time.perf_counter() - t_start
+    if trainer.step > start_step or val_loss is None:
+        val_loss = trainer.evaluate()
+    if cfg.checkpoint.at_end and trainer.step > start_step:
+        _save(trainer, ckpts)
+    sample = generate_sample(trainer) if (main and cfg.run.sample_tokens) else None
+    phase_totals = dict(trainer.timer.totals)
+    summary = {
+        "final_loss": last_loss,
+        "val_loss": val_loss,
+        "initial_val_loss": initial_val,
+        "steps": trainer.step,
+        "steps_this_run": trainer.step - start_step,
+        "resumed_from": resumed_from,
+        "tokens": tokens,
+        "tokens_per_s": tokens / train_time if train_time else None,
+        "elapsed_s": elapsed,
+        "train_time_s": train_time,
+        "params": n_params,
+        "phase_seconds": phase_totals,
+        "device": str(trainer.device),
+        "precision": cfg.precision.dtype,
+        "notes": trainer.notes,
+        "sample": sample,
+    }
+    if main:
+        _write_json(run_dir / "summary.json", summary)
+        if sink:
+            sink.close()
+    if verbose and main:
+        print_report(summary, run_dir)
+    return summary
+
+
+def _flush(pending, sink, trainer: Trainer, bar, say) -> float:
+    """Bring the pending losses to the host (one sync for several steps) and log them."""
+    losses = torch.stack([r.loss for _, r in pending]).float().cpu().tolist()  # host-device sync point
+    for (step, res), loss in zip(pending, losses):
+        if not math.isfinite(loss):
+            raise FloatingPointError(f"loss became {loss} at step {step}; lower optimizer.lr or use precision fp32/bf16")
+        if sink:
+            rec = {"step": step, "loss": loss, "lr": trainer.optimizer.param_groups[0]["lr"],
+                   "step_time_s": res.step_time, "tokens_per_s": res.tokens / res.step_time,
+                   "phases_s": res.phases}
+            if res.grad_norm is not None:
+                rec["grad_norm"] = float(res.grad_norm)
+            sink.write(rec)
+    step, res = pending[-1]
+    bar.set_postfix(loss=f"{losses[-1]:.3f}", tok_s=f"{res.tokens / res.step_time:,.0f}")
+    if bar.disable:
+        say(f"step {step}: loss {losses[-1]:.4f} | {res.step_time * 1000:.0f} ms/step | "
+            f"{res.tokens / res.step_time:,.0f} tokens/s")
+    return losses[-1]
+
+
+def _save(trainer: Trainer, ckpts: CheckpointManager) -> None:
+    if trainer.is_main:
+        ckpts.save(trainer.step, trainer.state_dict())
+
+
+def _write_json(path: Path, obj) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2, default=str))
+    tmp.replace(path)
+
+
+def generate_sample(trainer: Trainer, prompt: str = "def ") -> str | None:
+    meta = trainer.data.meta
+    if meta.get("tokenizer") != "bytes" or not hasattr(trainer.eager_model, "generate"):
+        return None
+    from trainperf.data.prepare import decode, encode
+
+    model = trainer.eager_model
+    was_training = model.training
+    model.eval()
+    idx = torch.from_numpy(encode(prompt.encode()).astype("int64"))[None].to(trainer.device)
+    gen = torch.Generator(device=trainer.device).manual_seed(trainer.cfg.run.seed)
+    out = model.generate(idx, trainer.cfg.run.sample_tokens, generator=gen)
+    model.train(was_training)
+    return decode(out[0].tolist())
+
+
+def print_report(summary: dict, run_dir: Path) -> None:
+    def fmt(v, spec):
+        return format(v, spec) if isinstance(v, (int, float)) and v is not None else "-"
+
+    print("\n== trainperf run summary ==")
+    rows = [
+        ("steps", summary["steps"]),
+        ("final train loss", fmt(summary["final_loss"], ".4f")),
+        ("val loss (start -> end)", f"{fmt(summary['initial_val_loss'], '.4f')} -> {fmt(summary['val_loss'], '.4f')}"),
+        ("throughput", f"{fmt(summary['tokens_per_s'], ',.0f')} tokens/s (wall clock over training steps)"),
+        ("elapsed", f"{fmt(summary['elapsed_s'], '.1f')} s"),
+        ("device / precision", f"{summary['device']} / {summary['precision']}"),
+    ]
+    phases = summary.get("phase_seconds") or {}
+    total = sum(phases.values())
+    if total:
+        rows.append(("time by phase", ", ".join(f"{k} {100 * v / total:.0f}%" for k, v in phases.items())))
+    width = max(len(k) for k, _ in rows)
+    for k, v in rows:
+        print(f"  {k:<{width}}  {v}")
+    if summary.get("sample"):
+        print("\n-- generated sample (prompt 'def ') --")
+        print(summary["sample"])
+        print("--")
+    print(f"\nrun directory: {run_dir} (metrics.jsonl, checkpoints/, summary.json)")
