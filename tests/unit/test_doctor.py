@@ -223,7 +223,8 @@ def test_fake_nvml_gpus_and_topology(capsys, monkeypatch, clean_env):
     assert rec(report, "precision")["value"] == "bf16"
     tp = rec(report, "topology")
     assert tp["setting"] == "parallelism.tensor" and tp["value"] == "<= 4"
-    assert "[0, 1, 2, 3]" in tp["reason"] and "27%" in tp["reason"]
+    assert "NVLink islands [[0, 1, 2, 3]], each fully connected" in tp["reason"]
+    assert "GPUs [4, 5] have no NVLink" in tp["reason"] and "daisy chain" not in tp["reason"]
     numa = rec(report, "numa")
     assert "node 0: GPUs [0, 1, 2, 3]" in numa["reason"] and "node 1: GPUs [4, 5]" in numa["reason"]
     assert rec(report, "pin-memory")["value"] is True
@@ -271,7 +272,8 @@ def test_daisy_chain_vs_fully_connected(monkeypatch, clean_env):
     facts = facts_for(monkeypatch, fake_nvml([A100] * 8, chain))
     assert facts["topology"]["matrix"][0][:3] == ["X", "NV2", "NODE"]
     recs = {r.id: r for r in advice.advise(facts)}
-    assert recs["topology"].value == "<= 2" and "daisy chain" in recs["topology"].reason
+    assert recs["topology"].value == "<= 2"
+    assert "daisy chain" in recs["topology"].reason and "27%" in recs["topology"].reason
 
     full = {(i, j): 1 for i in range(4) for j in range(i + 1, 4)}
     facts = facts_for(monkeypatch, fake_nvml([A100] * 4, full))
@@ -408,3 +410,21 @@ def test_shm_facts_marks_small(tmp_path, monkeypatch):
     monkeypatch.setattr(probe.shutil, "disk_usage", lambda p: types.SimpleNamespace(
         total=64 * 2**20, used=0, free=64 * 2**20))
     assert probe.shm_facts()["small"] is True
+
+
+def test_torch_cuda_fallback_without_nvml(monkeypatch, no_pynvml):
+    import torch
+
+    props = types.SimpleNamespace(name="NVIDIA H200", major=9, minor=0, total_memory=140 * GiB)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: props)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda i: (139 * GiB, 140 * GiB))
+    monkeypatch.setattr(torch.cuda, "can_device_access_peer", lambda i, j: True)
+    facts = probe.gpu_facts()
+    assert facts["source"] == "torch.cuda" and "not installed" in facts["nvml_note"]
+    assert [g["compute_capability"] for g in facts["gpus"]] == ["9.0", "9.0"]
+    assert facts["gpus"][0]["memory_used_bytes"] == GiB and facts["gpus"][0]["bf16"] is True
+    assert facts["topology"]["matrix"] == [["X", "P2P"], ["P2P", "X"]]
+    recs = {r.id: r for r in advice.topology_advice({**facts, "gpus": facts["gpus"]})}
+    assert recs["topology"].setting == "nvidia-ml-py"  # link type unknown: ask for NVML first

@@ -174,6 +174,9 @@ def resolve(cfg: Config, facts: DeviceFacts | None = None, world_size: int | Non
             f"parallelism.compression.type={p.compression.type!r} applies to DDP gradients; with data_shard={p.data_shard} "
             "(FSDP) use parallelism.fsdp_reduce_dtype instead"
         )
+    from trainperf.distributed.balance import check_balance_config
+
+    check_balance_config(cfg, world_size)
     return Resolved(cfg=cfg, notes=notes, world_size=world_size)
 
 

@@ -250,18 +250,27 @@ class CompressionConfig(Section):
 
 class BalanceConfig(Section):
     enabled: bool = False
-    """Rebalance per-rank micro-batch shares to follow measured speed."""
+    """Rebalance per-rank shares of the global batch to follow measured speed (trainperf.distributed.balance)."""
     window: int = 100
-    """Steps of per-rank speed measurements kept (the founding document's 100)."""
+    """Most recent per-rank compute-time measurements kept (the founding document's 100); the medians
+    over them (taken with the current shares) are the speeds. Must be >= 2."""
     threshold: float = 0.2
-    """Rebalance when the coefficient of variation of per-rank compute time exceeds this."""
-    min_share: float = 0.05
-    """Smallest fraction of the global batch a rank may get."""
-    max_share: float = 0.95
-    """Largest fraction of the global batch a rank may get."""
+    """Rebalance when the coefficient of variation (std / mean) of the per-rank median step compute
+    times exceeds this (the founding document's 0.2). Must be > 0."""
+    min_share: float = 0.0
+    """Smallest fraction of the global batch a rank may get (min_share x ranks must be <= 1); a rank
+    always gets at least one sample per micro-step."""
+    max_share: float = 1.0
+    """Largest fraction of the global batch a rank may get (max_share x ranks must be >= 1); bounds the
+    fast ranks' micro-batch size, hence their activation memory."""
     hysteresis: float = 0.5
-    """After a rebalance, the imbalance must exceed threshold x (1 + hysteresis) ... relative to the
-    new shares before moving again; prevents oscillation."""
+    """A move must be predicted to cut the step time by at least hysteresis x threshold (0.5 x 0.2 =
+    10%); rounding jitter and residual imbalance the bounds keep never move the shares (no oscillation)."""
+    min_steps: int = 10
+    """Measurements needed under the current shares before the balancer judges them (again after each move)."""
+    sync_every: int = 1
+    """Exchange the measurements (one all_gather) every this many steps; on CUDA each exchange is a
+    host-device sync."""
 
 
 class ParallelismConfig(Section):
@@ -318,6 +327,9 @@ class MonitorConfig(Section):
     """Emit NVTX ranges per phase on CUDA (visible under nsys profile -t cuda,nvtx)."""
     mfu: bool = True
     """Compute MFU/HFU (FLOPs counted once with FlopCounterMode and from the formula)."""
+    oom_snapshot: bool = True
+    """On CUDA, record the allocator's history and, on an out-of-memory error, write
+    oom_snapshot_rank{R}.pickle in the run directory (open it at pytorch.org/memory_viz)."""
     profile: ProfileConfig = ProfileConfig()
     """torch.profiler trace window."""
 

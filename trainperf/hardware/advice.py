@@ -131,7 +131,7 @@ def precision_advice(facts: dict) -> list[Recommendation]:
             "precision", "precision.dtype", "fp32",
             "no CUDA GPU: train in fp32 on the CPU; "
             + ("this CPU has native bf16 (AVX512-BF16/AMX), so bf16 autocast may be worth a measured try"
-               if native else "this CPU has no native bf16 arithmetic, so bf16 autocast would emulate it and run slower"),
+               if native else "this CPU has no native bf16 arithmetic, so bf16 autocast converts through fp32 and is usually no faster"),
         ))
         return out
     ccs = [c for c in (_cc(g) for g in gpus) if c is not None]
@@ -184,7 +184,8 @@ def loader_advice(facts: dict, batch_bytes: int = ASSUMED_BATCH_BYTES) -> list[R
         f"{usable} usable CPUs ({c.get('usable_reason', 'affinity/cgroup')}) / {ranks} local rank(s), capped at 32. "
         f"The founding document's min(32, 2 x cores) would start {doc_per_rank} per rank, "
         f"{doc_per_rank * ranks} worker processes on {usable} CPUs"
-        + (": oversubscribed" if doc_per_rank * ranks > usable else ""),
+        + (": oversubscribed" if doc_per_rank * ranks > usable else "")
+        + (". Fewer CPUs than ranks: load in each rank's main process (0 workers)" if workers == 0 else ""),
     )]
     gpus = facts.get("gpus") or []
     out.append(Recommendation(
@@ -278,14 +279,25 @@ def topology_advice(facts: dict) -> list[Recommendation]:
         ))
     else:
         islands = [c for c in _components(adj) if len(c) > 1]
-        out.append(Recommendation(
-            "topology", "parallelism.tensor", f"<= {len(clique)}",
-            f"NVLink joins some GPU pairs but not all (islands {islands}; the largest fully connected "
-            f"group is GPUs {clique}); other pairs go over {', '.join(pcie) or 'PCIe'}. Place each tensor "
-            f"parallel group on a fully connected group and run data parallelism between groups: the "
-            "founding document measured a fully connected 4-GPU group beating an 8-GPU daisy chain by "
-            "27% on ResNet-50",
-        ))
+        alone = [i for i in range(n) if not any(adj[i])]
+        chained = [c for c in islands if not all(adj[a][b] for a, b in itertools.combinations(c, 2))]
+        where = f"other pairs go over {', '.join(pcie) or 'PCIe'}"
+        if chained:
+            reason = (
+                f"NVLink joins some GPU pairs but not all (islands {islands}, not fully connected: a daisy "
+                f"chain or partial mesh); the largest fully connected group is GPUs {clique}; {where}. Place "
+                "each tensor parallel group on a fully connected group and run data parallelism between "
+                "groups: the founding document measured a fully connected 4-GPU group beating an 8-GPU "
+                "daisy chain by 27% on ResNet-50"
+            )
+        else:
+            reason = (
+                f"NVLink islands {islands}, each fully connected"
+                + (f"; GPUs {alone} have no NVLink" if alone else "")
+                + f"; {where}. Keep each tensor parallel group inside one island and run data "
+                "parallelism (or FSDP) between islands"
+            )
+        out.append(Recommendation("topology", "parallelism.tensor", f"<= {len(clique)}", reason))
     numa = sorted({g["numa_node"] for g in gpus if g.get("numa_node") is not None})
     if len(numa) > 1:
         per_node = {node: [g["index"] for g in gpus if g.get("numa_node") == node] for node in numa}

@@ -34,3 +34,101 @@ class JSONLSink:
 
     def close(self) -> None:
         self._f.close()
+
+
+class TensorBoardSink:
+    """Scalars of each step record to TensorBoard event files (needs the tensorboard package)."""
+
+    def __init__(self, log_dir: str | os.PathLike):
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError as exc:
+            raise ImportError(
+                "monitor.tensorboard=true needs the tensorboard package: pip install 'trainperf[tensorboard]'"
+            ) from exc
+        self._w = SummaryWriter(log_dir=str(log_dir))
+
+    def write(self, record: dict) -> None:
+        step = record.get("step")
+        if step is None:
+            return
+        for key, value in _flat_numbers(record):
+            if key != "step":
+                self._w.add_scalar(key.replace(".", "/"), value, step)
+
+    def close(self) -> None:
+        self._w.close()
+
+
+def _flat_numbers(record: dict, prefix: str = ""):
+    for key, value in record.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, bool) or value is None:
+            continue
+        if isinstance(value, (int, float)):
+            yield name, float(value)
+        elif isinstance(value, dict):
+            yield from _flat_numbers(value, name + ".")
+
+
+def _metric_name(key: str) -> str:
+    import re
+
+    return "trainperf_" + re.sub(r"[^a-zA-Z0-9_]", "_", key)
+
+
+class PrometheusEndpoint:
+    """``GET /metrics`` in the Prometheus text exposition format (version 0.0.4), served by the
+    standard library's HTTP server in a daemon thread. Bound to 127.0.0.1 unless told otherwise;
+    port 0 picks a free port (see ``.port``). Gauges hold the latest value of each number of the
+    step and sample records, labelled with the rank."""
+
+    def __init__(self, port: int, host: str = "127.0.0.1", rank: int = 0):
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.rank = rank
+        self._values: dict[str, float] = {}
+        self._lock = threading.Lock()
+        endpoint = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 - http.server's naming
+                if self.path.split("?")[0] not in ("/metrics", "/"):
+                    self.send_error(404, "only /metrics is served")
+                    return
+                body = endpoint.exposition().encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):  # keep the training output clean
+                pass
+
+        self._server = ThreadingHTTPServer((host, port), Handler)
+        self._server.daemon_threads = True
+        self.host, self.port = self._server.server_address[:2]
+        self._thread = threading.Thread(target=self._server.serve_forever, name="trainperf-prometheus",
+                                        daemon=True)
+        self._thread.start()
+
+    def write(self, record: dict) -> None:
+        with self._lock:
+            for key, value in _flat_numbers(record):
+                if key not in ("t", "rank"):
+                    self._values[_metric_name(key)] = value
+
+    def exposition(self) -> str:
+        with self._lock:
+            items = sorted(self._values.items())
+        lines = []
+        for name, value in items:
+            lines.append(f"# TYPE {name} gauge")
+            lines.append(f'{name}{{rank="{self.rank}"}} {value!r}')
+        return "\n".join(lines) + "\n"
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()

@@ -108,6 +108,7 @@ def search(
     global_batch: int,
     fixed: Fixed | None = None,
     c: Constants = DEFAULTS,
+    explain_failure: bool = True,
 ) -> Plan:
     """All layouts that fit, fastest first. Raises UserError when none does (with the fix)."""
     fx = fixed or Fixed()
@@ -166,7 +167,9 @@ def search(
             candidates.extend(fits_here)
 
     if not candidates:
-        raise UserError(_nothing_fits(model, gpu, gpus, global_batch, closest, rejected))
+        if not explain_failure:
+            raise UserError("no layout fits")
+        raise UserError(_nothing_fits(model, gpu, gpus, global_batch, closest, rejected, fx, c))
     candidates.sort(key=lambda e: (e.step_time_s, e.memory_bytes))
     return Plan(model, gpu, gpus, global_batch, candidates, rejected, evaluated, oom)
 
@@ -202,25 +205,56 @@ def _variants(model: ModelSpec, tp: int, pp: int, dp: int, global_batch: int, fx
                         yield Layout(tp, pp, dp, b, v, rc, sp, z)
 
 
-def _nothing_fits(model, gpu, gpus, global_batch, closest, rejected) -> str:
+def _nothing_fits(model, gpu, gpus, global_batch, closest, rejected, fx: Fixed, c: Constants) -> str:
     head = f"{model.name} ({model.params() / 1e9:.1f}B parameters) fits in no layout on {gpus} x {gpu.key} ({gpu.hbm_gib:.0f} GiB)"
     if closest is None:
         reasons = "; ".join(sorted({r["reason"] for r in rejected})[:5]) or "no valid degrees"
         return f"{head}: {reasons}. Change --gpus, --global-batch or the fixed degrees."
-    need = closest.memory_bytes
-    short = (need - closest.gpu_memory_bytes) / GIB
-    states = closest.memory["model_states_layers"] + closest.memory.get("model_states_embedding", 0.0)
-    # States scale ~1/(tp*pp): GPUs needed so the states shrink by the shortfall.
-    factor = states / max(1.0, states - (need - closest.gpu_memory_bytes)) if states > need - closest.gpu_memory_bytes else None
-    fix = []
-    if factor:
-        more = 2 ** math.ceil(math.log2(factor))
-        fix.append(f"about {more}x the GPUs ({gpus * more}) to split the model states further")
-    fix.append("a GPU with more memory (see the catalog: h200 has 141 GB)")
-    fix.append("--recompute full and ZeRO (--zero 1) if you fixed other choices")
+    short = (closest.memory_bytes - closest.gpu_memory_bytes) / GIB
+    fixes = []
+    # Concrete fixes, each checked by searching again: more GPUs (same batch), a bigger GPU.
+    for mult in (2, 4, 8, 16, 32, 64, 128):
+        more = gpus * mult
+        try:
+            search(model, gpu, more, global_batch, _loosen(fx), c, explain_failure=False)
+        except UserError:
+            continue
+        fixes.append(f"--gpus {more} (the smallest power-of-two multiple of {gpus} that fits)")
+        break
+    from trainperf.hardware.catalog import CATALOG
+
+    for other in sorted(CATALOG.values(), key=lambda g: g.hbm_gib):
+        if other.hbm_gib <= gpu.hbm_gib or other.key == "cpu":
+            continue
+        try:
+            search(model, other, gpus, global_batch, _loosen(fx), c, explain_failure=False)
+        except UserError:
+            continue
+        fixes.append(f"--gpu {other.key} ({other.hbm_gib:g} GiB)")
+        break
+    if any(v is not None for v in (fx.tp, fx.pp, fx.dp, fx.micro_batch, fx.recompute, fx.zero, fx.sequence_parallel)):
+        try:
+            search(model, gpu, gpus, global_batch, _loosen(Fixed()), c, explain_failure=False)
+            fixes.append("dropping the fixed layout choices (--tp/--pp/--dp/--microbatch/--recompute/--zero)")
+        except UserError:
+            pass
+    fix = "; or ".join(fixes) if fixes else "many more GPUs or a GPU with more memory"
     return (
-        f"{head}. The closest is {closest.layout.short()} at {need / GIB:.1f} GiB per GPU, "
-        f"{short:.1f} GiB over. Fix: {'; or '.join(fix)}."
+        f"{head}. The closest is {closest.layout.short()} at {closest.memory_bytes / GIB:.1f} GiB per GPU, "
+        f"{short:.1f} GiB over. Fix: {fix}."
+    )
+
+
+def _loosen(fx: Fixed) -> Fixed:
+    """The user's GPU-count-independent choices, else the most memory-frugal ones (micro-batch 1,
+    full recompute, sequence parallel, no interleaving): enough to learn whether anything fits."""
+    return Fixed(
+        micro_batch=fx.micro_batch or 1,
+        interleave=fx.interleave or 1,
+        recompute=fx.recompute or "full",
+        sequence_parallel=True if fx.sequence_parallel is None else fx.sequence_parallel,
+        zero=fx.zero,
+        max_micro_batch=1,
     )
 
 

@@ -13,6 +13,7 @@ import torch
 
 from trainperf.config.load import dump_yaml
 from trainperf.errors import CheckpointError
+from trainperf.monitor.monitor import Monitor
 from trainperf.monitor.sinks import JSONLSink
 from trainperf.train.checkpoint import CheckpointManager
 from trainperf.train.loop import Trainer
@@ -54,6 +55,8 @@ def fit(trainer: Trainer, *, resume: str = "auto", verbose: bool = True) -> dict
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(dump_yaml(cfg))
     sink = JSONLSink(run_dir / "metrics.jsonl", truncate_after_step=resumed_from) if (main and cfg.monitor.jsonl) else None
+    # Every rank: device sampler, profiler window, FLOPs/peak; records go through it (JSONL, TensorBoard, Prometheus).
+    monitor = sink = Monitor.for_trainer(trainer, run_dir, jsonl=sink, resumed_from=resumed_from)
     if resumed_from is not None:
         say(f"resume: continuing from the checkpoint of step {resumed_from}")
 
@@ -74,7 +77,10 @@ def fit(trainer: Trainer, *, resume: str = "auto", verbose: bool = True) -> dict
     start_step = trainer.step
     t_start = time.perf_counter()
     while trainer.step < cfg.run.steps:
-        res = trainer.train_step()
+        monitor.before_step(trainer.step)
+        with monitor.oom_guard():  # CUDA OOM: allocator snapshot written before the error propagates
+            res = trainer.train_step()
+        monitor.after_step(trainer.step, res)
         pending.append((trainer.step, res))
         tokens += res.tokens
         train_time += res.step_time
@@ -116,12 +122,14 @@ def fit(trainer: Trainer, *, resume: str = "auto", verbose: bool = True) -> dict
         "notes": trainer.notes,
         "sample": sample,
     }
+    monitor.finish(summary)  # mfu, hfu, peak and conventions, sampler status; stops the threads
     if main:
         _write_json(run_dir / "summary.json", summary)
         if sink:
             sink.close()
     if verbose and main:
         print_report(summary, run_dir)
+        monitor.print_findings()
     return summary
 
 

@@ -1,0 +1,177 @@
+"""The balancer across 2 gloo processes: exact gradients with uneven shares (DDP and FSDP2), shared decisions.
+
+Each worker is this file run as a script (``--worker``); it writes its findings as JSON and the
+test reads them. Gradient tolerance (fp32): every gradient within ``rtol=1e-5, atol=1e-7`` of the
+single-process gradient of the same global batch (only the summation order differs).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from contextlib import nullcontext
+from pathlib import Path
+
+import pytest
+
+GLOBAL_BATCH, SEQ = 16, 8
+RTOL, ATOL = 1e-5, 1e-7
+# name -> (shares, micro_steps, scaled): scaled=False is the naive per-rank mean, which must be wrong
+CASES = {
+    "ddp_equal": ([8, 8], 2, True),
+    "ddp_uneven": ([11, 5], 2, True),
+    "ddp_very_uneven": ([13, 3], 3, True),
+    "ddp_naive_mean": ([11, 5], 2, False),
+    "fsdp2_uneven": ([11, 5], 2, True),
+}
+
+
+def _model():
+    import torch
+
+    from trainperf.models.gpt import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=SEQ, vocab_size=64))
+    model.init_weights()
+    return model
+
+
+def _grads_of_reference(x, y) -> dict:
+    model = _model()
+    _, loss = model(x, y)  # mean over the whole global batch: the gradient to match
+    loss.backward()
+    return {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def _run_case(name, shares, micro_steps, scaled, rank, world, x, y):
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from trainperf.data.sampler import GlobalBatchSampler
+    from trainperf.distributed.balance import micro_batch_sizes, micro_loss_scale
+
+    model = _model()
+    fsdp = name.startswith("fsdp2")
+    if fsdp:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = init_device_mesh("cpu", (world,))
+        for block in model.layers.values():
+            fully_shard(block, mesh=mesh)
+        wrapped = fully_shard(model, mesh=mesh)
+    else:
+        wrapped = DDP(model)
+    sampler = GlobalBatchSampler(GLOBAL_BATCH, GLOBAL_BATCH, rank=rank, world=world, shuffle=False)
+    idx = torch.as_tensor(sampler.next_local(shares))
+    sizes = micro_batch_sizes(len(idx), micro_steps)
+    start = 0
+    for i, n in enumerate(sizes):
+        last = i == len(sizes) - 1
+        part = idx[start:start + n]
+        start += n
+        if fsdp:
+            wrapped.set_requires_gradient_sync(last)
+            ctx = nullcontext()
+        else:
+            ctx = nullcontext() if last else wrapped.no_sync()
+        with ctx:
+            _, loss = wrapped(x[part], y[part])  # mean over this micro-batch
+            scale = micro_loss_scale(n, GLOBAL_BATCH, world) if scaled else 1 / micro_steps
+            (loss * scale).backward()
+    out = {}
+    for n, p in model.named_parameters():
+        g = p.grad
+        out[n.replace("_fsdp_wrapped_module.", "")] = g.full_tensor() if hasattr(g, "full_tensor") else g
+    return out
+
+
+def _balancer_run(rank):
+    """Real all_gather: rank 1 reports 2x the compute per sample from step 30; both ranks must agree."""
+    from trainperf.distributed.balance import DynamicBalancer
+
+    bal = DynamicBalancer(48, sync_every=2, window=10, min_steps=4)
+    trace = []
+    for step in range(80):
+        per_sample = 2e-3 if (rank == 1 and step >= 30) else 1e-3
+        bal.step(step, bal.local_share * per_sample)
+        trace.append(bal.shares)
+    return {"trace": trace, "decisions": [d.as_dict() for d in bal.decisions]}
+
+
+def worker(rank: int, world: int, port: int, out: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    g = torch.Generator().manual_seed(1)
+    data = torch.randint(0, 64, (GLOBAL_BATCH, SEQ + 1), generator=g)
+    x, y = data[:, :-1], data[:, 1:]
+    ref = _grads_of_reference(x, y)
+    result = {"cases": {}}
+    for name, (shares, k, scaled) in CASES.items():
+        try:
+            grads = _run_case(name, shares, k, scaled, rank, world, x, y)
+        except Exception as exc:  # reported, the test decides
+            result["cases"][name] = {"error": f"{type(exc).__name__}: {exc}"}
+            continue
+        worst = max(((grads[n] - r).abs() - RTOL * r.abs()).max().item() for n, r in ref.items())
+        maxdiff = max((grads[n] - r).abs().max().item() for n, r in ref.items())
+        result["cases"][name] = {"ok": worst <= ATOL, "max_abs_diff": maxdiff,
+                                 "max_grad": max(r.abs().max().item() for r in ref.values())}
+    result["balancer"] = _balancer_run(rank)
+    dist.destroy_process_group()
+    Path(out, f"rank{rank}.json").write_text(json.dumps(result))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    out = tmp_path_factory.mktemp("balance")
+    port, world = _free_port(), 2
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    procs = [subprocess.Popen([sys.executable, __file__, "--worker", str(r), str(world), str(port), str(out)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(world)]
+    logs = [p.communicate(timeout=120)[0] for p in procs]
+    for p, log in zip(procs, logs):
+        assert p.returncode == 0, log[-3000:]
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("case", [c for c in CASES if CASES[c][2]])
+def test_uneven_shares_give_the_global_batch_gradient(results, case):
+    for res in results:
+        r = res["cases"][case]
+        assert "error" not in r, r
+        assert r["ok"], f"{case}: max |grad diff| {r['max_abs_diff']:.3g} (largest grad {r['max_grad']:.3g})"
+
+
+@pytest.mark.distributed
+def test_naive_per_rank_mean_is_wrong_with_uneven_shares(results):
+    """The control: averaging per-rank means (the plain DDP way) with shares 11/5 is measurably off."""
+    r = results[0]["cases"]["ddp_naive_mean"]
+    assert not r["ok"] and r["max_abs_diff"] > 100 * ATOL
+
+
+@pytest.mark.distributed
+def test_ranks_take_identical_decisions_and_follow_the_slowdown(results):
+    t0, t1 = results[0]["balancer"]["trace"], results[1]["balancer"]["trace"]
+    assert t0 == t1  # same shares on every rank at every step
+    assert t0[29] == [24, 24] and t0[-1] == [32, 16]
+    d = results[0]["balancer"]["decisions"]
+    assert len(d) == 1 and d[0]["step"] > 30 and d[0]["speeds"][0] > 1.8 * d[0]["speeds"][1]
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--worker"]:
+    worker(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5])

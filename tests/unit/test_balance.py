@@ -1,0 +1,224 @@
+"""The load balancer's arithmetic: shares, bounds, hysteresis, following speeds, loss scaling, bad input.
+
+Speed series are synthetic: rank r's step compute time is share_r x per_sample_time_r x noise,
+so the policy sees what a real rank would report for the shares it assigned.
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from trainperf.config.resolve import DeviceFacts, resolve
+from trainperf.config.schema import Config
+from trainperf.data.sampler import GlobalBatchSampler
+from trainperf.distributed.balance import (BalancePolicy, DynamicBalancer, coefficient_of_variation,
+                                           local_loss_scale, micro_batch_sizes, micro_loss_scale,
+                                           proportional_shares, share_bounds)
+from trainperf.errors import ConfigError
+
+
+def simulate(policy: BalancePolicy, per_sample, steps: int, *, noise: float = 0.0, seed: int = 0, start: int = 0):
+    """Drive the policy; ``per_sample(step)`` gives each rank's seconds per sample. Returns shares per step."""
+    rng = random.Random(seed)
+    trace = []
+    for step in range(start, start + steps):
+        p = per_sample(step)
+        times = [s * p[r] * (1 + rng.uniform(-noise, noise)) for r, s in enumerate(policy.shares)]
+        trace.append(list(policy.shares))
+        policy.update(step, times)
+    return trace
+
+
+# --------------------------------------------------------------------------- shares
+
+
+@pytest.mark.parametrize("speeds,batch", [([1, 1], 64), ([2, 1], 48), ([3, 1, 1, 2], 100), ([1.0, 1.3, 0.7], 17),
+                                          ([5, 1e-3, 1], 64)])
+def test_proportional_shares_sum_exactly_and_follow_speed(speeds, batch):
+    shares = proportional_shares(speeds, batch, lo=1)
+    assert sum(shares) == batch and min(shares) >= 1
+    ideal = [batch * s / sum(speeds) for s in speeds]
+    for s, x in zip(shares, ideal):
+        if x >= 1:  # unclamped ranks are within one sample of the exact proportion
+            assert abs(s - x) < 1
+
+
+def test_proportional_shares_exact_cases():
+    assert proportional_shares([2, 1], 48) == [32, 16]
+    assert proportional_shares([1, 1, 1], 10) == [4, 3, 3]  # remainder to the lower rank on ties
+    assert proportional_shares([1, 1000], 100, lo=10) == [10, 90]  # clamped at lo, rest to the others
+    assert proportional_shares([100, 1, 1], 100, lo=1, hi=60) == [60, 20, 20]  # clamped at hi: water-filling
+
+
+def test_share_bounds_and_impossible_bounds():
+    assert share_bounds(64, 2, min_share=0.1, max_share=0.9) == (7, 57)
+    assert share_bounds(64, 4, min_samples=2) == (2, 64)
+    with pytest.raises(ConfigError, match=r"min_share=0.3 .*choose min_share <= 0.25"):
+        share_bounds(64, 4, min_share=0.3)
+    with pytest.raises(ConfigError, match=r"max_share=0.2 .*choose max_share >= 0.25"):
+        share_bounds(64, 4, max_share=0.2)
+
+
+def test_micro_batches_and_loss_scale():
+    assert micro_batch_sizes(11, 3) == [4, 4, 3]
+    assert micro_batch_sizes(6, 3) == [2, 2, 2]
+    with pytest.raises(ValueError):
+        micro_batch_sizes(2, 3)
+    # equal shares, one micro-step: the plain DDP factor 1; k equal micro-steps: 1/k (gradient accumulation)
+    assert local_loss_scale(32, 64, 2) == 1.0
+    assert micro_loss_scale(8, 64, 2) == 0.25
+    # uneven shares: sum over ranks of (n_r / B x world) / world == 1 (the global mean)
+    shares = [43, 21]
+    assert sum(local_loss_scale(s, 64, 2) for s in shares) / 2 == pytest.approx(1.0)
+
+
+def test_sampler_shares_cover_the_global_batch_once():
+    """Every rank's slice, for any shares, joins back into the global batch: nothing dropped or doubled."""
+    world, batch = 3, 30
+    samplers = [GlobalBatchSampler(300, batch, rank=r, world=world, seed=5) for r in range(world)]
+    ref = GlobalBatchSampler(300, batch, rank=0, world=1, seed=5)
+    for shares in ([10, 10, 10], [20, 7, 3], [1, 1, 28], [14, 9, 7]):
+        parts = [s.next_local(shares) for s in samplers]
+        assert [len(p) for p in parts] == shares
+        joined = np.concatenate(parts)
+        assert np.array_equal(joined, ref.next_global())
+        assert len(set(joined.tolist())) == batch
+
+
+# --------------------------------------------------------------------------- the policy
+
+
+def test_ranks_with_different_speeds_converge_to_proportional_shares():
+    # mixed GPUs: rank 1 is 2x slower, rank 3 1.5x slower
+    speed = [1.0, 0.5, 1.0, 1 / 1.5]
+    pol = BalancePolicy(120, 4, window=20, min_steps=5)
+    simulate(pol, lambda s: [1 / v for v in speed], 200, noise=0.05)
+    want = [120 * v / sum(speed) for v in speed]  # [37.9, 18.9, 37.9, 25.3]
+    assert all(abs(s - w) <= 1.5 for s, w in zip(pol.shares, want)), pol.shares
+    assert 1 <= len(pol.decisions) <= 2  # settles, then stays
+    d = pol.decisions[0]
+    assert d.old_shares == [30, 30, 30, 30] and d.imbalance > 0.2 and sum(d.new_shares) == 120
+    assert set(d.as_metrics()) >= {"balance/step", "balance/speeds", "balance/old_shares", "balance/new_shares",
+                                   "balance/imbalance"}
+
+
+def test_balanced_ranks_never_move():
+    pol = BalancePolicy(64, 2, window=20, min_steps=5)
+    simulate(pol, lambda s: [1e-3, 1.1e-3], 500, noise=0.1)  # 10% slower + 10% noise: CV ~0.05
+    assert pol.decisions == [] and pol.shares == [32, 32]
+
+
+def test_a_rank_that_becomes_slow_mid_run_is_followed_and_recovers():
+    pol = BalancePolicy(48, 2, window=20, min_steps=5)
+    slow_from, fast_again = 100, 300
+    per_sample = lambda s: [1e-3, 2e-3 if slow_from <= s < fast_again else 1e-3]  # noqa: E731
+    trace = simulate(pol, per_sample, 500, noise=0.05)
+    assert trace[slow_from - 1] == [24, 24]
+    assert trace[slow_from + 30] == [32, 16]  # followed within about window / 2 + min_steps steps
+    assert abs(trace[fast_again + 30][0] - 24) <= 1  # and back when it recovers (5% noise: +-1 sample)
+    assert len(pol.decisions) == 2
+
+
+def test_hysteresis_no_oscillation_near_a_rounding_boundary():
+    # speeds 1 : 0.5 of 49 samples -> 32.67 / 16.33: noise makes the rounding flip between 33/16 and 32/17
+    pol = BalancePolicy(49, 2, window=10, min_steps=5)
+    trace = simulate(pol, lambda s: [1e-3, 2e-3], 2000, noise=0.15, seed=3)
+    assert len(pol.decisions) == 1, [d.new_shares for d in pol.decisions]
+    assert abs(trace[-1][0] - 32.67) <= 2  # where the one move went depends on the noise at that moment
+
+
+def test_hysteresis_zero_lets_rounding_jitter_through():
+    """The gate is what stops oscillation: without it the same noisy series moves the shares again and again."""
+    pol = BalancePolicy(49, 2, window=10, min_steps=5, threshold=0.02, hysteresis=0.0)
+    simulate(pol, lambda s: [1e-3, 2e-3], 2000, noise=0.15, seed=3)
+    assert len(pol.decisions) > 5
+
+
+@pytest.mark.parametrize("hysteresis", [0.5, 0.0])
+def test_no_flip_flop_when_rounding_keeps_the_cv_high(hysteresis):
+    """3 samples on 2 equal ranks: 2/1 always reads as CV 0.33 > 0.2, but 1/2 is no better: never move."""
+    pol = BalancePolicy(3, 2, window=10, min_steps=5, hysteresis=hysteresis)
+    simulate(pol, lambda s: [1e-3, 1e-3], 400, noise=0.1, seed=1)
+    assert pol.decisions == [] and pol.imbalance() > 0.2
+
+
+def test_bounds_hold_and_a_clamped_residual_does_not_repeat_moves():
+    # rank 1 is 100x slower; min_share 0.1 keeps it at >= 7 samples, the CV stays > threshold forever
+    pol = BalancePolicy(64, 2, window=10, min_steps=5, min_share=0.1, max_share=0.9)
+    trace = simulate(pol, lambda s: [1e-3, 1e-1], 300, noise=0.05)
+    assert all(7 <= s <= 57 for shares in trace for s in shares)
+    assert pol.shares == [57, 7] and len(pol.decisions) == 1
+    assert pol.imbalance() > 0.2  # the residual the bounds keep, reported, not chased
+
+
+def test_dynamic_balancer_buffers_and_decides_identically():
+    """sync_every=4 with a fake all_gather gives the same shares as the policy fed step by step."""
+    world, per_sample = 2, [1e-3, 3e-3]
+
+    def fake_gather(values):  # both "ranks" see the rows of both
+        return [values, [v * per_sample[1] / per_sample[0] * pol_b.shares[1] / pol_b.shares[0] for v in values]]
+
+    bal = DynamicBalancer(64, world=world, rank=0, sync_every=4, gather=fake_gather, window=20, min_steps=4)
+    pol_b = bal.policy
+    decided = []
+    for step in range(40):
+        d = bal.step(step, bal.local_share * per_sample[0])
+        if d:
+            decided.append(d)
+    assert bal.shares == [48, 16] and len(decided) == 1
+    assert decided[0].step == 3  # judged at the first exchange, after min_steps=4 rows
+    assert bal.micro_batches() == [48] and bal.loss_scale(48) == 1.5
+
+
+def test_cv_definition():
+    assert coefficient_of_variation([1.0, 1.0]) == 0.0
+    assert coefficient_of_variation([1.0, 2.0]) == pytest.approx(0.5 / 1.5)
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+def _resolve(**balance):
+    cfg = Config()
+    cfg.run.device = "cpu"
+    cfg.train.global_batch, cfg.train.micro_batch = 16, 4
+    for k, v in balance.items():
+        setattr(cfg.parallelism.balance, k, v)
+    return cfg
+
+
+FACTS = DeviceFacts(cpus=2, local_ranks=2)
+
+
+@pytest.mark.parametrize("fields,world,pattern", [
+    ({"threshold": 0.0}, 2, r"threshold=0.0 must be > 0"),
+    ({"threshold": -0.1}, 2, r"threshold=-0.1 must be > 0"),
+    ({"window": 1}, 2, r"window=1 must be >= 2"),
+    ({"min_share": 0.6}, 2, r"min_share=0.6 with 2 data-parallel ranks .* choose min_share <= 0.5"),
+    ({"max_share": 0.3}, 2, r"max_share=0.3 with 2 data-parallel ranks .* choose max_share >= 0.5"),
+])
+def test_bad_balance_config_is_rejected_with_the_fix(fields, world, pattern):
+    cfg = _resolve(enabled=True, **fields)
+    with pytest.raises(ConfigError, match=pattern):
+        resolve(cfg, FACTS, world_size=world)
+
+
+def test_balance_with_tensor_only_parallelism_is_rejected():
+    cfg = _resolve(enabled=True)
+    cfg.parallelism.tensor = 2
+    cfg.model.n_head = 4
+    with pytest.raises(ConfigError, match=r"one data-parallel rank \(tensor=2.*nothing to balance"):
+        resolve(cfg, FACTS, world_size=2)
+
+
+def test_good_balance_config_resolves_and_disabled_is_not_checked():
+    resolve(_resolve(enabled=True, min_share=0.1, max_share=0.9), FACTS, world_size=2)
+    resolve(_resolve(enabled=False, threshold=0.0, min_share=0.9), FACTS, world_size=2)
+
+
+def test_policy_rejects_a_batch_too_small_for_the_micro_steps():
+    with pytest.raises(ConfigError, match="global_batch=4 cannot give each of 2"):
+        BalancePolicy(4, 2, micro_steps=3)

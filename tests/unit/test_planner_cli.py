@@ -1,0 +1,121 @@
+"""`trainperf plan` end to end: JSON contract, human output, errors (exit 2), emit-config,
+calibration, and no torch import."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from trainperf.cli import main
+
+
+def _json(capsys, *argv):
+    assert main(["plan", *argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_json_contract(capsys):
+    out = _json(capsys, "--model", "gpt3-175b", "--gpus", "512", "--gpu", "a100-80gb", "--top", "5")
+    keys = {"tp", "pp", "dp", "micro_batch", "interleave", "recompute", "sequence_parallel",
+            "step_time_s", "tflops_per_gpu", "mfu", "memory_per_gpu_gib"}
+    assert keys <= set(out["best"])
+    assert len(out["candidates"]) == 5 and out["candidates"][0] == out["best"]
+    assert isinstance(out["rejected"], list) and out["rejected"]
+    best = out["best"]
+    assert best["tp"] * best["pp"] * best["dp"] == 512
+    assert best["memory_per_gpu_gib"] <= 80
+    # MFU is model FLOPs against the dense peak: tflops_per_gpu / 312.
+    assert best["mfu"] == pytest.approx(best["tflops_per_gpu"] / 312, abs=2e-3)
+    assert out["baseline"]["tp"] == 8 and out["baseline"]["rank"] >= 1
+
+
+def test_human_output_seed_case(capsys):
+    assert main(["plan", "--model", "gpt3-175b", "--gpus", "512", "--gpu", "a100-80gb"]) == 0
+    text = capsys.readouterr().out
+    assert "tensor 8 x pipeline 4 x data 16" in text
+    assert "dense BF16 peak" in text and "Korthikanti" in text
+    assert "rank" in text and "MFU" in text
+
+
+def test_custom_shape_and_fixed_parts(capsys):
+    out = _json(capsys, "--hidden", "4096", "--layers", "32", "--heads", "32", "--seq", "2048", "--vocab", "50304",
+                "--gpus", "16", "--gpu", "h100-sxm", "--tp", "2", "--recompute", "selective", "--global-batch", "256")
+    assert all(c["tp"] == 2 and c["recompute"] == "selective" for c in out["candidates"])
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--model", "gpt3-175b", "--gpus", "512", "--tp", "5"], "does not divide the 96 attention heads"),
+    (["--model", "gpt3-175b", "--gpus", "512", "--pp", "5"], "does not divide the 96 layers"),
+    (["--model", "gpt3-175b", "--gpus", "100", "--tp", "8"], "does not divide --gpus 100"),
+    (["--model", "gpt3-175b", "--gpu", "v100"], "h100-sxm"),
+    (["--model", "gpt3-175b", "--gpus", "8", "--gpu", "a100-40gb"], "GiB over"),
+    (["--hidden", "1024"], "missing --layers, --heads"),
+    (["--model", "gpt3-175b", "--set-constant", "nvlink=1"], "not a planner constant"),
+])
+def test_bad_input_exits_2(capsys, argv, needle):
+    assert main(["plan", *argv]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and "Traceback" not in err
+
+
+def test_emit_config_is_accepted_by_the_config_loader(tmp_path, capsys):
+    from trainperf.config.load import load_config
+    from trainperf.config.resolve import check_batch, check_model_shape
+
+    path = tmp_path / "plan.yaml"
+    out = _json(capsys, "--model", "gpt3-175b", "--gpus", "512", "--pp", "4", "--emit-config", str(path))
+    cfg = load_config(str(path))
+    check_batch(cfg)
+    check_model_shape(cfg)
+    best = out["best"]
+    p = cfg.parallelism
+    assert (p.tensor, p.pipeline, p.interleave) == (best["tp"], best["pp"], best["interleave"])
+    assert max(1, p.data) * p.data_shard == best["dp"]
+    assert cfg.train.micro_batch == best["micro_batch"] and cfg.model.preset == "gpt3-175b"
+    assert p.microbatches == best["microbatches"]
+    assert cfg.memory.checkpointing.mode == best["recompute"]
+
+
+def _run_dir(tmp_path, summary: dict):
+    run = tmp_path / "run"
+    run.mkdir()
+    cfg = {"model": {"preset": "gpt-22b"}, "train": {"global_batch": 4, "micro_batch": 4},
+           "parallelism": {"data": 1, "tensor": 8, "sequence_parallel": True},
+           "memory": {"checkpointing": {"mode": "selective"}}}
+    (run / "config.yaml").write_text(yaml.safe_dump(cfg))
+    (run / "summary.json").write_text(json.dumps(summary))
+    return run
+
+
+def test_calibrate_from_tokens_per_s(tmp_path, capsys):
+    # A run measured at half the default model's speed must lower the GEMM efficiency.
+    base = _json(capsys, "--model", "gpt-22b", "--gpus", "8", "--tp", "8", "--pp", "1", "--microbatch", "4",
+                 "--recompute", "selective", "--sequence-parallel", "--global-batch", "4")["best"]["step_time_s"]
+    run = _run_dir(tmp_path, {"tokens_per_s": 4 * 2048 / (2 * base), "gpu_name": "NVIDIA A100-SXM4-80GB"})
+    out = _json(capsys, "--model", "gpt-22b", "--gpus", "8", "--calibrate", str(run))
+    cal = out["calibration"]["matmul_peak_fraction"]
+    assert cal["calibrated"] < 0.6 * cal["default"]
+    assert out["constants"]["matmul_peak_fraction"] == cal["calibrated"]
+
+
+def test_calibrate_without_measurements_exits_2(tmp_path, capsys):
+    run = _run_dir(tmp_path, {"steps": 10, "final_loss": 2.0})
+    assert main(["plan", "--model", "gpt-22b", "--gpus", "8", "--calibrate", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert "tokens_per_s" in err and "mfu" in err and "achieved_flops_per_s" in err
+
+
+def test_plan_does_not_import_torch():
+    code = (
+        "import sys\n"
+        "from trainperf.cli import main\n"
+        "rc = main(['plan', '--model', 'gpt3-1t', '--gpus', '3072', '--json', '--top', '1'])\n"
+        "assert rc == 0\n"
+        "assert 'torch' not in sys.modules, 'trainperf plan imported torch'\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr

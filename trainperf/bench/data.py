@@ -1,0 +1,232 @@
+"""``trainperf bench data``: HybridLoader vs torch DataLoader on the same slow source.
+
+Three loaders read the same items from the same simulated slow storage (a real
+``time.sleep`` per read, like a network filesystem) and pay the same decode cost
+(real CPU work: ``--decode-ms`` of thread CPU time per sample, holding the GIL):
+
+* ``dataloader_default`` -- ``DataLoader(ds, batch_size=B, shuffle=True)`` as most code writes it;
+* ``dataloader_tuned``   -- the founding document's settings with the worker fix: workers =
+  min(32, usable CPUs / local ranks), pin_memory on CUDA, prefetch_factor=3, persistent workers;
+* ``hybrid``             -- HybridLoader, same worker count, a fresh disk cache, IO thread pools.
+
+For each: samples/s of the first (cold) epoch, including worker start, and of the
+following (warm) epochs; then one more epoch in a loop with a fixed compute time per
+step (a sleep: on a GPU the host thread waits while the device computes, so the host
+CPU stays free for the loader) and the fraction of that loop's time spent waiting
+for data.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import time
+import zlib
+
+import numpy as np
+
+from trainperf.cli._common import add_json_flag, print_json
+
+
+class BenchItems:
+    """Deterministic items of ``item_bytes`` bytes (uint8), cut from one random buffer."""
+
+    def __init__(self, n: int, item_bytes: int, seed: int = 0):
+        self.n, self.item_bytes = n, item_bytes
+        self.base = np.random.default_rng(seed).integers(0, 256, size=item_bytes * 2, dtype=np.uint8)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        if not 0 <= i < self.n:
+            raise IndexError(i)
+        off = (int(i) * 7919) % self.item_bytes
+        return self.base[off:off + self.item_bytes].copy()
+
+    def fingerprint(self) -> str:
+        return f"bench:{self.n}:{self.item_bytes}"
+
+
+class Decode:
+    """``ms`` of CPU time per sample (checksumming the bytes, GIL held), then bytes -> float32 features."""
+
+    def __init__(self, ms: float):
+        self.s = ms / 1000.0
+
+    def __call__(self, arr: np.ndarray) -> np.ndarray:
+        x = np.ascontiguousarray(arr, dtype=np.uint8)
+        end = time.thread_time() + self.s
+        acc, chunk = 1, x[:4096].tobytes()  # 4 KiB: zlib keeps the GIL below 5 KiB
+        while time.thread_time() < end:
+            acc = zlib.adler32(chunk, acc)
+        out = x[: x.size // 4 * 4].view(np.uint32).astype(np.float32) * np.float32(1 / 2**32)
+        out[0] = acc & 0xFF  # the result depends on the work done
+        return out
+
+
+class _Items:  # torch Dataset: source + decode, a float32 tensor per item
+    def __init__(self, src, decode):
+        self.src, self.decode = src, decode
+
+    def __len__(self):
+        return len(self.src)
+
+    def __getitem__(self, i):
+        import torch
+
+        return torch.from_numpy(self.decode(self.src[i]))
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("data", help="HybridLoader vs torch DataLoader on a slow source", description=__doc__)
+    p.add_argument("--latency-ms", type=float, default=5.0, help="simulated latency per read (default 5)")
+    p.add_argument("--bandwidth-mb-s", type=float, default=None, help="simulated bandwidth cap per process")
+    p.add_argument("--item-kb", type=float, default=16.0, help="bytes per item in KiB (default 16)")
+    p.add_argument("--decode-ms", type=float, default=0.5, help="CPU time to decode one item (default 0.5)")
+    p.add_argument("--epochs", type=int, default=2, help="throughput epochs: 1 cold + N-1 warm (default 2)")
+    p.add_argument("--workers", type=int, default=None, help="loader workers (default: min(32, usable CPUs))")
+    p.add_argument("--samples", type=int, default=1024, help="items per epoch (default 1024)")
+    p.add_argument("--batch", type=int, default=32, help="batch size (default 32)")
+    p.add_argument("--compute-ms", type=float, default=None,
+                   help="compute per step in the data-wait loop (default: 1.5 x batch x decode-ms / workers, >= 5)")
+    p.add_argument("--io-threads", type=int, default=8, help="HybridLoader IO threads per worker (default 8)")
+    p.add_argument("--cache-dir", default=None, help="HybridLoader disk cache (default: a fresh temporary directory)")
+    p.add_argument("--only", action="append", choices=["hybrid", "dataloader_default", "dataloader_tuned"],
+                   help="run only these loaders (repeatable)")
+    p.add_argument("--quick", action="store_true", help="a few-second smoke run (small epoch and latencies)")
+    add_json_flag(p)
+    p.set_defaults(func=run)
+
+
+def _settings(args) -> dict:
+    from trainperf.hardware.cpu import loader_workers, usable_cpus
+
+    if args.quick:
+        args.samples, args.batch = min(args.samples, 96), min(args.batch, 16)
+        args.latency_ms, args.decode_ms, args.item_kb = min(args.latency_ms, 2.0), min(args.decode_ms, 0.2), 4.0
+    if args.epochs < 2:
+        args.epochs = 2
+    workers = args.workers if args.workers is not None else max(1, loader_workers())
+    compute = args.compute_ms if args.compute_ms is not None else max(5.0, 1.5 * args.batch * args.decode_ms / workers)
+    return {"latency_ms": args.latency_ms, "bandwidth_mb_s": args.bandwidth_mb_s, "item_kb": args.item_kb,
+            "decode_ms": args.decode_ms, "samples": args.samples, "batch": args.batch, "epochs": args.epochs,
+            "workers": workers, "compute_ms": compute, "io_threads": args.io_threads, "usable_cpus": usable_cpus()}
+
+
+def _epoch_iter(kind: str, state: dict):
+    """A function returning one epoch's batches as an iterator."""
+    if kind == "hybrid":
+        loader, steps = state["loader"], state["steps"]
+        return lambda: (loader.next() for _ in range(steps))
+    dl = state["loader"]
+    return lambda: iter(dl)
+
+
+def _build(kind: str, src, decode, s: dict, cuda: bool, cache_dir: str):
+    import torch
+
+    if kind == "hybrid":
+        from trainperf.data.hybrid import HybridLoader
+        from trainperf.data.sampler import GlobalBatchSampler
+
+        sampler = GlobalBatchSampler(len(src), s["batch"], seed=0, drop_last=True)
+        loader = HybridLoader(src, sampler, "cuda" if cuda else "cpu", num_workers=s["workers"], prefetch_factor=3,
+                              io_threads=s["io_threads"], cache_dir=cache_dir, cache_max_bytes=50 * 10**9,
+                              transform=decode, out_dtype=np.float32, lm=False)
+        return {"loader": loader, "steps": sampler.batches_per_epoch}
+    ds = _Items(src, decode)
+    if kind == "dataloader_default":
+        dl = torch.utils.data.DataLoader(ds, batch_size=s["batch"], shuffle=True, drop_last=True)
+    else:
+        dl = torch.utils.data.DataLoader(ds, batch_size=s["batch"], shuffle=True, drop_last=True,
+                                         num_workers=s["workers"], pin_memory=cuda, prefetch_factor=3,
+                                         persistent_workers=True)
+    return {"loader": dl}
+
+
+def _measure(kind: str, src, decode, s: dict, cuda: bool, cache_dir: str, bar) -> dict:
+    import torch
+
+    n_per_epoch = (s["samples"] // s["batch"]) * s["batch"]
+    t0 = time.perf_counter()
+    state = _build(kind, src, decode, s, cuda, cache_dir)
+    epoch = _epoch_iter(kind, state)
+    dev = torch.device("cuda" if cuda else "cpu")
+    times = []
+    for e in range(s["epochs"]):
+        t = t0 if e == 0 else time.perf_counter()
+        for b in epoch():
+            b = b.to(dev, non_blocking=True)
+            bar.update(1)
+        if cuda:
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t)
+    # data-wait loop: fixed compute per step
+    compute_s = s["compute_ms"] / 1000.0
+    wait = 0.0
+    t_loop = time.perf_counter()
+    it = epoch()
+    while True:
+        tw = time.perf_counter()
+        b = next(it, None)
+        wait += time.perf_counter() - tw
+        if b is None:
+            break
+        b = b.to(dev, non_blocking=True)
+        time.sleep(compute_s)  # the device computes; the host thread waits
+        bar.update(1)
+    loop_s = time.perf_counter() - t_loop
+    row = {"name": kind, "cold_samples_per_s": n_per_epoch / times[0],
+           "warm_samples_per_s": n_per_epoch * (len(times) - 1) / sum(times[1:]),
+           "data_wait_fraction": wait / loop_s, "cold_epoch_s": times[0], "warm_epoch_s": sum(times[1:]) / (len(times) - 1),
+           "loop_s": loop_s}
+    if kind == "hybrid":
+        row["stats"] = {k: v for k, v in state["loader"].stats().items() if k.startswith("cache_")}
+        state["loader"].close()
+    return row
+
+
+def run(args) -> int:
+    import torch
+
+    from trainperf.data.sources import SlowStorage
+
+    s = _settings(args)
+    cuda = torch.cuda.is_available()
+    src = SlowStorage(BenchItems(s["samples"], int(s["item_kb"] * 1024)), s["latency_ms"], s["bandwidth_mb_s"])
+    decode = Decode(s["decode_ms"])
+    kinds = args.only or ["dataloader_default", "dataloader_tuned", "hybrid"]
+    steps = (s["samples"] // s["batch"]) * (s["epochs"] + 1) * len(kinds)
+    from tqdm import tqdm
+
+    bar = tqdm(total=steps, desc="bench data", unit="batch", leave=False, file=sys.stderr,
+               disable=None if not args.json else True)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="trainperf-cache-") as tmp:
+        for kind in kinds:
+            bar.set_postfix_str(kind)
+            rows.append(_measure(kind, src, decode, s, cuda, args.cache_dir or tmp, bar))
+    bar.close()
+    by = {r["name"]: r for r in rows}
+    summary = {}
+    if "hybrid" in by and "dataloader_tuned" in by:
+        summary["warm_speedup_vs_tuned"] = by["hybrid"]["warm_samples_per_s"] / by["dataloader_tuned"]["warm_samples_per_s"]
+        summary["cold_speedup_vs_tuned"] = by["hybrid"]["cold_samples_per_s"] / by["dataloader_tuned"]["cold_samples_per_s"]
+    out = {"settings": {**s, "device": "cuda" if cuda else "cpu"}, "loaders": rows, "summary": summary,
+           "command": "trainperf bench data " + " ".join(sys.argv[3:] if sys.argv[1:3] == ["bench", "data"] else [])}
+    if args.json:
+        print_json(out)
+        return 0
+    print(f"bench data: {s['samples']} items of {s['item_kb']:g} KiB, {s['latency_ms']:g} ms per read, "
+          f"decode {s['decode_ms']:g} ms CPU per item, batch {s['batch']}, {s['workers']} worker(s) "
+          f"({s['usable_cpus']} usable CPUs), compute {s['compute_ms']:.1f} ms per step in the wait loop")
+    print(f"{'loader':<20} {'cold samples/s':>15} {'warm samples/s':>15} {'data wait':>10}")
+    for r in rows:
+        print(f"{r['name']:<20} {r['cold_samples_per_s']:>15.0f} {r['warm_samples_per_s']:>15.0f} "
+              f"{100 * r['data_wait_fraction']:>9.1f}%")
+    if summary:
+        print(f"hybrid vs dataloader_tuned: warm {summary['warm_speedup_vs_tuned']:.1f}x, "
+              f"cold {summary['cold_speedup_vs_tuned']:.1f}x")
+    return 0
+

@@ -1,0 +1,254 @@
+"""``trainperf plan``: which 3D-parallel layouts fit, and how fast each will be (no torch)."""
+
+from __future__ import annotations
+
+import time
+
+from trainperf.cli._common import add_json_flag, print_json
+from trainperf.errors import UserError
+
+FLOP_CONVENTION = (
+    "model FLOPs, Korthikanti et al. 2022: 72*B*s*l*h^2*(1 + s/(6h) + V/(12*h*l)) per step "
+    "(recompute not counted)"
+)
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "plan",
+        help="rank the 3D-parallel layouts that fit a model on N GPUs (analytical, no GPU needed)",
+        description="Search tensor x pipeline x data layouts, micro-batch, interleaving, sequence parallelism, "
+        "recompute and ZeRO for a transformer on a GPU cluster; estimate memory per GPU and step time of each "
+        "with an analytical model (trainperf/planner). Any of --tp/--pp/--dp/... fixes that part.",
+    )
+    m = p.add_argument_group("model (a preset or an explicit shape)")
+    m.add_argument("--model", help="preset: gpt3-175b, gpt3-1t, gpt-530b, gpt-22b, llama-70b, gpt2-124m, ...")
+    m.add_argument("--hidden", type=int, help="hidden size h")
+    m.add_argument("--layers", type=int, help="transformer layers l")
+    m.add_argument("--heads", type=int, help="attention heads a")
+    m.add_argument("--seq", type=int, help="sequence length s (default: the preset's, else 2048)")
+    m.add_argument("--vocab", type=int, help="vocabulary size V (default: the preset's, else 51200)")
+    m.add_argument("--ffn-hidden", type=int, help="MLP width (default 4h); with --gated for SwiGLU")
+    m.add_argument("--gated", action="store_true", help="SwiGLU MLP (three matrices)")
+    c = p.add_argument_group("cluster")
+    c.add_argument("--gpus", type=int, default=8, help="number of GPUs (default 8)")
+    c.add_argument("--gpu", default="a100-80gb", help="catalog key or NVML name (default a100-80gb)")
+    c.add_argument("--catalog", metavar="FILE", help="YAML file extending the hardware catalog")
+    c.add_argument("--global-batch", type=int, help="sequences per step (default: published for the preset, else ~4M tokens)")
+    f = p.add_argument_group("fix parts of the layout (the rest is searched)")
+    f.add_argument("--tp", type=int, help="tensor-parallel degree")
+    f.add_argument("--pp", type=int, help="pipeline-parallel degree")
+    f.add_argument("--dp", type=int, help="data-parallel degree")
+    f.add_argument("--microbatch", type=int, help="micro-batch size (sequences)")
+    f.add_argument("--max-microbatch", type=int, default=16, help="largest micro-batch searched (default 16)")
+    f.add_argument("--interleave", type=int, help="virtual pipeline stages per GPU (interleaved 1F1B)")
+    f.add_argument("--recompute", choices=["none", "selective", "full"], help="activation recompute")
+    f.add_argument("--sequence-parallel", action=argparse_bool(), default=None, help="sequence parallelism (with TP)")
+    f.add_argument("--zero", type=int, choices=[0, 1, 2, 3], help="ZeRO stage (3 = FSDP full shard)")
+    o = p.add_argument_group("output and model")
+    o.add_argument("--top", type=int, default=10, help="candidates shown / in --json (default 10)")
+    o.add_argument("--baseline", metavar="TP,PP,DP", help="show where this layout ranks and why the best beats it "
+                   "(default for gpt3-175b on 512 GPUs: the founding document's 8,4,16)")
+    o.add_argument("--emit-config", metavar="FILE", help="write the best layout as a trainperf YAML config")
+    o.add_argument("--set-constant", action="append", default=[], metavar="NAME=VALUE",
+                   help="override a cost-model constant (repeatable; see --constants)")
+    o.add_argument("--constants", action="store_true", help="list the cost-model constants and exit")
+    o.add_argument("--calibrate", metavar="RUN_DIR", help="fit the GEMM efficiency to a finished trainperf run")
+    add_json_flag(p)
+    p.set_defaults(func=plan_command)
+
+
+def argparse_bool():
+    import argparse
+
+    return argparse.BooleanOptionalAction
+
+
+def _model_from_args(args):
+    from trainperf.planner.model import ModelSpec, from_preset
+
+    explicit = {"hidden": args.hidden, "layers": args.layers, "heads": args.heads}
+    if args.model:
+        base = from_preset(args.model)
+        kw = {k: v for k, v in explicit.items() if v is not None}
+        if args.seq:
+            kw["seq"] = args.seq
+        if args.vocab:
+            kw["vocab"] = args.vocab
+        if args.ffn_hidden:
+            kw.update(ffn_hidden=args.ffn_hidden, gated=args.gated)
+        if not kw:
+            return base
+        from dataclasses import replace
+
+        return replace(base, name=f"{base.name} (modified)", **kw)
+    missing = [f"--{k}" for k, v in explicit.items() if v is None]
+    if missing:
+        raise UserError(f"give --model PRESET or a shape; missing {', '.join(missing)} (e.g. --hidden 12288 --layers 96 --heads 96)")
+    return ModelSpec(
+        hidden=args.hidden, layers=args.layers, heads=args.heads, seq=args.seq or 2048, vocab=args.vocab or 51200,
+        ffn_hidden=args.ffn_hidden, gated=args.gated, name="custom",
+    )
+
+
+def _baseline(args, model, gpus):
+    from trainperf.planner.search import SEED_BASELINES
+
+    if args.baseline:
+        try:
+            tp, pp, dp = (int(x) for x in args.baseline.replace("x", ",").split(","))
+        except ValueError:
+            raise UserError(f"--baseline {args.baseline!r}: expected TP,PP,DP, e.g. --baseline 8,4,16") from None
+        return (tp, pp, dp), "--baseline"
+    seed = SEED_BASELINES.get((model.name, gpus))
+    return (seed, "the founding document's layout") if seed else (None, "")
+
+
+def plan_command(args) -> int:
+    from trainperf.hardware.catalog import get_gpu, load_catalog
+    from trainperf.planner.constants import DEFAULTS
+    from trainperf.planner.search import Fixed, default_global_batch, rank_of, search
+
+    constants = DEFAULTS.with_overrides(args.set_constant)
+    if args.constants:
+        return _print_constants(constants, args.json)
+    catalog = load_catalog(args.catalog)
+    gpu = get_gpu(args.gpu, catalog)
+    model = _model_from_args(args)
+    calibration = None
+    if args.calibrate:
+        from trainperf.planner.calibrate import calibrate
+
+        calibration = calibrate(args.calibrate, gpu, catalog, constants)
+        constants = calibration.constants
+    if args.global_batch:
+        batch, batch_note = args.global_batch, "--global-batch"
+    else:
+        batch, batch_note = default_global_batch(model, args.gpus)
+    fixed = Fixed(args.tp, args.pp, args.dp, args.microbatch, args.interleave, args.recompute,
+                  args.sequence_parallel, args.zero, args.max_microbatch)
+    t0 = time.perf_counter()
+    plan = search(model, gpu, args.gpus, batch, fixed, constants)
+    elapsed = time.perf_counter() - t0
+
+    base_degrees, base_source = _baseline(args, model, args.gpus)
+    baseline = None
+    if base_degrees:
+        found = rank_of(plan, *base_degrees)
+        baseline = {"degrees": base_degrees, "source": base_source, "rank": found[0] if found else None,
+                    "estimate": found[1] if found else None,
+                    "rejected": [r for r in plan.rejected if (r.get("tp"), r.get("pp"), r.get("dp")) == base_degrees]}
+    emitted = _emit_config(plan, args.emit_config) if args.emit_config else None
+
+    if args.json:
+        print_json(_as_json(plan, gpu, batch, batch_note, args.top, baseline, constants, calibration, elapsed, emitted))
+    else:
+        from trainperf.planner.report import render
+
+        print(render(plan, batch_note=batch_note, top=args.top, baseline=baseline, calibration=calibration,
+                     elapsed=elapsed, emitted=emitted, flop_convention=FLOP_CONVENTION))
+    return 0
+
+
+def _as_json(plan, gpu, batch, batch_note, top, baseline, constants, calibration, elapsed, emitted) -> dict:
+    from trainperf.planner.search import explain
+
+    best = plan.best
+    out = {
+        "model": plan.model.as_dict(),
+        "gpu": gpu.as_dict(),
+        "gpus": plan.gpus,
+        "global_batch": batch,
+        "global_batch_source": batch_note,
+        "flop_convention": FLOP_CONVENTION,
+        "peak_tflops_per_gpu": gpu.bf16_tflops,
+        "peak": "dense BF16",
+        "best": best.as_dict(),
+        "candidates": [e.as_dict() for e in plan.candidates[:top]],
+        "candidates_total": len(plan.candidates),
+        "evaluated": plan.evaluated,
+        "out_of_memory_variants": plan.out_of_memory,
+        "rejected": plan.rejected,
+        "constants": constants.as_dict(),
+        "search_s": round(elapsed, 3),
+    }
+    if baseline:
+        est = baseline["estimate"]
+        out["baseline"] = {
+            "tp": baseline["degrees"][0], "pp": baseline["degrees"][1], "dp": baseline["degrees"][2],
+            "source": baseline["source"], "rank": baseline["rank"],
+            "best_variant": est.as_dict() if est else None,
+            "slower_than_best": round(est.step_time_s / best.step_time_s - 1, 4) if est else None,
+            "why_best_is_faster": explain(best, est) if est and est is not best else [],
+            "rejected": baseline["rejected"],
+        }
+    if calibration:
+        out["calibration"] = calibration.report
+    if emitted:
+        out["emitted_config"] = emitted
+    return out
+
+
+def _print_constants(constants, as_json: bool) -> int:
+    rows = constants.describe()
+    if as_json:
+        print_json({name: {"value": value, "doc": doc} for name, value, doc in rows})
+        return 0
+    width = max(len(n) for n, _, _ in rows)
+    for name, value, doc in rows:
+        print(f"{name:<{width}}  {value:<10g}  {doc}")
+    return 0
+
+
+def _emit_config(plan, path: str) -> str:
+    """Write the best layout as a config `trainperf train` accepts (validated before writing)."""
+    import os
+
+    import yaml
+
+    from trainperf.config.load import build_config
+    from trainperf.config.resolve import check_batch, check_model_shape
+    from trainperf.models.presets import PRESETS
+
+    best = plan.best
+    L, model = best.layout, plan.model
+    if model.name in PRESETS:
+        model_cfg = {"preset": model.name}
+    else:
+        model_cfg = {"preset": "tiny", "n_layer": model.layers, "n_head": model.heads, "n_embd": model.hidden,
+                     "block_size": model.seq, "vocab_size": model.vocab}
+    fsdp = L.zero >= 1
+    data = {
+        "model": model_cfg,
+        "train": {"global_batch": plan.global_batch, "micro_batch": L.micro_batch},
+        "precision": {"dtype": "bf16"},
+        "parallelism": {
+            "data": 1 if fsdp else L.dp,
+            "data_shard": L.dp if fsdp else 1,
+            "tensor": L.tp,
+            "pipeline": L.pp,
+            "interleave": L.interleave,
+            "microbatches": best.microbatches,
+            "pipeline_schedule": "interleaved_1f1b" if L.interleave > 1 else "1f1b",
+            "sequence_parallel": L.sequence_parallel,
+        },
+        "memory": {"checkpointing": {"mode": L.recompute}},
+    }
+    cfg = build_config(data, source="trainperf plan --emit-config")
+    check_batch(cfg)
+    check_model_shape(cfg)
+    header = (
+        f"# Written by trainperf plan: {model.name} on {plan.gpus} x {plan.gpu.key}\n"
+        f"# layout {L.short()}: estimated {best.step_time_s:.2f} s/step, {best.tflops_per_gpu:.0f} TFLOP/s per GPU "
+        f"(model FLOPs), {best.memory_bytes / 2**30:.1f} GiB per GPU\n"
+    )
+    if L.zero in (1, 2):
+        header += (f"# The plan used ZeRO-{L.zero}; trainperf expresses sharding as FSDP (data_shard), which shards "
+                   "parameters too (less memory, more traffic than planned).\n")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise UserError(f"--emit-config {path!r}: directory {parent} does not exist")
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(header)
+        yaml.safe_dump(data, fh, sort_keys=False)
+    return path

@@ -1,0 +1,267 @@
+"""``parallelize``: one config -> the model parts this rank runs, in the fixed order.
+
+    build on meta -> [split into pipeline stages] -> per part:
+        tensor parallel (apply_tp) -> activation checkpointing (apply_ac) -> compile (per block)
+        -> FSDP2 (data_shard > 1) | FSDP2 replicate (data > 1 with tensor > 1) -> materialize
+        -> DDP + compression hook (data > 1, tensor = 1)
+    -> [PipelineStage per part + schedule]
+
+Initial parameters equal one process's: the full model is initialized on this rank's device
+from ``run.seed`` (exactly as the single-process trainer does) and each part takes its slice of
+that full state dict (``set_model_state_dict(full_state_dict=True)``), never a rank-dependent
+random init. (This costs one full copy of the model per rank during set-up.)
+
+:class:`ParallelModel` then runs one optimizer step's forward/backward (gradient accumulation
+with sync only on the last micro-step, or the pipeline schedule), reduces the loss for logging,
+and clips the gradient norm across DTensor shards and pipeline stages.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from trainperf.distributed.parallel_dims import ParallelDims
+
+
+@dataclass
+class ParallelModel:
+    dims: ParallelDims
+    rank: int
+    device: torch.device
+    parts: list  # what runs forward on this rank (DDP/FSDP-wrapped parts)
+    modules: list  # the plain modules (FQNs of the full model), for state dicts and optimizers
+    kind: str  # "single" | "ddp" | "fsdp" | "replicate"
+    schedule: object | None = None
+    stage_ids: list = field(default_factory=list)
+    notes: dict = field(default_factory=dict)
+    autocast: object = None  # callable returning a context manager (precision policy)
+
+    @property
+    def pp_rank(self) -> int:
+        return self.dims.coords(self.rank)["pp"]
+
+    @property
+    def has_first_stage(self) -> bool:
+        return not self.dims.pp_enabled or self.pp_rank == 0
+
+    @property
+    def has_last_stage(self) -> bool:
+        return not self.dims.pp_enabled or self.pp_rank == self.dims.pp - 1
+
+    def parameters(self):
+        for m in self.modules:
+            yield from m.parameters()
+
+    def train(self, mode: bool = True):
+        for m in self.parts:
+            m.train(mode)
+
+    # ------------------------------------------------------------------ one step's forward/backward
+    def forward_backward(self, x: torch.Tensor, y: torch.Tensor, *, micro_batch: int, backward=None) -> torch.Tensor:
+        """Run this rank's share (x, y: (local_batch, T)) of one global batch. Returns this rank's mean
+        loss (detached; 0 on ranks without the last pipeline stage). Gradients are synchronized
+        across data ranks only on the last micro-step."""
+        if self.schedule is not None:
+            return self._pipeline_step(x, y)
+        model = self.parts[0]
+        n = x.shape[0]
+        accum = max(1, n // micro_batch)
+        total = torch.zeros((), device=self.device)
+        autocast = self.autocast or contextlib.nullcontext
+        for i in range(accum):
+            last = i == accum - 1
+            mx, my = x[i * micro_batch:(i + 1) * micro_batch], y[i * micro_batch:(i + 1) * micro_batch]
+            with self._sync(model, last):
+                with autocast():
+                    _, loss = model(mx, my)
+                loss = loss / accum  # mean over the local batch
+                (backward or torch.Tensor.backward)(loss)
+            total += loss.detach()
+        return total
+
+    def _sync(self, model, enabled: bool):
+        if self.kind == "ddp" and not enabled:
+            return model.no_sync()  # no all-reduce on this micro-step
+        if self.kind in ("fsdp", "replicate"):
+            model.set_requires_gradient_sync(enabled)
+        return contextlib.nullcontext()
+
+    def _pipeline_step(self, x, y) -> torch.Tensor:
+        losses: list = []
+        if self.has_first_stage and self.has_last_stage:
+            self.schedule.step(x, target=y, losses=losses)
+        elif self.has_first_stage:
+            self.schedule.step(x)
+        elif self.has_last_stage:
+            self.schedule.step(target=y, losses=losses)
+        else:
+            self.schedule.step()
+        if losses:
+            return torch.stack([l.detach().float() for l in losses]).mean()
+        return torch.zeros((), device=self.device)
+
+    # ------------------------------------------------------------------ loss for logging
+    def global_loss(self, local: torch.Tensor) -> torch.Tensor:
+        """Mean loss of the global batch on every rank (one all-reduce over the world)."""
+        if not self.dims.distributed:
+            return local
+        c = self.dims.coords(self.rank)
+        contributes = self.has_last_stage and c["tp"] == 0
+        t = (local.detach().float() / self.dims.dp) if contributes else torch.zeros((), device=self.device)
+        t = t.clone()
+        dist.all_reduce(t)
+        return t
+
+    # ------------------------------------------------------------------ gradient clipping
+    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
+        return clip_grad_norm_(list(self.parameters()), max_norm, self.dims, self.device)
+
+
+def clip_grad_norm_(params, max_norm: float, dims: ParallelDims, device) -> torch.Tensor:
+    """Global L2 norm of all gradients of the model (every shard counted once), clipped to ``max_norm``.
+
+    Plain tensors are replicated over tensor/data ranks: counted locally. DTensor gradients:
+    the local shard's sum of squares is summed over the mesh dims where it is sharded.
+    Pipeline stages: summed over the pipeline group.
+    """
+    from torch.distributed.tensor import DTensor
+
+    grads = [p.grad for p in params if p.grad is not None]
+    total = torch.zeros((), device=device, dtype=torch.float32)
+    groups: dict = {}
+    for g in grads:
+        if isinstance(g, DTensor):
+            key = (id(g.device_mesh), tuple(g.placements))
+            groups.setdefault(key, (g.device_mesh, g.placements, []))[2].append(g._local_tensor)
+        else:
+            total += g.detach().float().pow(2).sum()
+    for mesh, placements, locs in groups.values():
+        sq = torch.stack([t.detach().float().pow(2).sum() for t in locs]).sum()
+        for d, pl in enumerate(placements):
+            if pl.is_shard() or pl.is_partial():
+                dist.all_reduce(sq, group=mesh.get_group(d))
+        total += sq
+    if dims.pp_enabled:
+        dist.all_reduce(total, group=dims.mesh("pp").get_group())
+    norm = total.sqrt()
+    if max_norm > 0:
+        coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+        for g in grads:
+            (g._local_tensor if isinstance(g, DTensor) else g).mul_(coef)
+    return norm
+
+
+# ---------------------------------------------------------------------- building
+def full_init_state(meta_model: nn.Module, device, seed: int) -> dict:
+    """The state dict one process would start from (init_weights under ``seed`` on ``device``)."""
+    from trainperf.models.build import materialize_model
+
+    ref = copy.deepcopy(meta_model)
+    materialize_model(ref, device, seed)
+    return {k: v.detach() for k, v in ref.state_dict().items()}
+
+
+def _load_full(part: nn.Module, full_sd: dict) -> None:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    keys = set(part.state_dict().keys())
+    keys = {k.replace("_checkpoint_wrapped_module.", "").replace("_orig_mod.", "") for k in keys}
+    sub = {k: v for k, v in full_sd.items() if k in keys}
+    set_model_state_dict(part, sub, options=StateDictOptions(full_state_dict=True, strict=False))
+
+
+def _apply_ac(part: nn.Module, cfg) -> None:
+    ac = cfg.memory.checkpointing
+    if ac.mode == "none":
+        return
+    from trainperf.memory.ac import apply_ac  # the memory issue's function
+
+    apply_ac(part, ac)
+
+
+def _apply_compile(part: nn.Module, cfg) -> None:
+    if not cfg.compile.enabled:
+        return
+    # Per block, so FQNs stay those of the model (checkpoints move between layouts) and FSDP wraps
+    # compiled blocks; compile after AC wrapping and before FSDP.
+    for block in part.layers.values():
+        block.compile(mode=cfg.compile.mode, fullgraph=cfg.compile.fullgraph, backend=cfg.compile.backend)
+
+
+def parallelize(meta_model: nn.Module, cfg, dims: ParallelDims, *, rank: int, device: torch.device,
+                seq_len: int) -> ParallelModel:
+    """Apply the configured layout to ``meta_model`` (a reference GPT on meta). Collective: every rank calls."""
+    from trainperf.distributed.ddp import apply_ddp, check_compression
+    from trainperf.distributed.fsdp import DTYPES, apply_fsdp, apply_replicate
+    from trainperf.distributed.pipeline import (block_costs, build_schedule, make_stage_module,
+                                                split_layers, stage_ids)
+    from trainperf.distributed.tensor_parallel import apply_tp
+
+    p = cfg.parallelism
+    gc = meta_model.cfg
+    dims.validate_model(n_head=gc.n_head, n_layer=gc.n_layer, interleave=p.interleave if dims.pp_enabled else 1,
+                        n_embd=gc.n_embd)
+    check_compression(p.compression.type, dp_replicate=dims.dp_replicate, dp_shard=dims.dp_shard, tp=dims.tp)
+    dims.build_mesh(device.type)
+    full_sd = full_init_state(meta_model, device, cfg.run.seed)
+    notes: dict = {"layout": dims.describe()}
+
+    # ---- pipeline split
+    if dims.pp_enabled:
+        n_stages = dims.pp * (p.interleave if p.pipeline_schedule == "interleaved_1f1b" else 1)
+        costs, first_extra, last_extra = block_costs(gc.n_layer, gc.n_embd, seq_len, gc.vocab_size)
+        split = split_layers(costs, n_stages, first_extra=first_extra, last_extra=last_extra)
+        ids = stage_ids(dims.coords(rank)["pp"], dims.pp, n_stages // dims.pp)
+        modules = [make_stage_module(meta_model, split[s], first=s == 0, last=s == n_stages - 1) for s in ids]
+        notes["pipeline_split"] = [len(s) for s in split]
+    else:
+        n_stages, ids, modules = 1, [0], [meta_model]
+
+    # ---- the fixed order, per part
+    if dims.fsdp_enabled:
+        kind = "fsdp"
+    elif dims.dp_replicate_enabled and dims.tp_enabled:
+        kind = "replicate"
+    elif dims.dp_replicate_enabled:
+        kind = "ddp"
+    else:
+        kind = "single"
+    parts = []
+    for m in modules:
+        if dims.tp_enabled:
+            apply_tp(m, dims.mesh("tp"), sequence_parallel=p.sequence_parallel)
+        _apply_ac(m, cfg)
+        _apply_compile(m, cfg)
+        if kind == "fsdp":
+            param_dtype = torch.bfloat16 if cfg.precision.dtype == "bf16" else None
+            apply_fsdp(m, dims.fsdp_mesh(), param_dtype=param_dtype, reduce_dtype=DTYPES[p.fsdp_reduce_dtype],
+                       reshard_after_forward=not dims.pp_enabled)
+        elif kind == "replicate":
+            apply_replicate(m, dims.mesh("dp_replicate"))
+        m.to_empty(device=device)
+        _load_full(m, full_sd)
+        if kind == "ddp":
+            parts.append(apply_ddp(m, dims.mesh("dp_replicate"), compression=p.compression.type,
+                                   powersgd_rank=p.compression.rank, powersgd_warmup=p.compression.warmup_steps,
+                                   device=device))
+        else:
+            parts.append(m)
+    del full_sd
+    for m in parts:
+        m.train()
+
+    schedule = None
+    if dims.pp_enabled:
+        from torch.distributed.pipelining import PipelineStage
+
+        pp_group = dims.mesh("pp").get_group()
+        stages = [PipelineStage(part, s, n_stages, device, group=pp_group) for part, s in zip(parts, ids)]
+        schedule = build_schedule(stages, schedule=p.pipeline_schedule, microbatches=p.microbatches)
+    return ParallelModel(dims=dims, rank=rank, device=device, parts=parts, modules=modules, kind=kind,
+                         schedule=schedule, stage_ids=ids, notes=notes)

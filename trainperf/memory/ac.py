@@ -1,0 +1,268 @@
+"""Activation checkpointing applied from outside the model: ``apply_ac``.
+
+Modes: ``none``; ``full`` (every repeated block); ``ratio`` (a fraction of the blocks, spread
+evenly: 0.25 = one in four); ``every_k`` (blocks 0, k, 2k, ...); ``selective`` (op level, every
+block: the outputs of matmuls and attention are kept, the cheap ops are recomputed, through
+torch.utils.checkpoint's selective-checkpoint policy); ``budget`` (the least recompute whose
+estimate fits ``budget_gb``, chosen with :mod:`trainperf.memory.estimate`).
+
+How blocks are wrapped: the block's class is swapped for a subclass whose ``forward`` runs the
+original one under ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)`` (the trick
+FSDP2's ``fully_shard`` uses). No wrapper module is inserted, so parameter names, ``state_dict``
+keys and ``isinstance`` checks are unchanged: a checkpoint saved with any AC mode loads into a
+model built with any other. :func:`remove_ac` restores the original classes.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+import torch.nn as nn
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+
+from trainperf.errors import ConfigError
+
+MODES = ("none", "full", "ratio", "every_k", "selective", "budget")
+
+_aten = torch.ops.aten
+# Ops whose outputs selective checkpointing keeps (compute-bound); everything else is recomputed.
+SAVE_OPS: frozenset = frozenset(
+    getattr(_aten, name).default
+    for name in (
+        "mm", "addmm", "bmm", "baddbmm", "convolution", "_scaled_mm",
+        "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu",
+    )
+    if hasattr(_aten, name)
+)
+
+
+def selective_policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
+    """Keep matmul / attention outputs (expensive to recompute); recompute norms, GELU, adds, casts."""
+    return CheckpointPolicy.MUST_SAVE if op in SAVE_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+_selective_context = functools.partial(create_selective_checkpoint_contexts, selective_policy)
+
+
+@dataclass
+class ACPlan:
+    """What :func:`apply_ac` did: per block index, ``"full"``, ``"selective"`` or ``"none"``."""
+
+    mode: str
+    block_path: str | None = None
+    kinds: list[str] = field(default_factory=list)
+    note: str = ""
+
+    @property
+    def n_blocks(self) -> int:
+        return len(self.kinds)
+
+    @property
+    def full(self) -> list[int]:
+        return [i for i, k in enumerate(self.kinds) if k == "full"]
+
+    @property
+    def selective(self) -> list[int]:
+        return [i for i, k in enumerate(self.kinds) if k == "selective"]
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.update(full=self.full, selective=self.selective)
+        return d
+
+
+# --------------------------------------------------------------------------- finding blocks
+def _is_block_container(mod: nn.Module) -> bool:
+    if not isinstance(mod, (nn.ModuleList, nn.ModuleDict, nn.Sequential)):
+        return False
+    children = list(mod.children())
+    # A one-block ModuleList/ModuleDict counts (a 1-layer model); a one-child Sequential does not.
+    least = 2 if isinstance(mod, nn.Sequential) else 1
+    return len(children) >= least and len({type(c) for c in children}) == 1
+
+
+def block_candidates(model: nn.Module) -> list[tuple[str, int]]:
+    """(dotted path, number of blocks) of every ModuleList/ModuleDict (or Sequential of two or more)
+    whose children are all of one type, largest first (by count, then parameters)."""
+    found = []
+    for name, mod in model.named_modules():
+        if name and _is_block_container(mod):
+            n_params = sum(p.numel() for p in mod.parameters())
+            found.append((name, len(list(mod.children())), n_params))
+    found.sort(key=lambda t: (t[1], t[2]), reverse=True)
+    return [(name, n) for name, n, _ in found]
+
+
+def find_blocks(model: nn.Module, path: str | None = None) -> tuple[str | None, list[nn.Module]]:
+    """The repeated blocks: those at ``path`` (dotted, e.g. "transformer.h") or, without a path,
+    the largest container of identical-type children. ``(None, [])`` when there is none."""
+    if path:
+        try:
+            container = model.get_submodule(path)
+        except AttributeError:
+            container = None
+        if container is None or not isinstance(container, (nn.ModuleList, nn.ModuleDict, nn.Sequential)):
+            cands = [p for p, _ in block_candidates(model)]
+            names = [n for n, _ in model.named_modules() if n]
+            close = difflib.get_close_matches(path, names, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            what = "does not exist" if container is None else f"is a {type(container).__name__}, not a list of blocks"
+            listing = ", ".join(f"{p!r}" for p in cands) if cands else "none found (no list of identical blocks)"
+            raise ConfigError(
+                f"memory.checkpointing.blocks={path!r} {what} in {type(model).__name__}; {hint}"
+                f"candidates: {listing}"
+            )
+        blocks = list(container.children())
+        if not blocks:
+            raise ConfigError(f"memory.checkpointing.blocks={path!r} is empty; name a container with blocks in it")
+        return path, blocks
+    cands = block_candidates(model)
+    if not cands:
+        return None, []
+    best = cands[0][0]
+    return best, list(model.get_submodule(best).children())
+
+
+# --------------------------------------------------------------------------- wrapping
+_CLASS_CACHE: dict[tuple[type, str], type] = {}
+
+
+def _checkpointed_class(base: type, kind: str) -> type:
+    key = (base, kind)
+    if key in _CLASS_CACHE:
+        return _CLASS_CACHE[key]
+    context_fn = _selective_context if kind == "selective" else None
+
+    def forward(self, *args, **kwargs):
+        if not torch.is_grad_enabled():  # eval / no_grad: nothing is saved, nothing to recompute
+            return base.forward(self, *args, **kwargs)
+        extra = {"context_fn": context_fn} if context_fn is not None else {}
+        return checkpoint(base.forward, self, *args, use_reentrant=False, preserve_rng_state=True,
+                          **extra, **kwargs)
+
+    prefix = "Checkpointed" if kind == "full" else "SelectiveCheckpointed"
+    cls = type(f"{prefix}{base.__name__}", (base,), {
+        "forward": forward, "_trainperf_ac_kind": kind, "_trainperf_ac_base": base,
+        "__module__": base.__module__,
+    })
+    _CLASS_CACHE[key] = cls
+    return cls
+
+
+def _wrap(block: nn.Module, kind: str) -> None:
+    base = getattr(type(block), "_trainperf_ac_base", type(block))
+    block.__class__ = base if kind == "none" else _checkpointed_class(base, kind)
+
+
+def remove_ac(model: nn.Module) -> None:
+    """Undo :func:`apply_ac` on every module of ``model``."""
+    for mod in model.modules():
+        if hasattr(type(mod), "_trainperf_ac_base"):
+            mod.__class__ = type(mod)._trainperf_ac_base
+
+
+# --------------------------------------------------------------------------- choosing blocks
+def check_ratio(ratio: float) -> None:
+    if not (0 < ratio <= 1):
+        raise ConfigError(
+            f"memory.checkpointing.ratio={ratio} is outside (0, 1]; it is the fraction of blocks checkpointed: "
+            "use e.g. 0.25 (one block in four) or 1.0 (every block, like mode=full)"
+        )
+
+
+def ratio_count(n_blocks: int, ratio: float) -> int:
+    """Blocks checkpointed for ``ratio`` (at least one, rounded to nearest)."""
+    check_ratio(ratio)
+    return max(1, min(n_blocks, round(ratio * n_blocks)))
+
+
+def spread(n_blocks: int, k: int) -> list[int]:
+    """``k`` block indices spread evenly over ``n_blocks``, starting at 0 (k = n/4 -> 0, 4, 8, ...)."""
+    return sorted({(j * n_blocks) // k for j in range(k)}) if k > 0 else []
+
+
+def plan_kinds(mode: str, n_blocks: int, *, ratio: float = 0.25, every_k: int = 4,
+               n_full: int | None = None, n_selective: int = 0) -> list[str]:
+    """Per-block kinds for a mode (``budget`` takes explicit ``n_full``/``n_selective``)."""
+    if mode == "none":
+        return ["none"] * n_blocks
+    if mode == "full":
+        return ["full"] * n_blocks
+    if mode == "selective":
+        return ["selective"] * n_blocks
+    if mode == "ratio":
+        full = set(spread(n_blocks, ratio_count(n_blocks, ratio)))
+    elif mode == "every_k":
+        if every_k < 1:
+            raise ConfigError(f"memory.checkpointing.every_k={every_k} must be at least 1")
+        full = set(range(0, n_blocks, every_k))
+    elif mode == "budget":
+        full = set(spread(n_blocks, n_full or 0))
+        kinds = ["full" if i in full else "none" for i in range(n_blocks)]
+        rest = [i for i in range(n_blocks) if i not in full]
+        for i in rest[:n_selective]:
+            kinds[i] = "selective"
+        return kinds
+    else:
+        raise ConfigError(f"memory.checkpointing.mode={mode!r} is unknown; choose one of {', '.join(MODES)}")
+    return ["full" if i in full else "none" for i in range(n_blocks)]
+
+
+# --------------------------------------------------------------------------- entry point
+def apply_ac(model: nn.Module, ac=None, *, mode: str | None = None, ratio: float | None = None,
+             every_k: int | None = None, blocks: str | None = None, budget_bytes: int | None = None,
+             micro_batch: int | None = None, seq_len: int | None = None, dtype: str = "fp32",
+             optimizer: str = "adamw", example_batch=None, kinds: list[str] | None = None) -> ACPlan:
+    """Apply activation checkpointing to ``model``'s repeated blocks, in place; returns the plan.
+
+    ``ac`` is the ``memory.checkpointing`` config section (``CheckpointingConfig``); the keyword
+    flags override its fields (or stand alone without it). Call after building/materializing the
+    model and before ``torch.compile``. ``budget`` mode needs ``micro_batch`` and ``seq_len`` (and,
+    for a model that is not the reference GPT, ``example_batch`` to trace), plus ``dtype`` and
+    ``optimizer`` for the estimate. ``kinds`` (one of none/full/selective per block) bypasses the
+    mode and is what ``budget`` resolves to.
+    """
+    mode = mode or (ac.mode if ac is not None else "none")
+    ratio = ratio if ratio is not None else (ac.ratio if ac is not None else 0.25)
+    every_k = every_k if every_k is not None else (ac.every_k if ac is not None else 4)
+    blocks = blocks if blocks is not None else (ac.blocks if ac is not None else None)
+    if budget_bytes is None and ac is not None and ac.budget_gb is not None:
+        budget_bytes = int(ac.budget_gb * 1e9)
+    if mode not in MODES:
+        raise ConfigError(f"memory.checkpointing.mode={mode!r} is unknown; choose one of {', '.join(MODES)}")
+    if mode == "ratio":
+        check_ratio(ratio)
+
+    remove_ac(model)
+    path, found = find_blocks(model, blocks)
+    if mode == "none" and kinds is None:
+        return ACPlan("none", path, ["none"] * len(found))
+    if not found:
+        raise ConfigError(
+            f"memory.checkpointing.mode={mode!r} needs repeated blocks, but {type(model).__name__} has no "
+            "ModuleList/ModuleDict/Sequential of two or more children of one type; name the blocks with "
+            "memory.checkpointing.blocks=<dotted path> or use mode=none"
+        )
+    note = ""
+    if kinds is None and mode == "budget":
+        from trainperf.memory.estimate import plan_for_budget
+
+        if budget_bytes is None:
+            raise ConfigError("memory.checkpointing.mode=budget needs memory.checkpointing.budget_gb (e.g. 70)")
+        choice = plan_for_budget(model, budget_bytes=budget_bytes, micro_batch=micro_batch, seq_len=seq_len,
+                                 dtype=dtype, optimizer=optimizer, example_batch=example_batch,
+                                 n_blocks=len(found))
+        kinds = plan_kinds("budget", len(found), n_full=choice.n_full, n_selective=choice.n_selective)
+        note = choice.describe()
+    elif kinds is None:
+        kinds = plan_kinds(mode, len(found), ratio=ratio, every_k=every_k)
+    if len(kinds) != len(found):
+        raise ConfigError(f"{len(kinds)} checkpoint kinds given for {len(found)} blocks at {path!r}")
+    for block, kind in zip(found, kinds):
+        _wrap(block, kind)
+    return ACPlan(mode, path, list(kinds), note)

@@ -1,0 +1,402 @@
+"""Diagnosis: a rule table over a run's metrics -> findings with evidence, cause and fix.
+
+``diagnose(run_dir)`` reads what ``trainperf train`` wrote (metrics*.jsonl, samples*.jsonl,
+summary.json and config.yaml; a crashed run without summary.json works too) and returns::
+
+    {"findings": [{"id", "severity", "title", "evidence", "cause", "fix"}],
+     "summary": {"mfu", "hfu", "phase_fractions", "step_time_s", "tokens_per_s", ...},
+     "missing": ["what could not be checked, and why"]}
+
+The first 10% of the steps (at least one, when there are three or more) are left out of every
+figure: they hold compilation, allocator growth and cold caches. ``RULES`` is the table; the
+README's troubleshooting table is generated from it (``rules_markdown()``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
+
+# Thresholds (fractions of step time, or percent for NVML/GPM figures).
+DATA_WARN, DATA_CRIT = 0.20, 0.40
+COMM_WARN, COMM_CRIT = 0.15, 0.30
+IO_CPU_RATIO = 0.5  # CPU seconds per second of data wait below this: waiting on storage
+STRAGGLER_RATIO = 1.15
+LOW_MFU_CATALOG = 0.30  # against a GPU's dense catalog peak
+LOW_MFU_MEASURED = 0.05  # against a measured matmul peak (CPU): only flags a run far off
+LAUNCH_BUSY_PCT = 70.0
+MEMORY_USED_FRAC = 0.5
+TARGET_GPU_UTIL, TARGET_SM_EFF, TARGET_MEMCOPY = 85.0, 70.0, 30.0
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    symptom: str
+    condition: str
+    cause: str
+    fix: str
+    check: Callable[[dict], dict | None]
+
+
+# ---------------------------------------------------------------------- loading
+def _read_jsonl(path: Path) -> list[dict]:
+    out = []
+    if not path.exists():
+        return out
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line cut by a crash
+        if isinstance(rec, dict):
+            out.append(rec)
+    return out
+
+
+def _rank_of(path: Path) -> int:
+    parts = path.name.split(".")
+    for p in parts:
+        if p.startswith("rank") and p[4:].isdigit():
+            return int(p[4:])
+    return 0
+
+
+def load_run(run_dir: str | Path) -> dict[str, Any]:
+    """Everything the rules and the report need, from one run directory."""
+    from trainperf.errors import UserError
+
+    d = Path(run_dir)
+    if not d.is_dir():
+        raise UserError(f"run directory {str(d)!r} does not exist; pass the run.dir of a `trainperf train` run")
+    metric_files = sorted(d.glob("metrics*.jsonl"))
+    if not metric_files and not (d / "summary.json").exists():
+        raise UserError(f"{d} holds no metrics.jsonl or summary.json; is it a trainperf run directory?")
+    ranks: dict[int, list[dict]] = {}
+    evals: list[dict] = []
+    for f in metric_files:
+        recs = _read_jsonl(f)
+        r = _rank_of(f)
+        ranks[r] = [x for x in recs if "step_time_s" in x]
+        if r == 0:
+            evals = [x for x in recs if "val_loss" in x]
+    samples: dict[int, list[dict]] = {}
+    sample_meta: dict[int, dict] = {}
+    for f in sorted(d.glob("samples*.jsonl")):
+        recs = _read_jsonl(f)
+        r = _rank_of(f)
+        samples[r] = [x for x in recs if "meta" not in x]
+        metas = [x["meta"] for x in recs if "meta" in x]
+        if metas:
+            sample_meta[r] = metas[-1]
+    summary = {}
+    if (d / "summary.json").exists():
+        try:
+            summary = json.loads((d / "summary.json").read_text())
+        except (OSError, json.JSONDecodeError):
+            summary = {}
+    config = {}
+    if (d / "config.yaml").exists():
+        try:
+            import yaml
+
+            config = yaml.safe_load((d / "config.yaml").read_text()) or {}
+        except Exception:  # noqa: BLE001 - the config only improves the fixes' wording
+            config = {}
+    return {"dir": d, "ranks": ranks, "evals": evals, "samples": samples, "sample_meta": sample_meta,
+            "summary": summary, "config": config, "crashed": not (d / "summary.json").exists()}
+
+
+def _steady(recs: list[dict]) -> list[dict]:
+    if len(recs) < 3:
+        return recs
+    skip = max(1, math.ceil(0.1 * len(recs)))
+    return recs[skip:]
+
+
+def _mean(xs):
+    xs = [x for x in xs if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)]
+    return sum(xs) / len(xs) if xs else None
+
+
+def _cfg(run: dict, dotted: str, default=None):
+    d: Any = run["config"]
+    for part in dotted.split("."):
+        if not isinstance(d, dict) or part not in d:
+            return default
+        d = d[part]
+    return d
+
+
+def compute_summary(run: dict) -> dict[str, Any]:
+    """Figures the rules look at (over the steady steps)."""
+    s: dict[str, Any] = {}
+    ranks = run["ranks"]
+    main = _steady(ranks.get(0) or (next(iter(ranks.values())) if ranks else []))
+    s["steps_recorded"] = len(ranks.get(0, []))
+    s["steps_used"] = len(main)
+    phase_tot: dict[str, float] = {}
+    cpu_tot: dict[str, float] = {}
+    for r in main:
+        for k, v in (r.get("phases_s") or {}).items():
+            phase_tot[k] = phase_tot.get(k, 0.0) + v
+        for k, v in (r.get("phases_cpu_s") or {}).items():
+            cpu_tot[k] = cpu_tot.get(k, 0.0) + v
+    total = sum(phase_tot.values())
+    s["phase_fractions"] = {k: v / total for k, v in phase_tot.items()} if total else {}
+    s["phase_mean_s"] = {k: v / len(main) for k, v in phase_tot.items()} if main else {}
+    s["phase_cpu_ratio"] = {k: cpu_tot[k] / phase_tot[k] for k in cpu_tot if phase_tot.get(k)}
+    s["step_time_s"] = statistics.median([r["step_time_s"] for r in main]) if main else None
+    s["tokens_per_s"] = statistics.median([r["tokens_per_s"] for r in main if r.get("tokens_per_s")]) \
+        if any(r.get("tokens_per_s") for r in main) else None
+    summ = run["summary"]
+    s["mfu"] = summ.get("mfu")
+    if s["mfu"] is None:  # a crashed run: the per-step figure
+        s["mfu"] = _mean([r.get("mfu") for r in main])
+    s["hfu"] = summ.get("hfu")
+    s["peak_source"] = summ.get("peak_source")
+    s["mfu_convention"] = summ.get("mfu_convention")
+    s["device"] = summ.get("device") or _cfg(run, "run.device")
+    mem = [r.get("mem_peak_bytes") for r in main if r.get("mem_peak_bytes")]
+    s["mem_peak_bytes"] = summ.get("mem_peak_bytes") or (max(mem) if mem else None)
+    s["mem_capacity_bytes"] = summ.get("mem_capacity_bytes")
+    # per rank
+    per_rank = {}
+    for rank, recs in sorted(ranks.items()):
+        st = _steady(recs)
+        if not st:
+            continue
+        comp = [sum(v for k, v in (r.get("phases_s") or {}).items() if k != "comm") for r in st]
+        per_rank[rank] = {"step_time_s": _mean([r["step_time_s"] for r in st]), "compute_s": _mean(comp),
+                          "comm_s": _mean([(r.get("phases_s") or {}).get("comm", 0.0) for r in st])}
+    s["ranks"] = per_rank
+    # device samples over the steady part of the run
+    first_step = main[0]["step"] if main else 0
+    sm = [x for recs in run["samples"].values() for x in recs if (x.get("step") or 0) >= first_step]
+    for key in ("gpu_kernel_busy_pct", "gpu_sm_active_pct", "gpu_tensor_active_pct", "gpu_mem_copy_util_pct",
+                "gpu_power_w", "cpu_pct", "proc_cpu_pct"):
+        s[key] = _mean([x.get(key) for x in sm])
+    s["samples"] = len(sm)
+    return s
+
+
+# ---------------------------------------------------------------------- rules
+def _pct(x: float) -> str:
+    return f"{100 * x:.0f}%"
+
+
+def _data_bound(s: dict) -> dict | None:
+    f = s["phase_fractions"].get("data", 0.0)
+    if f <= DATA_WARN:
+        return None
+    ms = 1000 * s["phase_mean_s"].get("data", 0.0)
+    ratio = s["phase_cpu_ratio"].get("data")
+    ev = f"data wait {_pct(f)} of step time ({ms:.0f} ms per step, threshold {_pct(DATA_WARN)})"
+    if ratio is not None and ratio < IO_CPU_RATIO:
+        kind = "io"
+        ev += f"; the training process used {100 * ratio:.0f}% of a core while waiting (IO-bound)"
+        cause = "the loader waits on storage: reads are slow and not overlapped with compute (IO-bound)"
+        fix = ("data.loader=hybrid with data.prefetch.io_threads=16 and data.prefetch.depth=8 (overlap reads); "
+               "data.cache.dir=<local SSD> to cache remote reads")
+    else:
+        kind = "decode"
+        if ratio is not None:
+            ev += f"; the training process used {100 * ratio:.0f}% of a core while waiting (CPU-bound)"
+        cause = "the loader is CPU-bound: decoding/collating batches in the training process (decode-bound)"
+        fix = "data.loader=dataloader or hybrid with more data.num_workers; pre-tokenize (`trainperf data prepare`)"
+    return {"severity": "critical" if f > DATA_CRIT else "warning", "evidence": ev, "cause": cause,
+            "fix": fix, "kind": kind}
+
+
+def _comm_bound(s: dict) -> dict | None:
+    f = s["phase_fractions"].get("comm", 0.0)
+    if f <= COMM_WARN:
+        return None
+    ms = 1000 * s["phase_mean_s"].get("comm", 0.0)
+    return {"severity": "critical" if f > COMM_CRIT else "warning",
+            "evidence": f"exposed communication {_pct(f)} of step time ({ms:.0f} ms per step, threshold "
+                        f"{_pct(COMM_WARN)})",
+            "cause": "gradient collectives are not hidden behind backward: too little compute per byte sent, "
+                     "or a slow link",
+            "fix": "parallelism.compression.type=bf16 (or powersgd); raise train.global_batch (more accumulation "
+                   "per all-reduce); FSDP: parallelism.fsdp_reduce_dtype=bf16; check links with `trainperf doctor`"}
+
+
+def _straggler(s: dict) -> dict | None:
+    ranks = {r: v for r, v in s["ranks"].items() if v.get("compute_s")}
+    if len(ranks) < 2:
+        return None
+    med = statistics.median(v["compute_s"] for v in ranks.values())
+    worst = max(ranks, key=lambda r: ranks[r]["compute_s"])
+    ratio = ranks[worst]["compute_s"] / med if med else 0.0
+    if ratio <= STRAGGLER_RATIO:
+        return None
+    return {"severity": "critical" if ratio > 1.5 else "warning", "rank": worst,
+            "evidence": f"rank {worst} computes {ranks[worst]['compute_s'] * 1000:.0f} ms per step, "
+                        f"{ratio:.2f}x the median {med * 1000:.0f} ms (threshold {STRAGGLER_RATIO}x)",
+            "cause": "one rank is slower (throttled clocks, a shared or slower device, a busy host) and every "
+                     "collective waits for it",
+            "fix": f"parallelism.balance.enabled=true; check rank {worst}'s clocks, temperature and host load "
+                   "(samples.jsonl)"}
+
+
+def _launch_bound(s: dict) -> dict | None:
+    busy = s.get("gpu_kernel_busy_pct")
+    if busy is None or busy >= LAUNCH_BUSY_PCT:
+        return None
+    other = s["phase_fractions"].get("data", 0.0) + s["phase_fractions"].get("comm", 0.0)
+    if other > 0.15:
+        return None  # the GPU idles for data or communication: those rules speak
+    return {"severity": "warning",
+            "evidence": f"NVML kernel-busy {busy:.0f}% (threshold {LAUNCH_BUSY_PCT:.0f}%) while data + comm are "
+                        f"only {_pct(other)} of step time",
+            "cause": "the host cannot launch kernels fast enough (many small kernels, Python overhead)",
+            "fix": "compile.enabled=true (compile.mode=reduce-overhead for CUDA graphs); raise train.micro_batch"}
+
+
+def _memory_bound(s: dict) -> dict | None:
+    peak, cap = s.get("mem_peak_bytes"), s.get("mem_capacity_bytes")
+    if not peak or not cap:
+        return None
+    frac = peak / cap
+    mfu = s.get("mfu")
+    if frac >= MEMORY_USED_FRAC or (mfu is not None and mfu >= 0.4):
+        return None
+    return {"severity": "info",
+            "evidence": f"peak allocated {peak / 2**30:.1f} GiB of {cap / 2**30:.1f} GiB ({_pct(frac)}, threshold "
+                        f"{_pct(MEMORY_USED_FRAC)})" + (f"; MFU {_pct(mfu)}" if mfu is not None else ""),
+            "cause": "the batch is too small for the memory: kernels are small and the device is under-fed",
+            "fix": "raise train.micro_batch (about x2 per halving of the unused memory; check with "
+                   "`trainperf memory CONFIG`); turn memory.checkpointing off if it is on"}
+
+
+def _low_mfu(s: dict) -> dict | None:
+    mfu, src = s.get("mfu"), s.get("peak_source") or ""
+    if mfu is None:
+        return None
+    measured = src.startswith("measured")
+    limit = LOW_MFU_MEASURED if measured else LOW_MFU_CATALOG
+    if mfu >= limit:
+        return None
+    return {"severity": "warning",
+            "evidence": f"MFU {100 * mfu:.1f}% (threshold {100 * limit:.0f}%) against {src or 'the peak'}",
+            "cause": "compute runs far below the device's peak: fp32 math, eager small kernels, or a small model/batch",
+            "fix": "precision.dtype=bf16; compile.enabled=true; optimizer.type=fused_adam; raise train.micro_batch"}
+
+
+def _target(key: str, limit: float, above: bool, label: str):
+    def check(s: dict) -> dict | None:
+        v = s.get(key)
+        if v is None or (v > limit if above else v < limit):
+            return None
+        return {"severity": "info",
+                "evidence": f"{label} {v:.0f}% (mean over the steady steps; target "
+                            f"{'>' if above else '<'} {limit:.0f}%)"}
+    return check
+
+
+RULES: list[Rule] = [
+    Rule("data_bound", "steps wait for batches", f"data phase > {_pct(DATA_WARN)} of step time "
+         f"(critical > {_pct(DATA_CRIT)}); IO- vs decode-bound from the process CPU during the wait "
+         f"(< {IO_CPU_RATIO} core: IO)", "slow storage (IO) or CPU decoding in the training process",
+         "data.loader=hybrid, prefetch depth/io_threads, data.cache.dir; more workers; pre-tokenize", _data_bound),
+    Rule("comm_bound", "ranks wait on collectives", f"exposed comm phase > {_pct(COMM_WARN)} of step time "
+         f"(critical > {_pct(COMM_CRIT)})", "collectives not overlapped with backward; slow links",
+         "parallelism.compression.type=bf16/powersgd; larger global batch; fsdp_reduce_dtype=bf16", _comm_bound),
+    Rule("straggler", "one rank is slower than the others", f"a rank's compute time > {STRAGGLER_RATIO}x "
+         "the median rank's", "throttled or shared device, busy host", "parallelism.balance.enabled=true; "
+         "inspect that rank's clocks and host", _straggler),
+    Rule("launch_bound", "GPU idle between small kernels (host-bound)", f"NVML kernel-busy < {LAUNCH_BUSY_PCT:.0f}% "
+         "with data + comm < 15% of step time", "Python/launch overhead, many small kernels",
+         "compile.enabled=true (mode reduce-overhead); larger micro-batch", _launch_bound),
+    Rule("memory_bound", "memory left unused, device under-fed", f"peak allocated < {_pct(MEMORY_USED_FRAC)} of "
+         "device memory and MFU < 40%", "batch too small for the memory", "raise train.micro_batch; "
+         "drop activation checkpointing", _memory_bound),
+    Rule("low_mfu", "far below the device's peak", f"MFU < {_pct(LOW_MFU_CATALOG)} of the catalog dense peak "
+         f"(GPU), < {_pct(LOW_MFU_MEASURED)} of a measured matmul peak (CPU)", "fp32, eager small kernels, "
+         "small model or batch", "precision.dtype=bf16; compile.enabled=true; optimizer.type=fused_adam", _low_mfu),
+    Rule("gpu_util_below_target", "GPU kernel-busy below the founding target",
+         f"NVML kernel-busy (utilization) < {TARGET_GPU_UTIL:.0f}%", "the GPU waits: see data/comm/launch findings",
+         "fix the bottleneck named by the other findings", _target("gpu_kernel_busy_pct", TARGET_GPU_UTIL, True,
+                                                                   "NVML kernel-busy utilization")),
+    Rule("sm_efficiency_below_target", "SMs idle while kernels run", f"SM activity (NVML GPM / DCGM) < "
+         f"{TARGET_SM_EFF:.0f}%", "kernels too small to fill the SMs", "raise train.micro_batch; compile.enabled=true",
+         _target("gpu_sm_active_pct", TARGET_SM_EFF, True, "SM activity (GPM)")),
+    Rule("mem_copy_above_target", "device memory busy copying", f"NVML memory-copy utilization > "
+         f"{TARGET_MEMCOPY:.0f}%", "memory-bound kernels (elementwise, fp32, unfused)",
+         "precision.dtype=bf16; compile.enabled=true (fusion); optimizer.type=fused_adam",
+         _target("gpu_mem_copy_util_pct", TARGET_MEMCOPY, False, "NVML memory-copy utilization")),
+]
+
+
+def _missing(run: dict, s: dict) -> list[str]:
+    out = []
+    metas = run["sample_meta"]
+    meta = metas.get(0) or (next(iter(metas.values())) if metas else {})
+    if s.get("gpu_kernel_busy_pct") is None:
+        out.append(f"GPU kernel-busy and memory-copy utilization (NVML: {meta.get('nvml', 'no samples recorded')})")
+    if s.get("gpu_sm_active_pct") is None:
+        out.append(f"SM activity / tensor-pipe activity (NVML GPM: {meta.get('gpm', 'no samples recorded')}; "
+                   "DCGM is not read)")
+    if s.get("mfu") is None:
+        out.append("MFU (no FLOPs or peak recorded: monitor.mfu=false, or the run crashed before the end)")
+    if s.get("mem_capacity_bytes") is None:
+        out.append("device memory use (memory_bound needs a CUDA run)")
+    if len(s["ranks"]) < 2:
+        out.append("per-rank comparison (straggler needs two or more ranks)")
+    return out
+
+
+def diagnose(run_dir: str | Path) -> dict[str, Any]:
+    run = load_run(run_dir)
+    s = compute_summary(run)
+    findings = []
+    for rule in RULES:
+        got = rule.check(s)
+        if got is None:
+            continue
+        f = {"id": rule.id, "severity": got.pop("severity"), "title": rule.symptom,
+             "evidence": got.pop("evidence"), "cause": got.pop("cause", rule.cause), "fix": got.pop("fix", rule.fix)}
+        f.update(got)
+        findings.append(f)
+    findings.sort(key=lambda f: SEVERITY_ORDER[f["severity"]])
+    return {"run_dir": str(run["dir"]), "crashed": run["crashed"], "findings": findings, "summary": s,
+            "missing": _missing(run, s)}
+
+
+# ---------------------------------------------------------------------- output
+def format_findings(result: dict) -> str:
+    s = result["summary"]
+    lines = ["", "== trainperf diagnosis =="]
+    if result.get("crashed"):
+        lines.append("  (no summary.json: the run did not finish; figures from metrics.jsonl)")
+    fr = s.get("phase_fractions") or {}
+    if fr:
+        lines.append("  time by phase: " + ", ".join(f"{k} {100 * v:.0f}%" for k, v in fr.items())
+                     + f" (over {s['steps_used']} steps after warm-up)")
+    if s.get("mfu") is not None:
+        hfu = f", HFU {100 * s['hfu']:.1f}%" if s.get("hfu") is not None else ""
+        lines.append(f"  MFU {100 * s['mfu']:.1f}%{hfu} against {s.get('peak_source') or 'the recorded peak'}")
+    if not result["findings"]:
+        lines.append("  no findings: no rule fired (see `trainperf diagnose RUN_DIR --json` for the figures)")
+    for f in result["findings"]:
+        lines.append(f"  [{f['severity']}] {f['id']}: {f['evidence']}")
+        lines.append(f"      cause: {f['cause']}")
+        lines.append(f"      try:   {f['fix']}")
+    for m in result.get("missing", []):
+        lines.append(f"  not measured: {m}")
+    return "\n".join(lines)
+
+
+def rules_markdown() -> str:
+    """The troubleshooting table (README), generated from RULES."""
+    rows = ["| id | symptom | fires when | likely cause | what to try |", "|---|---|---|---|---|"]
+    for r in RULES:
+        rows.append(f"| `{r.id}` | {r.symptom} | {r.condition} | {r.cause} | {r.fix} |")
+    return "\n".join(rows)

@@ -1,0 +1,228 @@
+"""FLOPs per token, the peak they are compared against, MFU and HFU.
+
+Conventions (every figure names its own):
+
+* ``flops_per_token_formula``: model FLOPs, PaLM appendix B as nanoGPT: ``6N + 12*l*h*s`` per
+  token (N: parameters without position embeddings). Forward + backward matmuls, no recompute.
+  **MFU** uses this figure.
+* ``flops_per_token_formula_hfu``: the formula plus the forward FLOPs that activation
+  checkpointing recomputes (full recompute of a block adds ``2*N_block + 4*h*s`` per token per
+  block, Narayanan et al. 2021; selective adds ``12*l*h*s`` as Korthikanti et al. 2022's
+  ``s/(6h) -> s/(3h)``).
+* ``flops_per_token_counted``: ``torch.utils.flop_counter.FlopCounterMode`` over one eager
+  forward + backward of one micro-batch of the real model (matmuls and attention as torch counts
+  them; includes recompute when checkpointing is on). **HFU** uses this figure when it exists,
+  else the formula with recompute.
+
+Peaks: on CUDA the catalog's **dense** peak for the precision (``trainperf.hardware.catalog``);
+on CPU (or an unknown GPU) a measured matmul peak: the best of a few square matmuls, measured
+once per process and cached on disk per machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+_PEAK_CACHE: dict[tuple, dict] = {}
+
+
+# ---------------------------------------------------------------------- analytic formula
+def _shape(model: nn.Module) -> dict | None:
+    cfg = getattr(model, "cfg", None)
+    if cfg is None or not all(hasattr(cfg, k) for k in ("n_layer", "n_embd")):
+        return None
+    return {"n_layer": int(cfg.n_layer), "n_embd": int(cfg.n_embd)}
+
+
+def formula_flops_per_token(model: nn.Module, seq_len: int) -> float | None:
+    """6N + 12*l*h*s (PaLM / nanoGPT). None for a model that does not say its shape."""
+    if hasattr(model, "flops_per_token"):
+        return float(model.flops_per_token(seq_len))
+    shape = _shape(model)
+    if shape is None:
+        return None
+    n = sum(p.numel() for p in model.parameters())
+    return 6.0 * n + 12.0 * shape["n_layer"] * shape["n_embd"] * seq_len
+
+
+def recompute_flops_per_token(model: nn.Module, seq_len: int, ac_cfg) -> tuple[float | None, str]:
+    """Extra forward FLOPs per token that activation checkpointing recomputes, with the convention."""
+    mode = getattr(ac_cfg, "mode", "none") if ac_cfg is not None else "none"
+    if mode == "none":
+        return 0.0, "no recompute"
+    shape = _shape(model)
+    if shape is None:
+        return None, f"unknown model shape (checkpointing {mode})"
+    l, h, s = shape["n_layer"], shape["n_embd"], seq_len
+    layers = getattr(model, "layers", None)
+    n_block = (sum(p.numel() for p in layers.parameters()) / max(l, 1)) if layers is not None else 12.0 * h * h
+    per_block = 2.0 * n_block + 4.0 * h * s  # one forward of one block, per token
+    if mode == "full":
+        return l * per_block, "full recompute: + one forward of every block"
+    if mode == "ratio":
+        k = round(float(ac_cfg.ratio) * l)
+        return k * per_block, f"ratio {ac_cfg.ratio}: + one forward of {k}/{l} blocks"
+    if mode == "every_k":
+        k = len(range(0, l, int(ac_cfg.every_k)))
+        return k * per_block, f"every_k {ac_cfg.every_k}: + one forward of {k}/{l} blocks"
+    if mode == "selective":
+        return 12.0 * l * h * s, "selective: s/(6h) -> s/(3h) (Korthikanti 2022)"
+    return None, f"checkpointing mode {mode}: recompute not modelled, see the counted figure"
+
+
+# ---------------------------------------------------------------------- counted
+def count_flops_per_token(model: nn.Module, *, batch: int, seq_len: int, vocab: int, device: torch.device,
+                          autocast=None) -> tuple[float | None, str]:
+    """FLOPs of one eager forward + backward of ``(batch, seq_len)`` random tokens, per token.
+
+    Uses ``torch.autograd.grad`` (parameters' ``.grad`` and DDP's reducer are untouched) and its
+    own random generator; the global RNG state is restored. Returns (figure or None, note)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    x = torch.randint(0, vocab, (batch, seq_len + 1), generator=gen)
+    idx, tgt = x[:, :-1].to(device), x[:, 1:].to(device)
+    params = [p for p in model.parameters() if p.requires_grad]
+    cpu_rng = torch.get_rng_state()
+    cuda_rng = torch.cuda.get_rng_state_all() if device.type == "cuda" else None
+    try:
+        with FlopCounterMode(display=False) as counter:
+            ctx = autocast() if autocast is not None else _null()
+            with ctx:
+                out = model(idx, tgt)
+            loss = out[1] if isinstance(out, (tuple, list)) else getattr(out, "loss", out)
+            torch.autograd.grad(loss.float(), params, allow_unused=True)
+        total = counter.get_total_flops()
+    except Exception as exc:  # noqa: BLE001 - counting is best effort; the formula remains
+        return None, f"FlopCounterMode failed: {type(exc).__name__}: {str(exc)[:160]}"
+    finally:
+        torch.set_rng_state(cpu_rng)
+        if cuda_rng is not None:
+            torch.cuda.set_rng_state_all(cuda_rng)
+    if not total:
+        return None, "FlopCounterMode counted no FLOPs (no matmul/attention ops it knows)"
+    return total / (batch * seq_len), f"FlopCounterMode: one eager fwd+bwd of a ({batch}, {seq_len}) batch"
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
+
+
+# ---------------------------------------------------------------------- peak
+def _catalog_dtype(precision: str) -> str:
+    return {"bf16": "bf16", "fp16": "fp16", "tf32": "tf32"}.get(precision, "fp32")
+
+
+def peak_flops(device: torch.device, precision: str = "fp32") -> dict:
+    """{"peak_flops", "peak_source"} for one device of this process.
+
+    CUDA: the catalog's dense figure for the precision (fp32 precision means FP32 non-tensor-core
+    peak unless TF32 matmuls are allowed). CPU or unknown GPU: a measured matmul peak."""
+    if device.type == "cuda" and torch.cuda.is_available():
+        name = torch.cuda.get_device_name(device)
+        dtype = _catalog_dtype(precision)
+        if dtype == "fp32" and torch.backends.cuda.matmul.allow_tf32:
+            dtype = "tf32"
+        try:
+            from trainperf.hardware.catalog import lookup_gpu
+
+            spec = lookup_gpu(name)
+        except Exception:  # noqa: BLE001 - the catalog is optional here
+            spec = None
+        if spec is not None:
+            tf = spec.peak_tflops(dtype)
+            return {"peak_flops": tf * 1e12,
+                    "peak_source": f"catalog {spec.key} dense {dtype} peak {tf:g} TFLOP/s ({name})"}
+        return measured_matmul_peak(device, "bf16" if dtype in ("bf16", "fp16") else "fp32")
+    return measured_matmul_peak(device, "fp32")
+
+
+def _cache_file() -> Path:
+    root = os.environ.get("TRAINPERF_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "trainperf")
+    return Path(root) / "matmul_peak.json"
+
+
+def measured_matmul_peak(device: torch.device, dtype: str = "fp32", *, n: int | None = None, reps: int = 5,
+                         use_disk_cache: bool = True) -> dict:
+    """Best-of-``reps`` throughput of an ``n x n x n`` matmul: 2n^3 FLOPs / time.
+
+    Cached per process and on disk, keyed by device name, dtype, threads and torch version."""
+    tdtype = torch.bfloat16 if dtype == "bf16" else torch.float32
+    if device.type == "cuda":
+        name, n = torch.cuda.get_device_name(device), n or 8192
+    else:
+        name, n = platform.processor() or platform.machine(), n or 1024
+    key = (device.type, name, dtype, n, torch.get_num_threads(), torch.__version__)
+    if key in _PEAK_CACHE:
+        return _PEAK_CACHE[key]
+    skey = "|".join(map(str, key))
+    cache = _cache_file()
+    if use_disk_cache:
+        try:
+            found = json.loads(cache.read_text()).get(skey)
+            if found:
+                _PEAK_CACHE[key] = found
+                return found
+        except (OSError, ValueError):
+            pass
+    a = torch.randn(n, n, dtype=tdtype, device=device)
+    b = torch.randn(n, n, dtype=tdtype, device=device)
+    best = float("inf")
+    for i in range(reps + 1):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        a @ b
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        if i:  # the first is warm-up
+            best = min(best, time.perf_counter() - t0)
+    flops = 2.0 * n**3 / best
+    threads = f", {torch.get_num_threads()} threads" if device.type == "cpu" else ""
+    out = {"peak_flops": flops,
+           "peak_source": f"measured: best of {reps} {dtype} {n}x{n} matmuls on {device.type}{threads} "
+                          f"({flops / 1e9:.1f} GFLOP/s)"}
+    _PEAK_CACHE[key] = out
+    if use_disk_cache:
+        try:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            data = json.loads(cache.read_text()) if cache.exists() else {}
+            data[skey] = out
+            tmp = cache.with_name(cache.name + f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(data, indent=1))
+            tmp.replace(cache)
+        except (OSError, ValueError):
+            pass
+    return out
+
+
+# ---------------------------------------------------------------------- MFU / HFU
+def utilization(tokens_per_s: float | None, flops: dict[str, Any], peak: dict, world: int = 1) -> dict:
+    """MFU and HFU of a run from its throughput (tokens/s over all ranks) and a peak per device."""
+    out: dict[str, Any] = {"mfu": None, "hfu": None}
+    p = peak.get("peak_flops")
+    if not tokens_per_s or not p:
+        return out
+    total_peak = p * max(world, 1)
+    if flops.get("flops_per_token_formula"):
+        out["mfu"] = tokens_per_s * flops["flops_per_token_formula"] / total_peak
+    hfu_fpt = flops.get("flops_per_token_counted") or flops.get("flops_per_token_formula_hfu")
+    if hfu_fpt:
+        out["hfu"] = tokens_per_s * hfu_fpt / total_peak
+    out["mfu_convention"] = "model FLOPs 6N+12*l*h*s per token (PaLM app. B) x tokens/s / peak"
+    out["hfu_convention"] = ("FlopCounterMode-counted FLOPs per token (incl. recompute) x tokens/s / peak"
+                             if flops.get("flops_per_token_counted")
+                             else "formula + recompute FLOPs per token x tokens/s / peak")
+    return out

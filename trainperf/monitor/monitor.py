@@ -1,0 +1,226 @@
+"""``Monitor``: what the trainer calls around each step, and where every record goes.
+
+Files in the run directory (rank 0; rank R > 0 writes ``*.rank{R}.jsonl`` beside them)::
+
+    metrics.jsonl     step records {"step","loss","lr","step_time_s","tokens_per_s","phases_s",
+                      "phases_cpu_s","mfu","mem_peak_bytes"?, ...} and eval records {"step","val_loss"}
+    samples.jsonl     device sampler records (see trainperf.monitor.sampler)
+    profile/          torch.profiler traces (monitor.profile)
+    summary.json      the run's figures, with mfu/hfu and the peak and conventions they use
+
+Hooks, in the order ``fit`` calls them::
+
+    mon = Monitor.for_trainer(trainer, run_dir, jsonl=sink)   # sampler, sinks, FLOPs, peak
+    mon.before_step(step)            # profiler window
+    with mon.oom_guard():            # CUDA OOM -> allocator snapshot, then the error
+        res = trainer.train_step()
+    mon.after_step(trainer.step, res)
+    mon.write(record)                # step/eval records: JSONL + TensorBoard + Prometheus
+    mon.finish(summary)              # adds MFU/HFU etc. to summary.json, stops the threads
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainperf.monitor.sinks import JSONLSink
+
+
+def _dist_rank_world() -> tuple[int, int]:
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+    except Exception:  # noqa: BLE001
+        pass
+    return 0, 1
+
+
+def rank_file(run_dir: Path, stem: str, rank: int) -> Path:
+    """``metrics.jsonl`` for rank 0, ``metrics.rank3.jsonl`` for rank 3."""
+    return Path(run_dir) / (f"{stem}.jsonl" if rank == 0 else f"{stem}.rank{rank}.jsonl")
+
+
+class Monitor:
+    def __init__(self, cfg, run_dir: str | os.PathLike, *, device: torch.device | str = "cpu",
+                 rank: int | None = None, world: int | None = None, jsonl: JSONLSink | None = None,
+                 resumed_from: int | None = None):
+        from trainperf.monitor.profiling import OomSnapshot, ProfileWindow
+        from trainperf.monitor.sampler import DeviceSampler
+
+        r, w = _dist_rank_world()
+        self.cfg, self.run_dir = cfg, Path(run_dir)
+        self.rank, self.world = (r if rank is None else rank), (w if world is None else world)
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda" and torch.cuda.is_available()
+        self.step = resumed_from or 0
+        self.status: dict[str, Any] = {}
+        self.flops: dict[str, Any] = {}
+        self.peak: dict[str, Any] = {}
+        self._extras: dict[int, dict] = {}
+        self.timer = None  # the PhaseTimer whose per-phase CPU time is logged (set by for_trainer)
+        self._closed = False
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+
+        self.jsonl = jsonl
+        if jsonl is None and cfg.jsonl:
+            self.jsonl = JSONLSink(rank_file(self.run_dir, "metrics", self.rank), truncate_after_step=resumed_from)
+        self.sinks: list = []
+        if cfg.tensorboard:
+            try:
+                from trainperf.monitor.sinks import TensorBoardSink
+
+                self.sinks.append(TensorBoardSink(self.run_dir / "tensorboard" / f"rank{self.rank}"))
+                self.status["tensorboard"] = str(self.run_dir / "tensorboard")
+            except ImportError as exc:
+                warnings.warn(str(exc), stacklevel=2)
+                self.status["tensorboard"] = f"off: {exc}"
+        self.prometheus = None
+        if cfg.prometheus_port is not None:
+            from trainperf.monitor.sinks import PrometheusEndpoint
+
+            port = cfg.prometheus_port + self.rank if cfg.prometheus_port else 0
+            self.prometheus = PrometheusEndpoint(port, cfg.prometheus_host, rank=self.rank)
+            self.sinks.append(self.prometheus)
+            self.status["prometheus"] = f"http://{self.prometheus.host}:{self.prometheus.port}/metrics"
+
+        self._samples = JSONLSink(rank_file(self.run_dir, "samples", self.rank),
+                                  truncate_after_step=resumed_from) if cfg.jsonl else None
+        self.sampler = DeviceSampler(self._on_sample, period_s=cfg.sample_every_s, rank=self.rank,
+                                     use_gpu=self.cuda, step_fn=lambda: self.step).start()
+        self.profile = ProfileWindow(self.run_dir / "profile", cfg.profile.start_step, cfg.profile.steps,
+                                     rank=self.rank, cuda=self.cuda)
+        self.oom = OomSnapshot(self.run_dir / f"oom_snapshot_rank{self.rank}.pickle",
+                               getattr(cfg, "oom_snapshot", True) and self.cuda)
+
+    # ------------------------------------------------------------------ setup from a Trainer
+    @classmethod
+    def for_trainer(cls, trainer, run_dir, *, jsonl: JSONLSink | None = None,
+                    resumed_from: int | None = None) -> "Monitor":
+        cfg = trainer.cfg
+        rank, world = _dist_rank_world()
+        mon = cls(cfg.monitor, run_dir, device=trainer.device, rank=rank, world=world,
+                  jsonl=jsonl if trainer.is_main else None, resumed_from=resumed_from)
+        trainer.timer.nvtx = bool(cfg.monitor.nvtx) and trainer.timer.cuda
+        mon.timer = trainer.timer
+        mon.tokens_per_step = trainer.tokens_per_step
+        mon.seq_len = trainer.data.seq_len
+        if cfg.monitor.mfu:
+            mon.setup_flops(trainer)
+        return mon
+
+    def setup_flops(self, trainer) -> None:
+        from trainperf.monitor import flops as F
+
+        cfg, model = trainer.cfg, trainer.eager_model
+        fpt = F.formula_flops_per_token(model, trainer.data.seq_len)
+        extra, note = F.recompute_flops_per_token(model, trainer.data.seq_len, cfg.memory.checkpointing)
+        counted, cnote = F.count_flops_per_token(
+            model, batch=cfg.train.micro_batch, seq_len=trainer.data.seq_len, vocab=trainer.data.vocab_size,
+            device=trainer.device, autocast=trainer.precision.autocast)
+        self.flops = {
+            "flops_per_token_formula": fpt,
+            "flops_per_token_formula_hfu": (fpt + extra) if (fpt is not None and extra is not None) else None,
+            "flops_per_token_counted": counted,
+            "flops_formula_note": "6N + 12*l*h*s per token (PaLM appendix B; N without position embeddings)",
+            "flops_recompute_note": note,
+            "flops_counted_note": cnote,
+        }
+        self.peak = F.peak_flops(trainer.device, cfg.precision.dtype)
+
+    # ------------------------------------------------------------------ per step
+    def before_step(self, step: int) -> None:
+        self.profile.before_step(step)
+
+    def oom_guard(self):
+        return self.oom.guard() if self.oom.enabled else contextlib.nullcontext()
+
+    def after_step(self, step: int, res=None) -> None:
+        self.step = step
+        extra: dict[str, Any] = {}
+        cpu = getattr(self.timer, "last_cpu", None)
+        if cpu:
+            extra["phases_cpu_s"] = cpu
+        if self.cuda:
+            extra["mem_peak_bytes"] = torch.cuda.max_memory_allocated(self.device)
+        if extra:
+            self._extras[step] = extra
+        self.profile.after_step(step)
+
+    def write(self, record: dict) -> None:
+        """A step or eval record: adds this step's extras (CPU per phase, MFU, memory), then fans out."""
+        step = record.get("step")
+        if "loss" in record:
+            record.update(self._extras.pop(step, {}))
+            if self.world > 1:
+                record["rank"] = self.rank
+            if self.flops.get("flops_per_token_formula") and self.peak.get("peak_flops") and record.get("tokens_per_s"):
+                record["mfu"] = (record["tokens_per_s"] * self.flops["flops_per_token_formula"]
+                                 / (self.peak["peak_flops"] * self.world))
+        if self.jsonl is not None:
+            self.jsonl.write(record)
+        for s in self.sinks:
+            s.write(record)
+
+    def _on_sample(self, record: dict) -> None:
+        if self._samples is not None:
+            self._samples.write(record)
+        if self.prometheus is not None and "meta" not in record:
+            self.prometheus.write({k: v for k, v in record.items() if k not in ("t", "elapsed_s", "step")})
+
+    # ------------------------------------------------------------------ end of run
+    def finish(self, summary: dict) -> dict:
+        """Add the monitor's figures to ``summary`` (in place) and stop the threads."""
+        from trainperf.monitor.flops import utilization
+
+        tps = summary.get("tokens_per_s")
+        summary.update(self.flops)
+        summary.update({"peak_flops": self.peak.get("peak_flops"), "peak_source": self.peak.get("peak_source")})
+        summary.update(utilization(tps, self.flops, self.peak, self.world))
+        if tps and getattr(self, "seq_len", None):
+            summary["samples_per_s"] = tps / self.seq_len
+        summary["world_size"] = self.world
+        if self.cuda:
+            summary["mem_peak_bytes"] = torch.cuda.max_memory_allocated(self.device)
+            summary["mem_capacity_bytes"] = torch.cuda.get_device_properties(self.device).total_memory
+        self.close()
+        self.status["sampler"] = self.sampler.meta
+        self.status["samples_written"] = self.sampler.samples
+        if self.profile.path is not None:
+            self.status["profile_trace"] = str(self.profile.path)
+        summary["monitor"] = self.status
+        return summary
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.sampler.stop()
+        self.profile.close()
+        self.oom.close()
+        for s in self.sinks:
+            with contextlib.suppress(Exception):
+                s.close()
+        if self._samples is not None:
+            self._samples.close()
+        if self.jsonl is not None:
+            self.jsonl.close()
+
+    def print_findings(self) -> None:
+        from trainperf.monitor.diagnose import diagnose, format_findings
+
+        print(format_findings(diagnose(self.run_dir)))
+
+    def __enter__(self) -> "Monitor":
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        self.close()
+        return False

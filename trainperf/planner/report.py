@@ -1,0 +1,95 @@
+"""Plain-text rendering of a plan (aligned columns; no extra dependency)."""
+
+from __future__ import annotations
+
+from trainperf.planner.cost import GIB, Estimate
+from trainperf.planner.search import Plan, explain
+
+
+def _table(rows: list[list[str]], right: set[int]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    out = []
+    for r in rows:
+        cells = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))]
+        out.append("  ".join(cells).rstrip())
+    return out
+
+
+def _row(rank: str, e: Estimate) -> list[str]:
+    L = e.layout
+    return [
+        rank, str(L.tp), str(L.pp), str(L.interleave), str(L.dp), str(L.micro_batch), str(e.microbatches),
+        L.recompute, "yes" if L.sequence_parallel else "no", str(L.zero),
+        f"{e.step_time_s:.2f}", f"{e.tflops_per_gpu:.0f}", f"{100 * e.mfu:.1f}%", f"{e.memory_bytes / GIB:.1f}",
+    ]
+
+
+HEADER = ["rank", "tp", "pp", "v", "dp", "mb", "m", "recompute", "SP", "zero", "step s", "TFLOP/s/GPU", "MFU", "GiB/GPU"]
+RIGHT = {0, 1, 2, 3, 4, 5, 6, 10, 11, 12, 13}
+
+
+def breakdown(e: Estimate) -> str:
+    t = ", ".join(f"{k.replace('_', ' ')} {v:.2f}" for k, v in e.time.items() if v > 0)
+    m = ", ".join(f"{k.replace('_', ' ')} {v / GIB:.1f}" for k, v in e.memory.items() if v > 0)
+    return f"time (s): {t}\n  memory (GiB): {m}"
+
+
+def render(plan: Plan, *, batch_note: str, top: int, baseline, calibration, elapsed: float, emitted,
+           flop_convention: str) -> str:
+    g, model = plan.gpu, plan.model
+    lines = [
+        f"trainperf plan: {model.describe()}",
+        f"cluster: {plan.gpus} x {g.key} ({g.name}; {g.hbm_gib:g} GiB, dense BF16 peak {g.bf16_tflops:g} TFLOP/s, "
+        f"NVLink {g.nvlink_gbps:g} GB/s, network {g.internode_gbps:g} GB/s per GPU, {g.gpus_per_node} per node)",
+        f"global batch: {plan.global_batch} sequences x {model.seq} tokens ({batch_note})",
+        f"searched {plan.evaluated} layouts in {elapsed:.2f} s: {len(plan.candidates)} fit, "
+        f"{plan.out_of_memory} out of memory, {len(plan.rejected)} degree combinations rejected",
+        "",
+    ]
+    rows = [HEADER] + [_row(str(i + 1), e) for i, e in enumerate(plan.candidates[:top])]
+    base_est = baseline["estimate"] if baseline else None
+    if base_est is not None and baseline["rank"] > top:
+        rows.append(_row(str(baseline["rank"]), base_est))
+    lines += _table(rows, RIGHT)
+    lines += [
+        "",
+        f"TFLOP/s/GPU and MFU count {flop_convention}; MFU is against the dense BF16 peak of {g.key} "
+        f"({g.bf16_tflops:g} TFLOP/s). v: interleaved stages per GPU; m: micro-batches per pipeline per step.",
+        "",
+        f"best: {plan.best.layout.short()}: {plan.best.step_time_s:.2f} s/step, "
+        f"{plan.global_batch * model.seq / plan.best.step_time_s:,.0f} tokens/s",
+        "  " + breakdown(plan.best),
+    ]
+    if baseline:
+        tp, pp, dp = baseline["degrees"]
+        lines.append("")
+        head = f"{baseline['source']}: tensor {tp} x pipeline {pp} x data {dp}"
+        if base_est is None:
+            why = "; ".join(r["reason"] for r in baseline["rejected"]) or "not a valid split of these GPUs"
+            lines.append(f"{head}: does not fit or is invalid: {why}")
+        else:
+            slower = base_est.step_time_s / plan.best.step_time_s - 1
+            lines.append(
+                f"{head}: ranks {baseline['rank']} of {len(plan.candidates)} at best "
+                f"({base_est.layout.short()}: {base_est.step_time_s:.2f} s/step, {100 * base_est.mfu:.1f}% MFU"
+                + (f", {100 * slower:.1f}% slower than the best)" if base_est is not plan.best else ", the best)")
+            )
+            lines.append("  " + breakdown(base_est))
+            if base_est is not plan.best:
+                lines.append("  why the best beats it: " + "; ".join(explain(plan.best, base_est)))
+    if plan.rejected:
+        lines.append("")
+        lines.append("rejected degree combinations (first 8):")
+        for r in plan.rejected[:8]:
+            deg = " ".join(f"{k} {r[k]}" for k in ("tp", "pp", "dp") if k in r)
+            lines.append(f"  {deg}: {r['reason']}")
+    if calibration:
+        rep = calibration.report
+        lines += ["", f"calibrated from {rep['run_dir']}: matmul_peak_fraction "
+                      f"{rep['matmul_peak_fraction']['default']} -> {rep['matmul_peak_fraction']['calibrated']} "
+                      f"(matched measured {rep['measured']['matched']} = {rep['measured']['target']:.4g})"]
+        lines += [f"  note: {n}" for n in rep["notes"]]
+    if emitted:
+        lines += ["", f"wrote {emitted} (the best layout as a trainperf config)"]
+    lines += ["", "model: trainperf/planner (analytical; constants: trainperf plan --constants). Estimates, not measurements."]
+    return "\n".join(lines)
