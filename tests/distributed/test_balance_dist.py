@@ -1,7 +1,9 @@
-"""The balancer across 2 gloo processes: exact gradients with uneven shares (DDP and FSDP2), shared decisions.
+"""The balancer across 2 gloo processes: exact gradients with uneven shares (DDP and FSDP2), shared
+decisions, and the straggler bench's worker (small).
 
 Each worker is this file run as a script (``--worker``); it writes its findings as JSON and the
-test reads them. Gradient tolerance (fp32): every gradient within ``rtol=1e-5, atol=1e-7`` of the
+test reads them. One pair of processes does all of it: starting one costs ~10 s here (torch, and
+DDP's import of torch._dynamo). Gradient tolerance (fp32): every gradient within ``rtol=1e-5, atol=1e-7`` of the
 single-process gradient of the same global batch (only the summation order differs).
 """
 
@@ -103,7 +105,14 @@ def _balancer_run(rank):
     return {"trace": trace, "decisions": [d.as_dict() for d in bal.decisions]}
 
 
-def worker(rank: int, world: int, port: int, out: str) -> None:
+BENCH_ARGS = dict(ranks=2, slow_rank=1, slowdown=3.0, steps=6, block=3, global_batch=24, micro_steps=2, seq=16, dim=64,
+                  window=10, min_steps=4, settle_steps=30, pin=False)
+
+
+def worker(rank: int, world: int, port: int, bench_port: int, out: str) -> None:
+    import time
+
+    t0 = time.perf_counter()
     import torch
     import torch.distributed as dist
 
@@ -113,7 +122,7 @@ def worker(rank: int, world: int, port: int, out: str) -> None:
     data = torch.randint(0, 64, (GLOBAL_BATCH, SEQ + 1), generator=g)
     x, y = data[:, :-1], data[:, 1:]
     ref = _grads_of_reference(x, y)
-    result = {"cases": {}}
+    result = {"cases": {}, "timings": {"setup": time.perf_counter() - t0}}
     for name, (shares, k, scaled) in CASES.items():
         try:
             grads = _run_case(name, shares, k, scaled, rank, world, x, y)
@@ -122,11 +131,17 @@ def worker(rank: int, world: int, port: int, out: str) -> None:
             continue
         worst = max(((grads[n] - r).abs() - RTOL * r.abs()).max().item() for n, r in ref.items())
         maxdiff = max((grads[n] - r).abs().max().item() for n, r in ref.items())
+        result["timings"][name] = time.perf_counter() - t0
         result["cases"][name] = {"ok": worst <= ATOL, "max_abs_diff": maxdiff,
                                  "max_grad": max(r.abs().max().item() for r in ref.values())}
     result["balancer"] = _balancer_run(rank)
+    result["timings"]["balancer"] = time.perf_counter() - t0
     dist.destroy_process_group()
     Path(out, f"rank{rank}.json").write_text(json.dumps(result))
+
+    from trainperf.bench.balance import _worker as bench_worker
+
+    bench_worker(rank, world, bench_port, BENCH_ARGS, str(Path(out, "bench.json")))  # rank 0 writes
 
 
 def _free_port() -> int:
@@ -138,20 +153,21 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     out = tmp_path_factory.mktemp("balance")
-    port, world = _free_port(), 2
+    port, bench_port, world = _free_port(), _free_port(), 2
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(Path(__file__).resolve().parents[2]))
-    procs = [subprocess.Popen([sys.executable, __file__, "--worker", str(r), str(world), str(port), str(out)], env=env,
+    procs = [subprocess.Popen([sys.executable, __file__, "--worker", str(r), str(world), str(port), str(bench_port), str(out)], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(world)]
     logs = [p.communicate(timeout=120)[0] for p in procs]
     for p, log in zip(procs, logs):
         assert p.returncode == 0, log[-3000:]
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
+    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
+    return ranks + [json.loads((out / "bench.json").read_text())]
 
 
 @pytest.mark.distributed
 @pytest.mark.parametrize("case", [c for c in CASES if CASES[c][2]])
 def test_uneven_shares_give_the_global_batch_gradient(results, case):
-    for res in results:
+    for res in results[:2]:
         r = res["cases"][case]
         assert "error" not in r, r
         assert r["ok"], f"{case}: max |grad diff| {r['max_abs_diff']:.3g} (largest grad {r['max_grad']:.3g})"
@@ -173,5 +189,22 @@ def test_ranks_take_identical_decisions_and_follow_the_slowdown(results):
     assert len(d) == 1 and d[0]["step"] > 30 and d[0]["speeds"][0] > 1.8 * d[0]["speeds"][1]
 
 
+
+
+@pytest.mark.distributed
+def test_bench_worker_moves_samples_off_the_slow_rank(results):
+    """The bench's measurement on real compute: rank 1 does 3x the work per sample. Timings on a shared
+    machine are noisy, so this asserts what the measured compute must show, not a speed-up figure."""
+    res = results[2]
+    for key in ("ideal_step_s", "unbalanced_step_s", "balanced_step_s", "shares", "balanced_vs_ideal",
+                "unbalanced_vs_ideal", "per_sample_s", "decisions", "overhead_s"):
+        assert key in res
+    assert sum(res["shares"]) == 24
+    assert res["per_sample_s"][1] > 1.3 * res["per_sample_s"][0]  # 3x the work is measured as slower
+    assert res["shares"][1] < res["shares"][0] and res["decisions"]
+    assert res["decisions"][0]["old_shares"] == [12, 12]
+    assert 0 < res["ideal_step_s"] <= min(res["unbalanced_step_s"], res["balanced_step_s"])
+
+
 if __name__ == "__main__" and sys.argv[1:2] == ["--worker"]:
-    worker(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5])
+    worker(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6])

@@ -137,6 +137,16 @@ def test_hysteresis_zero_lets_rounding_jitter_through():
     assert len(pol.decisions) > 5
 
 
+@pytest.mark.parametrize("hysteresis,final,moves", [(0.5, [32, 16], 2), (0.0, [29, 19], 1)])
+def test_an_imprecise_first_move_is_finished(hysteresis, final, moves):
+    """The slow rank looks 1.5x slower at first, then is 2x: the first move goes to 29/19 (CV 0.13 left,
+    under 0.2). With hysteresis the release level 0.1 makes the balancer finish the job; without, it stays."""
+    pol = BalancePolicy(48, 2, window=20, min_steps=10, hysteresis=hysteresis)
+    simulate(pol, lambda s: [1e-3, 1.5e-3 if s < 10 else 2e-3], 300)
+    assert pol.shares == final and len(pol.decisions) == moves
+    assert pol.decisions[0].new_shares == [29, 19]
+
+
 @pytest.mark.parametrize("hysteresis", [0.5, 0.0])
 def test_no_flip_flop_when_rounding_keeps_the_cv_high(hysteresis):
     """3 samples on 2 equal ranks: 2/1 always reads as CV 0.33 > 0.2, but 1/2 is no better: never move."""
@@ -222,3 +232,25 @@ def test_good_balance_config_resolves_and_disabled_is_not_checked():
 def test_policy_rejects_a_batch_too_small_for_the_micro_steps():
     with pytest.raises(ConfigError, match="global_batch=4 cannot give each of 2"):
         BalancePolicy(4, 2, micro_steps=3)
+
+
+def test_compute_clock_stops_at_the_last_gradient():
+    """Time spent after backward (where DDP waits for the other ranks) is not counted."""
+    import time
+
+    import torch
+
+    from trainperf.distributed.balance import ComputeClock
+
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Linear(16, 1))
+    clock = ComputeClock(model)
+    t0 = time.perf_counter()
+    clock.start()
+    model(torch.randn(8, 16)).sum().backward()
+    time.sleep(0.1)  # stands for the wait at the end of DDP's backward
+    compute, wall = clock.stop(), time.perf_counter() - t0
+    assert 0 < compute < wall - 0.09
+    clock.remove()
+    clock.start()
+    time.sleep(0.01)
+    assert clock.stop() >= 0.01  # no hooks, no gradient: falls back to "until now"

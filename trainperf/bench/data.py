@@ -18,6 +18,7 @@ for data.
 
 from __future__ import annotations
 
+import os
 import sys
 import tempfile
 import time
@@ -91,7 +92,8 @@ def register(subparsers) -> None:
     p.add_argument("--compute-ms", type=float, default=None,
                    help="compute per step in the data-wait loop (default: 1.5 x batch x decode-ms / workers, >= 5)")
     p.add_argument("--io-threads", type=int, default=8, help="HybridLoader IO threads per worker (default 8)")
-    p.add_argument("--cache-dir", default=None, help="HybridLoader disk cache (default: a fresh temporary directory)")
+    p.add_argument("--cache-dir", default=None,
+                   help="where HybridLoader's disk cache goes (a fresh sub-directory; default: the temp directory)")
     p.add_argument("--only", action="append", choices=["hybrid", "dataloader_default", "dataloader_tuned"],
                    help="run only these loaders (repeatable)")
     p.add_argument("--quick", action="store_true", help="a few-second smoke run (small epoch and latencies)")
@@ -111,7 +113,8 @@ def _settings(args) -> dict:
     compute = args.compute_ms if args.compute_ms is not None else max(5.0, 1.5 * args.batch * args.decode_ms / workers)
     return {"latency_ms": args.latency_ms, "bandwidth_mb_s": args.bandwidth_mb_s, "item_kb": args.item_kb,
             "decode_ms": args.decode_ms, "samples": args.samples, "batch": args.batch, "epochs": args.epochs,
-            "workers": workers, "compute_ms": compute, "io_threads": args.io_threads, "usable_cpus": usable_cpus()}
+            "workers": workers, "compute_ms": compute, "io_threads": args.io_threads, "usable_cpus": usable_cpus(),
+            "load_avg_1m_at_start": round(os.getloadavg()[0], 2)}  # other processes competing for the CPUs
 
 
 def _epoch_iter(kind: str, state: dict):
@@ -145,6 +148,21 @@ def _build(kind: str, src, decode, s: dict, cuda: bool, cache_dir: str):
     return {"loader": dl}
 
 
+def _cpu_s() -> float:
+    """User + system CPU seconds of this process and its live children (loader workers)."""
+    import psutil
+
+    me = psutil.Process()
+    total = 0.0
+    for p in [me, *me.children(recursive=True)]:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except psutil.Error:
+            pass
+    return total
+
+
 def _measure(kind: str, src, decode, s: dict, cuda: bool, cache_dir: str, bar) -> dict:
     import torch
 
@@ -154,14 +172,18 @@ def _measure(kind: str, src, decode, s: dict, cuda: bool, cache_dir: str, bar) -
     epoch = _epoch_iter(kind, state)
     dev = torch.device("cuda" if cuda else "cpu")
     times = []
+    cpu_warm = 0.0
     for e in range(s["epochs"]):
         t = t0 if e == 0 else time.perf_counter()
+        c = _cpu_s()
         for b in epoch():
             b = b.to(dev, non_blocking=True)
             bar.update(1)
         if cuda:
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t)
+        if e > 0:
+            cpu_warm += _cpu_s() - c
     # data-wait loop: fixed compute per step
     compute_s = s["compute_ms"] / 1000.0
     wait = 0.0
@@ -180,7 +202,10 @@ def _measure(kind: str, src, decode, s: dict, cuda: bool, cache_dir: str, bar) -
     row = {"name": kind, "cold_samples_per_s": n_per_epoch / times[0],
            "warm_samples_per_s": n_per_epoch * (len(times) - 1) / sum(times[1:]),
            "data_wait_fraction": wait / loop_s, "cold_epoch_s": times[0], "warm_epoch_s": sum(times[1:]) / (len(times) - 1),
-           "loop_s": loop_s}
+           "loop_s": loop_s,
+           # CPU time of the main process and its workers per warm sample: the loader's cost,
+           # unaffected by other processes competing for the CPUs (decode included)
+           "warm_cpu_ms_per_sample": 1000 * cpu_warm / (n_per_epoch * (len(times) - 1))}
     if kind == "hybrid":
         row["stats"] = {k: v for k, v in state["loader"].stats().items() if k.startswith("cache_")}
         state["loader"].close()
@@ -203,10 +228,13 @@ def run(args) -> int:
     bar = tqdm(total=steps, desc="bench data", unit="batch", leave=False, file=sys.stderr,
                disable=None if not args.json else True)
     rows = []
-    with tempfile.TemporaryDirectory(prefix="trainperf-cache-") as tmp:
+    if args.cache_dir:
+        os.makedirs(args.cache_dir, exist_ok=True)
+    # a fresh directory each run (inside --cache-dir when given): the first epoch is truly cold
+    with tempfile.TemporaryDirectory(prefix="trainperf-cache-", dir=args.cache_dir) as tmp:
         for kind in kinds:
             bar.set_postfix_str(kind)
-            rows.append(_measure(kind, src, decode, s, cuda, args.cache_dir or tmp, bar))
+            rows.append(_measure(kind, src, decode, s, cuda, tmp, bar))
     bar.close()
     by = {r["name"]: r for r in rows}
     summary = {}
@@ -220,11 +248,12 @@ def run(args) -> int:
         return 0
     print(f"bench data: {s['samples']} items of {s['item_kb']:g} KiB, {s['latency_ms']:g} ms per read, "
           f"decode {s['decode_ms']:g} ms CPU per item, batch {s['batch']}, {s['workers']} worker(s) "
-          f"({s['usable_cpus']} usable CPUs), compute {s['compute_ms']:.1f} ms per step in the wait loop")
-    print(f"{'loader':<20} {'cold samples/s':>15} {'warm samples/s':>15} {'data wait':>10}")
+          f"({s['usable_cpus']} usable CPUs, load average {s['load_avg_1m_at_start']}), "
+          f"compute {s['compute_ms']:.1f} ms per step in the wait loop")
+    print(f"{'loader':<20} {'cold samples/s':>15} {'warm samples/s':>15} {'data wait':>10} {'CPU ms/sample':>14}")
     for r in rows:
         print(f"{r['name']:<20} {r['cold_samples_per_s']:>15.0f} {r['warm_samples_per_s']:>15.0f} "
-              f"{100 * r['data_wait_fraction']:>9.1f}%")
+              f"{100 * r['data_wait_fraction']:>9.1f}% {r['warm_cpu_ms_per_sample']:>14.2f}")
     if summary:
         print(f"hybrid vs dataloader_tuned: warm {summary['warm_speedup_vs_tuned']:.1f}x, "
               f"cold {summary['cold_speedup_vs_tuned']:.1f}x")

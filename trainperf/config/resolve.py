@@ -95,6 +95,10 @@ def resolve(cfg: Config, facts: DeviceFacts | None = None, world_size: int | Non
     if cfg.run.device == "cuda" and not facts.cuda:
         raise ConfigError("run.device='cuda' but no CUDA device is visible; use run.device=cpu or auto")
     on_cuda = cfg.run.device == "cuda"
+    if cfg.run.device == "xla":  # torch_xla usable? precision and backend for XLA (trainperf/xla/env.py)
+        from trainperf.xla.env import resolve_xla
+
+        resolve_xla(cfg, notes)
 
     if cfg.run.threads == "auto":
         cfg.run.threads = max(1, facts.cpus // facts.local_ranks)
@@ -160,6 +164,8 @@ def resolve(cfg: Config, facts: DeviceFacts | None = None, world_size: int | Non
         cfg.distributed.backend = "nccl" if on_cuda else "gloo"
     if cfg.distributed.backend == "nccl" and not on_cuda:
         raise ConfigError("distributed.backend='nccl' needs CUDA devices; use gloo or auto on CPU")
+    if cfg.distributed.backend == "xla" and cfg.run.device != "xla":
+        raise ConfigError(f"distributed.backend='xla' needs run.device=xla (run.device={cfg.run.device!r}); use auto")
 
     # --- parallel degrees and batch arithmetic
     p = cfg.parallelism
@@ -169,6 +175,13 @@ def resolve(cfg: Config, facts: DeviceFacts | None = None, world_size: int | Non
         p.data = dp
     check_batch(cfg)
     check_model_shape(cfg)
+    # Degrees x world size (ParallelDims owns the rule and names the fix); layout-bound compression
+    # checks only when several processes run (one process ignores compression).
+    from trainperf.distributed.parallel_dims import ParallelDims, check_compression
+
+    ParallelDims.from_config(cfg, world_size)
+    if world_size > 1 and cfg.run.device != "xla":
+        check_compression(p.compression.type, dp_replicate=p.data, dp_shard=p.data_shard, tp=p.tensor, pp=p.pipeline)
     if p.compression.type != "none" and p.data_shard > 1:
         raise ConfigError(
             f"parallelism.compression.type={p.compression.type!r} applies to DDP gradients; with data_shard={p.data_shard} "

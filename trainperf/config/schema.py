@@ -264,8 +264,9 @@ class BalanceConfig(Section):
     """Largest fraction of the global batch a rank may get (max_share x ranks must be >= 1); bounds the
     fast ranks' micro-batch size, hence their activation memory."""
     hysteresis: float = 0.5
-    """A move must be predicted to cut the step time by at least hysteresis x threshold (0.5 x 0.2 =
-    10%); rounding jitter and residual imbalance the bounds keep never move the shares (no oscillation)."""
+    """In [0, 1). After a move the balancer keeps refining while the imbalance exceeds
+    threshold x (1 - hysteresis) (0.1 by default), then waits for threshold again; moves that are only
+    rounding, or predicted to gain less than half the trigger level, are never made (no oscillation)."""
     min_steps: int = 10
     """Measurements needed under the current shares before the balancer judges them (again after each move)."""
     sync_every: int = 1
@@ -346,8 +347,8 @@ class CheckpointConfig(Section):
 
 
 class DistributedConfig(Section):
-    backend: Literal["auto", "nccl", "gloo"] = "auto"
-    """Process-group backend: auto = nccl on CUDA, gloo on CPU."""
+    backend: Literal["auto", "nccl", "gloo", "xla"] = "auto"
+    """Process-group backend: auto = nccl on CUDA, gloo on CPU, xla (torch_xla's collectives) on XLA."""
     timeout_s: float = Field(300.0, gt=0)
     """Collective timeout: a rank that dies or hangs ends the job within this time."""
     flight_recorder: bool = True

@@ -15,19 +15,22 @@ Imbalance = coefficient of variation (population std / mean) of the per-rank ste
 times, each the median over the measurements taken with the current shares (at most ``window``
 of them: the founding document's "last 100 load measurements"). The median ignores blips that
 last less than half the window. When it fires, the speeds (samples/s = share / median time)
-come from the last ``min_steps`` measurements only, so a lasting change is measured by itself.
+come from the newer half of the measurements (at least ``min_steps``), so a lasting change that
+has just outweighed the older half is measured by itself.
 
 Decision, taken when at least ``min_steps`` measurements exist under the current shares:
 
-1. imbalance > ``threshold`` (the founding document's 0.2),
+1. imbalance > the trigger level: ``threshold`` (the founding document's 0.2); right after a
+   move, ``threshold x (1 - hysteresis)`` (0.1 by default) until the imbalance is measured below
+   it, so that an imprecise first move (noisy estimates) is finished, not left at 0.15;
 2. some rank's current share is a whole sample or more away from its speed-proportional,
    bounded target (otherwise the shares already are a rounding of it), and
 3. the new shares (the target rounded) are predicted to cut the step time
-   ``max_r share_r x per_sample_time_r`` by at least ``hysteresis x threshold`` (10% by default).
+   ``max_r share_r x per_sample_time_r`` by at least half the trigger level.
 
-Rules 2 and 3 are the hysteresis: jitter between neighbouring roundings, a residual imbalance
-the bounds do not let it remove, or noise in the estimates never moves the shares, so they do
-not oscillate while speeds are steady. After a move the measurements restart (times under old shares are not comparable).
+Two levels (a Schmitt trigger) plus rules 2 and 3 are the hysteresis: jitter between
+neighbouring roundings, a residual imbalance the bounds do not let it remove, or small noise
+never moves the shares, so they do not oscillate while speeds are steady. After a move the measurements restart (times under old shares are not comparable).
 
 Shares: proportional to speed, clamped to ``[min_share, max_share] x global_batch`` (and at least
 one sample per micro-step), rounded by largest remainder so that they sum exactly to the global
@@ -46,9 +49,10 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections import deque
 from dataclasses import asdict, dataclass
 from typing import Callable, Sequence
+
+import numpy as np
 
 from trainperf.errors import ConfigError
 
@@ -180,7 +184,7 @@ class BalanceDecision:
 
     step: int
     speeds: list[float]        # samples/s per rank (current share / median step compute time)
-    step_times: list[float]    # median step compute time per rank, last min_steps steps, old shares (s)
+    step_times: list[float]    # median step compute time per rank, newer half of the window, old shares (s)
     old_shares: list[int]
     new_shares: list[int]
     imbalance: float           # CV of the per-rank median step times over the window (the trigger)
@@ -220,17 +224,32 @@ class BalancePolicy:
         self.shares = list(shares) if shares is not None else equal_shares(global_batch, world)
         if len(self.shares) != world or sum(self.shares) != global_batch:
             raise ValueError(f"shares {self.shares} must be {world} counts summing to {global_batch}")
-        self.history: deque[tuple[float, ...]] = deque(maxlen=window)
+        self._buf = np.zeros((window, world))  # ring of the last `window` steps' compute times
+        self._count = 0  # measurements under the current shares (capped at window)
+        self._next = 0
+        self.engaged = False  # True from a move until the imbalance is measured below the release level
         self.decisions: list[BalanceDecision] = []
+
+    @property
+    def measurements(self) -> int:
+        """Steps measured under the current shares and kept (at most ``window``)."""
+        return self._count
 
     def medians(self, last: int | None = None) -> list[float]:
         """Per-rank median step compute time over the window (or its ``last`` measurements)."""
-        rows = list(self.history)[-last:] if last else self.history
-        return [statistics.median(h[r] for h in rows) for r in range(self.world)]
+        k = min(last or self._count, self._count)
+        idx = (self._next - 1 - np.arange(k)) % self.window  # the k newest rows
+        return np.median(self._buf[idx], axis=0).tolist()  # (k, world) -> (world,)
+
+    @property
+    def level(self) -> float:
+        """The imbalance that triggers a move now: ``threshold``, or ``threshold x (1 - hysteresis)``
+        right after a move (to finish the job an imprecise first move left)."""
+        return self.threshold * (1 - self.hysteresis) if self.engaged else self.threshold
 
     def imbalance(self) -> float | None:
         """CV of the per-rank median step compute times under the current shares (None: too few)."""
-        if len(self.history) < self.min_steps:
+        if self._count < self.min_steps:
             return None
         return coefficient_of_variation(self.medians())
 
@@ -238,15 +257,19 @@ class BalancePolicy:
         """Record one step's compute time per rank; return a decision when the shares change."""
         if len(compute_times) != self.world:
             raise ValueError(f"expected {self.world} compute times, got {len(compute_times)}")
-        self.history.append(tuple(max(float(t), 1e-12) for t in compute_times))
-        if len(self.history) < self.min_steps:
+        self._buf[self._next] = np.maximum(np.asarray(compute_times, dtype=np.float64), 1e-12)
+        self._next = (self._next + 1) % self.window
+        self._count = min(self._count + 1, self.window)
+        if self._count < self.min_steps:
             return None
+        level = self.level
         cv = coefficient_of_variation(self.medians())
-        if cv <= self.threshold:
+        if cv <= level:
+            self.engaged = False  # balanced enough: back to the full threshold
             return None
-        # The trigger uses the whole window (robust to blips); the speeds only the last min_steps
-        # measurements, so a change that has just outweighed the window's older half is not averaged with it.
-        times = self.medians(self.min_steps)
+        # The trigger uses the whole window (robust to blips); the speeds its newer half (at least
+        # min_steps), so a change that has just outweighed the older half is not averaged with it.
+        times = self.medians(max(self.min_steps, self._count // 2))
         speeds = [s / t for s, t in zip(self.shares, times)]
         target = proportional_targets(speeds, self.global_batch, lo=self.lo, hi=self.hi)
         if all(abs(s - x) < 1 for s, x in zip(self.shares, target)):
@@ -255,13 +278,14 @@ class BalancePolicy:
         per_sample = [t / s for s, t in zip(self.shares, times)]
         predicted = [n * p for n, p in zip(new, per_sample)]
         gain = 1.0 - max(predicted) / max(times)
-        if gain < self.hysteresis * self.threshold:
-            return None  # not worth a move: rounding jitter or a residual the bounds keep
+        if gain < level / 2:
+            return None  # not worth a move: noise, or a residual the bounds keep
         decision = BalanceDecision(step=step, speeds=speeds, step_times=times, old_shares=list(self.shares),
                                    new_shares=new, imbalance=cv, predicted_imbalance=coefficient_of_variation(predicted),
-                                   predicted_gain=gain, measurements=len(self.history))
+                                   predicted_gain=gain, measurements=self._count)
         self.shares = new
-        self.history.clear()
+        self._count = 0  # times under the old shares are not comparable
+        self.engaged = True
         self.decisions.append(decision)
         return decision
 
@@ -272,7 +296,7 @@ class BalancePolicy:
         if state.get("global_batch") != self.global_batch or state.get("world") != self.world:
             return  # a different layout: start again from equal shares and re-measure
         self.shares = list(state["shares"])
-        self.history.clear()
+        self._count = 0
 
 
 # --------------------------------------------------------------------------- validation
@@ -289,10 +313,10 @@ def check_balance_args(*, window: int, threshold: float, hysteresis: float, min_
             f"parallelism.balance.window={window} must be >= 2 (a spread needs several measurements per rank); "
             "use e.g. 100"
         )
-    if not 0 <= hysteresis < 1 / threshold:
+    if not 0 <= hysteresis < 1:
         raise ConfigError(
-            f"parallelism.balance.hysteresis={hysteresis} must be in [0, {1 / threshold:.4g}) (a move must cut the "
-            f"step time by hysteresis x threshold, below 100%); use e.g. 0.5"
+            f"parallelism.balance.hysteresis={hysteresis} must be in [0, 1) (after a move the balancer keeps "
+            "refining while the imbalance exceeds threshold x (1 - hysteresis)); use e.g. 0.5"
         )
     if min_steps < 1:
         raise ConfigError(f"parallelism.balance.min_steps={min_steps} must be >= 1; use e.g. 10")
@@ -347,23 +371,22 @@ class ComputeClock:
                          for p in model.parameters() if p.requires_grad]
 
     def _ready(self, _param) -> None:
+        self._last = time.perf_counter()
         if self.cuda:
-            self._ev1 = self._torch.cuda.Event(enable_timing=True)
-            self._ev1.record()
-        else:
-            self._last = time.perf_counter()
+            self._ev1.record()  # re-recorded: the last gradient's kernels are what it marks
 
     def start(self) -> None:
         self._last = None
         if self.cuda:
             self._ev0 = self._torch.cuda.Event(enable_timing=True)
+            self._ev1 = self._torch.cuda.Event(enable_timing=True)
             self._ev0.record()
         self._t0 = time.perf_counter()
 
     def stop(self) -> float:
         """Seconds of compute since :meth:`start` (to now if no gradient was accumulated)."""
-        if self.cuda and self._ev1 is not None:
-            self._ev1.synchronize()
+        if self.cuda and self._last is not None:
+            self._ev1.synchronize()  # host-device sync
             return self._ev0.elapsed_time(self._ev1) / 1e3
         end = self._last if self._last is not None else time.perf_counter()
         return end - self._t0

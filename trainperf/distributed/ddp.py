@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from trainperf.distributed.parallel_dims import check_compression  # noqa: F401  (re-export)
 from trainperf.errors import ConfigError
 
 
@@ -61,6 +62,8 @@ class CommCounter:
 
 
 COMM = CommCounter()
+# Tests: take the bf16 all-gather path even where the backend can all-reduce bf16.
+FORCE_BF16_GATHER = False
 
 
 # ---------------------------------------------------------------------- hooks
@@ -157,27 +160,6 @@ def backend_supports_allreduce(group, dtype: torch.dtype, device: torch.device) 
         return False
 
 
-def check_compression(compression: str, *, dp_replicate: int, dp_shard: int, tp: int) -> None:
-    """Reject a compression hook this layout cannot run (before any work starts)."""
-    if compression == "none":
-        return
-    if dp_shard > 1:
-        raise ConfigError(
-            f"parallelism.compression.type={compression!r} is a DDP communication hook, but data_shard={dp_shard} "
-            "uses FSDP2, which has no hooks; use parallelism.fsdp_reduce_dtype=bf16 instead, or data_shard=1"
-        )
-    if dp_replicate <= 1:
-        raise ConfigError(
-            f"parallelism.compression.type={compression!r} compresses data-parallel gradients, but parallelism.data=1: "
-            "nothing is all-reduced; set compression.type=none or data > 1"
-        )
-    if tp > 1:
-        raise ConfigError(
-            f"parallelism.compression.type={compression!r} with tensor={tp}: data replicas of a tensor-parallel model "
-            "use FSDP2's replicate (no DDP hooks); set compression.type=none, or tensor=1"
-        )
-
-
 # ---------------------------------------------------------------------- apply
 def apply_ddp(model: nn.Module, dp_mesh, *, compression: str = "none", powersgd_rank: int = 4,
               powersgd_warmup: int = 10, device: torch.device | None = None,
@@ -192,7 +174,9 @@ def apply_ddp(model: nn.Module, dp_mesh, *, compression: str = "none", powersgd_
     if compression in ("none", "fp16", "bf16"):
         dtype = {"none": None, "fp16": torch.float16, "bf16": torch.bfloat16}[compression]
         fallback = False
-        if dtype is not None and not backend_supports_allreduce(group, dtype, device):
+        if dtype == torch.bfloat16 and FORCE_BF16_GATHER:
+            fallback = True
+        elif dtype is not None and not backend_supports_allreduce(group, dtype, device):
             if dtype == torch.bfloat16:
                 fallback = True  # all-gather 16-bit payloads, sum in fp32
             else:

@@ -98,7 +98,10 @@ def build_optimizers(pm, cfg):
     return MultiOptimizer([split_by_placement(build_optimizer(m, cfg.optimizer)) for m in pm.modules])
 
 
-def run_layout(cfg, data: list[torch.Tensor], *, rank: int, world: int, gather: bool = True) -> dict:
+def run_layout(cfg, data: list[torch.Tensor], *, rank: int, world: int, gather: bool = True,
+               load_dir: str | None = None, save_dir: str | None = None) -> dict:
+    """Train ``cfg``'s layout on ``data`` (global batches). With ``load_dir``, resume from the latest
+    distributed checkpoint there (any layout) and continue at its step; with ``save_dir``, save at the end."""
     from trainperf.distributed.ddp import COMM
     from trainperf.distributed.parallel_dims import ParallelDims
     from trainperf.distributed.parallelize import parallelize
@@ -110,8 +113,14 @@ def run_layout(cfg, data: list[torch.Tensor], *, rank: int, world: int, gather: 
     opt = build_optimizers(pm, cfg)
     dp_rank, dp = dims.dp_rank(rank), dims.dp
     losses, comm, times = [], [], []
+    start = 0
+    if load_dir:
+        from trainperf.distributed import checkpoint as dcp_ckpt
+
+        extra = dcp_ckpt.load(dcp_ckpt.latest(load_dir), pm.modules, opt.optimizers)
+        start = extra["step"]
     COMM.take()
-    for batch in data:
+    for batch in data[start:]:
         t0 = time.perf_counter()
         share = batch.shape[0] // dp
         local = batch[dp_rank * share:(dp_rank + 1) * share]
@@ -123,6 +132,10 @@ def run_layout(cfg, data: list[torch.Tensor], *, rank: int, world: int, gather: 
         losses.append(pm.global_loss(loss).item())
         times.append(time.perf_counter() - t0)
         comm.append(COMM.take())
+    if save_dir:
+        from trainperf.distributed import checkpoint as dcp_ckpt
+
+        dcp_ckpt.save(save_dir, len(data), pm.modules, opt.optimizers, {"step": len(data)})
     out = {"losses": losses, "comm": comm, "step_s": times, "notes": pm.notes, "pm": pm, "opt": opt}
     if gather:
         out["params"] = full_params(pm)

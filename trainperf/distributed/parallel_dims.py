@@ -193,3 +193,26 @@ class ParallelDims:
         if self.dp_replicate > 1:
             return self._mesh["dp_replicate"]
         return None
+
+
+def check_compression(compression: str, *, dp_replicate: int, dp_shard: int, tp: int, pp: int = 1) -> None:
+    """Reject a compression hook this layout cannot run (before any work starts)."""
+    if compression == "none":
+        return
+    if dp_shard > 1:
+        raise ConfigError(
+            f"parallelism.compression.type={compression!r} is a DDP communication hook, but data_shard={dp_shard} "
+            "uses FSDP2, which has no hooks; use parallelism.fsdp_reduce_dtype=bf16 instead, or data_shard=1"
+        )
+    if dp_replicate <= 1:
+        raise ConfigError(
+            f"parallelism.compression.type={compression!r} compresses data-parallel gradients, but parallelism.data=1: "
+            "nothing is all-reduced; set compression.type=none or data > 1"
+        )
+    if tp > 1 or pp > 1:
+        which = f"tensor={tp}" if tp > 1 else f"pipeline={pp}"
+        raise ConfigError(
+            f"parallelism.compression.type={compression!r} with {which}: data replicas of a tensor- or pipeline-parallel "
+            "model use FSDP2's replicate, which has no DDP communication hooks; set compression.type=none "
+            "(or fsdp_reduce_dtype=bf16 with data_shard), or use data parallelism alone"
+        )

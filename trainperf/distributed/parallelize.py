@@ -2,8 +2,8 @@
 
     build on meta -> [split into pipeline stages] -> per part:
         tensor parallel (apply_tp) -> activation checkpointing (apply_ac) -> compile (per block)
-        -> FSDP2 (data_shard > 1) | FSDP2 replicate (data > 1 with tensor > 1) -> materialize
-        -> DDP + compression hook (data > 1, tensor = 1)
+        -> FSDP2 (data_shard > 1) | FSDP2 replicate (data > 1 with tensor or pipeline > 1)
+        -> materialize -> DDP + compression hook (data > 1 alone)
     -> [PipelineStage per part + schedule]
 
 Initial parameters equal one process's: the full model is initialized on this rank's device
@@ -41,6 +41,7 @@ class ParallelModel:
     stage_ids: list = field(default_factory=list)
     notes: dict = field(default_factory=dict)
     autocast: object = None  # callable returning a context manager (precision policy)
+    accum_hint: int = 1  # micro-steps per optimizer step (for the FSDP traffic estimate)
 
     @property
     def pp_rank(self) -> int:
@@ -105,6 +106,42 @@ class ParallelModel:
         if losses:
             return torch.stack([l.detach().float() for l in losses]).mean()
         return torch.zeros((), device=self.device)
+
+    @torch.no_grad()
+    def eval_loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Loss of one evaluation batch (every rank calls with the same batch; 0 off the last stage)."""
+        autocast = self.autocast or contextlib.nullcontext
+        if self.schedule is None:
+            with autocast():
+                _, loss = self.parts[0](x, y)
+            return loss.detach().float()
+        losses: list = []
+        if self.has_first_stage and self.has_last_stage:
+            self.schedule.eval(x, target=y, losses=losses)
+        elif self.has_first_stage:
+            self.schedule.eval(x)
+        elif self.has_last_stage:
+            self.schedule.eval(target=y, losses=losses)
+        else:
+            self.schedule.eval()
+        if losses:
+            return torch.stack([l.detach().float() for l in losses]).mean()
+        return torch.zeros((), device=self.device)
+
+    def comm_estimate(self, micro_batch: int = 0, seq_len: int = 0) -> dict:
+        """Per-rank wire bytes of one step for the collectives trainperf does not hook (FSDP2,
+        FSDP2 replicate), from the ring formulas of REFERENCE.md; DDP's are measured (COMM)."""
+        from trainperf.distributed.fsdp import fsdp_comm_bytes
+
+        numel = sum(p.numel() for p in self.parameters()) // max(1, self.dims.tp)
+        if self.kind == "fsdp":
+            est = fsdp_comm_bytes(numel, self.dims.dp_shard, micro_steps=self.accum_hint,
+                                  reshard_after_forward=not self.dims.pp_enabled)
+            return {"comm_est_fsdp_bytes": est["total"]}
+        if self.kind == "replicate":
+            n = self.dims.dp_replicate
+            return {"comm_est_replicate_bytes": int(2 * (n - 1) / n * numel * 4)}
+        return {}
 
     # ------------------------------------------------------------------ loss for logging
     def global_loss(self, local: torch.Tensor) -> torch.Tensor:
@@ -207,7 +244,8 @@ def parallelize(meta_model: nn.Module, cfg, dims: ParallelDims, *, rank: int, de
     gc = meta_model.cfg
     dims.validate_model(n_head=gc.n_head, n_layer=gc.n_layer, interleave=p.interleave if dims.pp_enabled else 1,
                         n_embd=gc.n_embd)
-    check_compression(p.compression.type, dp_replicate=dims.dp_replicate, dp_shard=dims.dp_shard, tp=dims.tp)
+    check_compression(p.compression.type, dp_replicate=dims.dp_replicate, dp_shard=dims.dp_shard, tp=dims.tp,
+                      pp=dims.pp)
     dims.build_mesh(device.type)
     full_sd = full_init_state(meta_model, device, cfg.run.seed)
     notes: dict = {"layout": dims.describe()}
@@ -226,7 +264,9 @@ def parallelize(meta_model: nn.Module, cfg, dims: ParallelDims, *, rank: int, de
     # ---- the fixed order, per part
     if dims.fsdp_enabled:
         kind = "fsdp"
-    elif dims.dp_replicate_enabled and dims.tp_enabled:
+    elif dims.dp_replicate_enabled and (dims.tp_enabled or dims.pp_enabled):
+        # DDP's reducer breaks under several pipeline forwards before a backward, and DDP cannot bucket
+        # DTensors: replicas of tensor/pipeline-parallel parts use FSDP2's replicate.
         kind = "replicate"
     elif dims.dp_replicate_enabled:
         kind = "ddp"

@@ -172,8 +172,10 @@ def _gpt_layer_terms(shape: GPTShape, b: int, s: int, e: int, device: str = "cpu
     none_rep += 2 * mask * tok * h  # masks of the two residual dropouts
     if math_attn:
         # q, k, v copies, probabilities + mask + dropped probabilities, attention output copy
-        attn = 3 * e * tok * h + 3 * e * scores + e * tok * h
-        attn_sel = e * scores + e * tok * h  # bmm outputs: scores and probabilities @ v
+        # (CPU autocast runs this math attention in fp32: measured, not in Korthikanti.)
+        ea = 4 if device != "cuda" else e
+        attn = 3 * ea * tok * h + 3 * ea * scores + ea * tok * h
+        attn_sel = ea * scores + ea * tok * h  # bmm outputs: scores and probabilities @ v
     else:
         attn = 3 * e * tok * h + e * tok * h + lse  # q, k, v (projection outputs), SDPA output
         attn_sel = e * tok * h + lse

@@ -1,0 +1,39 @@
+"""Monitoring: phase timer, FLOPs/MFU, device sampler, sinks, profiler, diagnosis, report.
+
+For your own loop (what ``fit`` does for ``trainperf train``)::
+
+    mon = trainperf.Monitor(cfg.monitor, "runs/mine")     # sampler thread, sinks
+    t = mon.timer
+    for step in range(1, n + 1):
+        t0 = time.perf_counter()
+        t.start_step(); t.phase("data"); ...; t.phase("forward"); ...; t.phase("backward"); ...
+        phases = t.end_step()
+        mon.after_step(step)
+        mon.write({"step": step, "loss": loss.item(), "step_time_s": time.perf_counter() - t0,
+                   "tokens_per_s": ..., "phases_s": phases})
+    mon.close()                                            # then: trainperf diagnose runs/mine
+
+Importing this package does not import torch; ``Monitor`` loads on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_LAZY = {
+    "Monitor": ("trainperf.monitor.monitor", "Monitor"),
+    "PhaseTimer": ("trainperf.monitor.phases", "PhaseTimer"),
+    "diagnose": ("trainperf.monitor.diagnose", "diagnose"),
+    "build_report": ("trainperf.monitor.report", "build_report"),
+}
+
+__all__ = list(_LAZY)
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        module, attr = _LAZY[name]
+        value = getattr(importlib.import_module(module), attr)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'trainperf.monitor' has no attribute {name!r}")

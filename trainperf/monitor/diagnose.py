@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from trainperf.monitor.xla import XLA_RECOMPILE_RULE
+
 SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
 
 # Thresholds (fractions of step time, or percent for NVML/GPM figures).
@@ -29,7 +31,6 @@ COMM_WARN, COMM_CRIT = 0.15, 0.30
 IO_CPU_RATIO = 0.5  # CPU seconds per second of data wait below this: waiting on storage
 STRAGGLER_RATIO = 1.15
 LOW_MFU_CATALOG = 0.30  # against a GPU's dense catalog peak
-LOW_MFU_MEASURED = 0.05  # against a measured matmul peak (CPU): only flags a run far off
 LAUNCH_BUSY_PCT = 70.0
 MEMORY_USED_FRAC = 0.5
 TARGET_GPU_UTIL, TARGET_SM_EFF, TARGET_MEMCOPY = 85.0, 70.0, 30.0
@@ -173,8 +174,10 @@ def compute_summary(run: dict) -> dict[str, Any]:
         if not st:
             continue
         comp = [sum(v for k, v in (r.get("phases_s") or {}).items() if k != "comm") for r in st]
+        comm = [(r.get("phases_s") or {}).get("comm", 0.0) for r in st]
+        total = sum(comp) + sum(comm)
         per_rank[rank] = {"step_time_s": _mean([r["step_time_s"] for r in st]), "compute_s": _mean(comp),
-                          "comm_s": _mean([(r.get("phases_s") or {}).get("comm", 0.0) for r in st])}
+                          "comm_s": _mean(comm), "comm_fraction": sum(comm) / total if total else 0.0}
     s["ranks"] = per_rank
     # device samples over the steady part of the run
     first_step = main[0]["step"] if main else 0
@@ -183,6 +186,7 @@ def compute_summary(run: dict) -> dict[str, Any]:
                 "gpu_power_w", "cpu_pct", "proc_cpu_pct"):
         s[key] = _mean([x.get(key) for x in sm])
     s["samples"] = len(sm)
+    s["xla_steps"] = [r for r in ranks.get(0, []) if "xla_step_compiles" in r]  # all steps: xla_recompile
     return s
 
 
@@ -215,12 +219,16 @@ def _data_bound(s: dict) -> dict | None:
 
 
 def _comm_bound(s: dict) -> dict | None:
-    f = s["phase_fractions"].get("comm", 0.0)
+    # The ranks that wait show the exposed communication: take the rank that waits most.
+    per = {r: v["comm_fraction"] for r, v in s["ranks"].items()}
+    rank = max(per, key=per.get) if per else 0
+    f = per.get(rank, s["phase_fractions"].get("comm", 0.0))
     if f <= COMM_WARN:
         return None
-    ms = 1000 * s["phase_mean_s"].get("comm", 0.0)
+    ms = 1000 * (s["ranks"][rank]["comm_s"] if rank in s["ranks"] else s["phase_mean_s"].get("comm", 0.0))
+    where = f" on rank {rank}" if len(per) > 1 else ""
     return {"severity": "critical" if f > COMM_CRIT else "warning",
-            "evidence": f"exposed communication {_pct(f)} of step time ({ms:.0f} ms per step, threshold "
+            "evidence": f"exposed communication {_pct(f)} of step time{where} ({ms:.0f} ms per step, threshold "
                         f"{_pct(COMM_WARN)})",
             "cause": "gradient collectives are not hidden behind backward: too little compute per byte sent, "
                      "or a slow link",
@@ -278,10 +286,9 @@ def _memory_bound(s: dict) -> dict | None:
 
 def _low_mfu(s: dict) -> dict | None:
     mfu, src = s.get("mfu"), s.get("peak_source") or ""
-    if mfu is None:
-        return None
-    measured = src.startswith("measured")
-    limit = LOW_MFU_MEASURED if measured else LOW_MFU_CATALOG
+    if mfu is None or not src.startswith("catalog"):
+        return None  # against a measured CPU matmul peak MFU is reported, not judged
+    limit = LOW_MFU_CATALOG
     if mfu >= limit:
         return None
     return {"severity": "warning",
@@ -319,7 +326,7 @@ RULES: list[Rule] = [
          "device memory and MFU < 40%", "batch too small for the memory", "raise train.micro_batch; "
          "drop activation checkpointing", _memory_bound),
     Rule("low_mfu", "far below the device's peak", f"MFU < {_pct(LOW_MFU_CATALOG)} of the catalog dense peak "
-         f"(GPU), < {_pct(LOW_MFU_MEASURED)} of a measured matmul peak (CPU)", "fp32, eager small kernels, "
+         "(GPU only: on CPU, MFU against a measured matmul peak is reported, not judged)", "fp32, eager small kernels, "
          "small model or batch", "precision.dtype=bf16; compile.enabled=true; optimizer.type=fused_adam", _low_mfu),
     Rule("gpu_util_below_target", "GPU kernel-busy below the founding target",
          f"NVML kernel-busy (utilization) < {TARGET_GPU_UTIL:.0f}%", "the GPU waits: see data/comm/launch findings",
@@ -332,6 +339,7 @@ RULES: list[Rule] = [
          f"{TARGET_MEMCOPY:.0f}%", "memory-bound kernels (elementwise, fp32, unfused)",
          "precision.dtype=bf16; compile.enabled=true (fusion); optimizer.type=fused_adam",
          _target("gpu_mem_copy_util_pct", TARGET_MEMCOPY, False, "NVML memory-copy utilization")),
+    Rule(**XLA_RECOMPILE_RULE),  # trainperf/monitor/xla.py
 ]
 
 

@@ -49,7 +49,7 @@ def rank_file(run_dir: Path, stem: str, rank: int) -> Path:
 
 
 class Monitor:
-    def __init__(self, cfg, run_dir: str | os.PathLike, *, device: torch.device | str = "cpu",
+    def __init__(self, cfg, run_dir: str | os.PathLike = "runs/monitor", *, device: torch.device | str = "cpu",
                  rank: int | None = None, world: int | None = None, jsonl: JSONLSink | None = None,
                  resumed_from: int | None = None):
         from trainperf.monitor.profiling import OomSnapshot, ProfileWindow
@@ -65,7 +65,10 @@ class Monitor:
         self.flops: dict[str, Any] = {}
         self.peak: dict[str, Any] = {}
         self._extras: dict[int, dict] = {}
-        self.timer = None  # the PhaseTimer whose per-phase CPU time is logged (set by for_trainer)
+        from trainperf.monitor.phases import PhaseTimer
+
+        # The PhaseTimer whose per-phase CPU time is logged; for_trainer uses the trainer's.
+        self.timer = PhaseTimer(self.device.type, nvtx=cfg.nvtx)
         self._closed = False
         self.run_dir.mkdir(parents=True, exist_ok=True)
 
@@ -122,9 +125,14 @@ class Monitor:
         cfg, model = trainer.cfg, trainer.eager_model
         fpt = F.formula_flops_per_token(model, trainer.data.seq_len)
         extra, note = F.recompute_flops_per_token(model, trainer.data.seq_len, cfg.memory.checkpointing)
-        counted, cnote = F.count_flops_per_token(
-            model, batch=cfg.train.micro_batch, seq_len=trainer.data.seq_len, vocab=trainer.data.vocab_size,
-            device=trainer.device, autocast=trainer.precision.autocast)
+        if self.world > 1:  # DDP/FSDP hooks would run (and could collect gradients) on an extra pass
+            counted, cnote = None, "not counted in distributed runs; HFU uses the formula with recompute"
+        elif trainer.device.type == "xla":  # an extra pass would trace and compile one more XLA graph
+            counted, cnote = None, "not counted on XLA devices"
+        else:
+            counted, cnote = F.count_flops_per_token(
+                model, batch=cfg.train.micro_batch, seq_len=trainer.data.seq_len, vocab=trainer.data.vocab_size,
+                device=trainer.device, autocast=trainer.precision.autocast)
         self.flops = {
             "flops_per_token_formula": fpt,
             "flops_per_token_formula_hfu": (fpt + extra) if (fpt is not None and extra is not None) else None,
@@ -224,3 +232,33 @@ class Monitor:
     def __exit__(self, *exc) -> bool:
         self.close()
         return False
+
+
+def measure_overhead(n_steps: int = 2000) -> dict:
+    """Cost per step of the whole per-step monitor path on CPU: PhaseTimer (4 phases) +
+    ``after_step`` + ``write`` of one step record to metrics.jsonl (a record every step, as with
+    ``run.log_every=1``), sampler thread running; best of 3 rounds, in a temporary directory."""
+    import tempfile
+    import time
+
+    from trainperf.config.schema import MonitorConfig
+
+    with tempfile.TemporaryDirectory() as d:
+        mon = Monitor(MonitorConfig(mfu=False), d, device="cpu", rank=0, world=1)
+        t = mon.timer
+        best = float("inf")
+        try:
+            for _ in range(3):
+                t0 = time.perf_counter()
+                for i in range(n_steps):
+                    t.start_step()
+                    for p in ("data", "forward", "backward", "optimizer"):
+                        t.phase(p)
+                    phases = t.end_step()
+                    mon.after_step(i)
+                    mon.write({"step": i, "loss": 1.0, "lr": 1e-3, "step_time_s": 0.01, "tokens_per_s": 1e5,
+                               "phases_s": phases})
+                best = min(best, (time.perf_counter() - t0) / n_steps)
+        finally:
+            mon.close()
+    return {"monitor_s_per_step": best, "method": f"best of 3 rounds of {n_steps} empty steps, a JSONL record each"}

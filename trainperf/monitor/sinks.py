@@ -71,6 +71,14 @@ def _flat_numbers(record: dict, prefix: str = ""):
             yield from _flat_numbers(value, name + ".")
 
 
+def _prom_value(v: float) -> str:
+    if v != v:
+        return "NaN"
+    if v in (float("inf"), float("-inf")):
+        return "+Inf" if v > 0 else "-Inf"
+    return repr(float(v))
+
+
 def _metric_name(key: str) -> str:
     import re
 
@@ -126,7 +134,7 @@ class PrometheusEndpoint:
         lines = []
         for name, value in items:
             lines.append(f"# TYPE {name} gauge")
-            lines.append(f'{name}{{rank="{self.rank}"}} {value!r}')
+            lines.append(f'{name}{{rank="{self.rank}"}} {_prom_value(value)}')
         return "\n".join(lines) + "\n"
 
     def close(self) -> None:

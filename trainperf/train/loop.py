@@ -43,6 +43,7 @@ class StepResult:
     phases: dict[str, float]
     step_time: float
     tokens: int
+    extras: dict = field(default_factory=dict)  # backend figures for metrics.jsonl (XLA: compilations, shape)
 
 
 @dataclass
@@ -216,6 +217,10 @@ def build_trainer(resolved: Resolved, *, verbose: bool = True) -> Trainer:
     from trainperf.models.build import build_model
 
     cfg = resolved.cfg
+    if cfg.run.device == "xla":  # XLA device, one graph per step, torch_xla collectives: trainperf/train/xla.py
+        from trainperf.train.xla import build_xla_trainer
+
+        return build_xla_trainer(resolved, verbose=verbose)
     torch.set_num_threads(int(cfg.run.threads))
     seed_everything(cfg.run.seed)
     device = torch.device(cfg.run.device)

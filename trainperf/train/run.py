@@ -28,20 +28,27 @@ def _progress(total: int, initial: int, enabled: bool):
 
 def resume_state(trainer: Trainer, ckpts: CheckpointManager, resume: str, run_dir: Path) -> int | None:
     """Apply ``--resume`` (auto | never | PATH). Returns the step resumed from, or None for a fresh start."""
+    if hasattr(trainer, "resume"):  # distributed: sharded DCP checkpoints, collective (trainperf.distributed.entry)
+        return trainer.resume(resume, ckpts.dir)
     if resume == "never":
         if ckpts.dir.exists():
             shutil.rmtree(ckpts.dir)
         return None
     if resume == "auto":
-        found = ckpts.load_latest(map_location=trainer.device)
+        found = ckpts.load_latest(map_location=_map_location(trainer))
         if found is None:
             return None
         step, state = found
     else:
-        state = ckpts.load_file(resume, map_location=trainer.device)
+        state = ckpts.load_file(resume, map_location=_map_location(trainer))
         step = int(state.get("step", 0))
     trainer.load_state_dict(state)
     return step
+
+
+def _map_location(trainer: Trainer):
+    # torch.load cannot restore storages onto an XLA device: load to CPU, load_state_dict copies them over
+    return "cpu" if trainer.device.type == "xla" else trainer.device
 
 
 def fit(trainer: Trainer, *, resume: str = "auto", verbose: bool = True) -> dict:
@@ -102,7 +109,8 @@ def fit(trainer: Trainer, *, resume: str = "auto", verbose: bool = True) -> dict
         val_loss = trainer.evaluate()
     if cfg.checkpoint.at_end and trainer.step > start_step:
         _save(trainer, ckpts)
-    sample = generate_sample(trainer) if (main and cfg.run.sample_tokens) else None
+    can_sample = getattr(trainer, "can_sample", True)  # not with a sharded (distributed) model
+    sample = generate_sample(trainer) if (main and cfg.run.sample_tokens and can_sample) else None
     phase_totals = dict(trainer.timer.totals)
     summary = {
         "final_loss": last_loss,
@@ -145,6 +153,7 @@ def _flush(pending, sink, trainer: Trainer, bar, say) -> float:
                    "phases_s": res.phases}
             if res.grad_norm is not None:
                 rec["grad_norm"] = float(res.grad_norm)
+            rec.update(getattr(res, "extras", None) or {})  # e.g. gradient bytes on the wire (distributed)
             sink.write(rec)
     step, res = pending[-1]
     bar.set_postfix(loss=f"{losses[-1]:.3f}", tok_s=f"{res.tokens / res.step_time:,.0f}")
@@ -155,6 +164,9 @@ def _flush(pending, sink, trainer: Trainer, bar, say) -> float:
 
 
 def _save(trainer: Trainer, ckpts: CheckpointManager) -> None:
+    if hasattr(trainer, "save_checkpoint"):  # distributed: every rank writes its shards (DCP)
+        trainer.save_checkpoint(ckpts.dir)
+        return
     if trainer.is_main:
         ckpts.save(trainer.step, trainer.state_dict())
 
@@ -171,11 +183,15 @@ def generate_sample(trainer: Trainer, prompt: str = "def ") -> str | None:
         return None
     from trainperf.data.prepare import decode, encode
 
-    model = trainer.eager_model
+    model, device = trainer.eager_model, trainer.device
+    if device.type == "xla":  # each generated length would compile its own XLA graph: sample from a CPU copy
+        from trainperf.train.xla import cpu_model
+
+        model, device = cpu_model(trainer), torch.device("cpu")
     was_training = model.training
     model.eval()
-    idx = torch.from_numpy(encode(prompt.encode()).astype("int64"))[None].to(trainer.device)
-    gen = torch.Generator(device=trainer.device).manual_seed(trainer.cfg.run.seed)
+    idx = torch.from_numpy(encode(prompt.encode()).astype("int64"))[None].to(device)
+    gen = torch.Generator(device=device).manual_seed(trainer.cfg.run.seed)
     out = model.generate(idx, trainer.cfg.run.sample_tokens, generator=gen)
     model.train(was_training)
     return decode(out[0].tolist())

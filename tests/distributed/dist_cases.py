@@ -1,0 +1,86 @@
+"""Workers for the distributed layout tests: run in gloo processes by trainperf.distributed.harness.spawn.
+
+One process group per world size runs every case of that size (starting processes is the slow
+part here). Each case trains a tiny GPT (2 layers, hidden 64, 4 heads, seq 32, vocab 64, global
+batch 8, micro-batch 4, AdamW lr 3e-3, grad clip 1.0) for a few steps on fixed random global
+batches and returns, on rank 0, its per-step losses, the gathered full parameters and the
+one-process reference run on the same batches.
+"""
+
+from __future__ import annotations
+
+import time
+
+from trainperf.distributed import harness as H
+
+STEPS = 3
+
+TWO = {
+    "data2": {"parallelism.data": 2},
+    "fsdp2": {"parallelism.data": 1, "parallelism.data_shard": 2},
+    "tensor2": {"parallelism.data": 1, "parallelism.tensor": 2},
+    "tensor2_sp": {"parallelism.data": 1, "parallelism.tensor": 2, "parallelism.sequence_parallel": True},
+    "pp2_gpipe": {"parallelism.data": 1, "parallelism.pipeline": 2, "parallelism.pipeline_schedule": "gpipe"},
+    "pp2_1f1b": {"parallelism.data": 1, "parallelism.pipeline": 2, "parallelism.pipeline_schedule": "1f1b"},
+    "pp2_interleaved": {"parallelism.data": 1, "parallelism.pipeline": 2, "model.n_layer": 4,
+                        "parallelism.pipeline_schedule": "interleaved_1f1b", "parallelism.interleave": 2},
+    "data2_fp16": {"parallelism.data": 2, "parallelism.compression.type": "fp16"},
+    "data2_bf16": {"parallelism.data": 2, "parallelism.compression.type": "bf16"},
+    "data2_bf16_gather": {"parallelism.data": 2, "parallelism.compression.type": "bf16"},
+}
+# PowerSGD byte ratio on the gpt-tiny width (hidden 128); 4 steps: 2 warm-up, then compressed.
+WIDE = {"model.n_embd": 128}
+TWO_WIDE = {
+    "wide_data2": {**WIDE, "parallelism.data": 2},
+    "wide_powersgd": {**WIDE, "parallelism.data": 2, "parallelism.compression.type": "powersgd",
+                      "parallelism.compression.rank": 4, "parallelism.compression.warmup_steps": 2},
+}
+FOUR = {
+    "data2_tensor2": {"parallelism.data": 2, "parallelism.tensor": 2},
+    "pp2_data2": {"parallelism.data": 2, "parallelism.pipeline": 2},
+    "fsdp2_tensor2": {"parallelism.data": 1, "parallelism.data_shard": 2, "parallelism.tensor": 2},
+}
+
+
+def _one(name, overrides, rank, world, steps, **kw):
+    from trainperf.distributed import ddp
+
+    ddp.FORCE_BF16_GATHER = name.endswith("_gather")
+    cfg = H.make_config(overrides)
+    data = H.batches(cfg, steps)
+    t0 = time.perf_counter()
+    got = H.run_layout(cfg, data, rank=rank, world=world, **kw)
+    ddp.FORCE_BF16_GATHER = False
+    if rank != 0:
+        return None
+    ref = H.run_reference(cfg, data)
+    return {"losses": got["losses"], "ref_losses": ref["losses"], "comm": got["comm"], "params": got["params"],
+            "ref_params": ref["params"], "seconds": time.perf_counter() - t0}
+
+
+def two_process(rank: int, world: int) -> dict:
+    out = {}
+    for name, ov in TWO.items():
+        out[name] = _one(name, ov, rank, world, STEPS)
+    for name, ov in TWO_WIDE.items():
+        out[name] = _one(name, ov, rank, world, 4)
+    return out
+
+
+def four_process(rank: int, world: int, ckpt_dir: str) -> dict:
+    out = {}
+    for name, ov in FOUR.items():
+        out[name] = _one(name, ov, rank, world, STEPS)
+    # Resharded resume: 2 steps at data=4, saved (DCP); steps 3-4 at data=2 x tensor=2, then at
+    # pipeline=2 x data=2, both from that checkpoint; compared with 4 one-process steps.
+    cfg4 = H.make_config({"parallelism.data": 4})
+    data = H.batches(cfg4, 4)
+    H.run_layout(cfg4, data[:2], rank=rank, world=world, gather=False, save_dir=ckpt_dir)
+    ref = H.run_reference(cfg4, data) if rank == 0 else None
+    for name, ov in {"resume_data2_tensor2": {"parallelism.data": 2, "parallelism.tensor": 2},
+                     "resume_pp2_data2": {"parallelism.data": 2, "parallelism.pipeline": 2}}.items():
+        got = H.run_layout(H.make_config(ov), data, rank=rank, world=world, load_dir=ckpt_dir)
+        if rank == 0:
+            out[name] = {"losses": got["losses"], "ref_losses": ref["losses"][2:], "params": got["params"],
+                         "ref_params": ref["params"], "comm": got["comm"]}
+    return out

@@ -1,0 +1,58 @@
+"""`trainperf data ...` and the `trainperf bench data --quick` smoke run."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from trainperf.cli import main
+
+
+def test_prepare_export_inspect(tmp_path, capsys):
+    tok, files = tmp_path / "tok", tmp_path / "files"
+    assert main(["data", "prepare", "--out", str(tok), "--max-bytes", "60000", "--json"]) == 0
+    meta = json.loads(capsys.readouterr().out)
+    assert meta["vocab_size"] == 256 and meta["splits"]["train"]["tokens"] > 0
+    assert main(["data", "export", "--src", str(tok), "--out", str(files), "--seq-len", "32",
+                 "--max-samples", "20", "--json"]) == 0
+    capsys.readouterr()
+    assert len(list((files / "train").iterdir())) == 20
+    (files / "train" / "00000003.bin").write_bytes(b"\x01")  # truncated
+    assert main(["data", "inspect", str(files), "--verify", "--json"]) == 1
+    info = json.loads(capsys.readouterr().out)
+    assert info["train_samples"] == 20
+    assert [b["index"] for b in info["bad_samples"]] == [3] and "00000003.bin" in info["bad_samples"][0]["file"]
+
+
+def test_export_shards_match_the_token_windows(tmp_path, capsys):
+    from trainperf.data.sources import SampleFiles
+    from trainperf.data.tokens import TokenWindows
+
+    tok, sh = tmp_path / "tok", tmp_path / "sh"
+    main(["data", "prepare", "--out", str(tok), "--max-bytes", "60000", "--json"])
+    assert main(["data", "export", "--src", str(tok), "--out", str(sh), "--seq-len", "32", "--layout", "shard",
+                 "--shards", "3", "--json"]) == 0
+    capsys.readouterr()
+    ref, got = TokenWindows(str(tok), "train", 32), SampleFiles(str(sh / "train"), 32)
+    assert got.layout == "shard" and got.num_files == 3 and len(got) == len(ref)
+    for i in (0, len(ref) // 3, len(ref) // 3 + 1, len(ref) - 1):
+        np.testing.assert_array_equal(got[i], ref[i])
+
+
+def test_missing_paths_exit_2_with_a_message(tmp_path, capsys):
+    assert main(["data", "inspect", str(tmp_path / "nope")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert main(["data", "export", "--src", str(tmp_path), "--out", str(tmp_path / "o"), "--seq-len", "8"]) == 2
+    assert "no prepared tokens" in capsys.readouterr().err
+
+
+def test_bench_data_quick_json(capsys):
+    assert main(["bench", "data", "--quick", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    names = [r["name"] for r in out["loaders"]]
+    assert names == ["dataloader_default", "dataloader_tuned", "hybrid"]
+    for r in out["loaders"]:
+        assert r["cold_samples_per_s"] > 0 and r["warm_samples_per_s"] > 0 and 0 <= r["data_wait_fraction"] <= 1
+    hybrid = out["loaders"][2]
+    assert hybrid["stats"]["cache_hits"] > 0  # the warm epochs were served from the disk cache

@@ -1,0 +1,40 @@
+"""trainperf: measure where a PyTorch training job loses time and memory, apply the right
+optimization, and prove the gain by measuring again.
+
+Library use, for your own loop::
+
+    import trainperf as tp
+    cfg = tp.load_config("my.yaml", ["optimizer.lr=3e-4"])
+    model = tp.optimize(model, cfg)       # activation checkpointing -> compile, in that order
+    loader = tp.HybridLoader(...)         # see trainperf.data.hybrid
+
+Importing this package does not import torch; the names below load on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "load_config": ("trainperf.config.load", "load_config"),
+    "Config": ("trainperf.config.schema", "Config"),
+    "resolve": ("trainperf.config.resolve", "resolve"),
+    "optimize": ("trainperf.train.loop", "apply_optimizations"),
+    "build_model": ("trainperf.models.build", "build_model"),
+    "HybridLoader": ("trainperf.data.hybrid", "HybridLoader"),
+    "Monitor": ("trainperf.monitor", "Monitor"),
+    "UserError": ("trainperf.errors", "UserError"),
+}
+
+__all__ = ["__version__", *_LAZY]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        module, attr = _LAZY[name]
+        value = getattr(importlib.import_module(module), attr)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'trainperf' has no attribute {name!r}")

@@ -1,0 +1,138 @@
+"""``trainperf launch``: run ``trainperf train`` under torchrun, or write a Slurm batch script.
+
+    trainperf launch --nproc-per-node 4 CONFIG [--set k=v ...]
+    trainperf launch --nnodes 2 --node-rank 0 --rdzv-endpoint host:29500 --nproc-per-node 8 CONFIG
+    trainperf launch --slurm --nnodes 4 --nproc-per-node 8 --partition gpu --time 04:00:00 CONFIG \\
+        [--output job.sbatch]
+
+The layout is checked against the world size (nnodes x nproc-per-node) before anything starts.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+
+from trainperf.cli._common import add_config_args
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("launch", help="run train under torchrun, or write a Slurm sbatch script",
+                              description=__doc__)
+    add_config_args(p)
+    p.add_argument("--nproc-per-node", type=int, default=1, help="processes per node (one per GPU)")
+    p.add_argument("--nnodes", type=int, default=1, help="number of nodes")
+    p.add_argument("--node-rank", type=int, default=None, help="this node's rank (static rendezvous)")
+    p.add_argument("--rdzv-endpoint", default=None, metavar="HOST:PORT",
+                   help="rendezvous endpoint for several nodes (default: --standalone on one node)")
+    p.add_argument("--resume", default="auto", metavar="auto|never|PATH", help="passed to trainperf train")
+    p.add_argument("--dry-run", action="store_true", help="print the command (or script) instead of running it")
+    s = p.add_argument_group("slurm")
+    s.add_argument("--slurm", action="store_true", help="write an sbatch script instead of launching")
+    s.add_argument("--output", default=None, help="where to write the sbatch script (default: stdout)")
+    s.add_argument("--job-name", default="trainperf", help="Slurm job name")
+    s.add_argument("--partition", default=None, help="Slurm partition")
+    s.add_argument("--account", default=None, help="Slurm account")
+    s.add_argument("--time", default="01:00:00", help="Slurm time limit")
+    s.add_argument("--cpus-per-task", type=int, default=None, help="CPUs per node task (default: 8 per process)")
+    s.add_argument("--port", type=int, default=29500, help="rendezvous port on the first node")
+    p.set_defaults(func=run)
+
+
+def check_layout(args) -> None:
+    """Load the config and validate its layout for nnodes x nproc-per-node processes (exit 2 if wrong)."""
+    from trainperf.config import load_config
+    from trainperf.config.resolve import check_model_shape, derive_data_degree
+    from trainperf.distributed.parallel_dims import ParallelDims
+    from trainperf.errors import ConfigError
+
+    if args.nproc_per_node < 1 or args.nnodes < 1:
+        raise ConfigError("--nproc-per-node and --nnodes must be at least 1")
+    cfg = load_config(args.config, args.overrides)
+    world = args.nproc_per_node * args.nnodes
+    cfg.parallelism.data = derive_data_degree(cfg, world)
+    ParallelDims.from_config(cfg, world)
+    check_model_shape(cfg)
+
+
+def train_args(args) -> list[str]:
+    out = ["-m", "trainperf", "train", args.config]
+    for item in args.overrides:
+        out += ["--set", item]
+    if args.resume != "auto":
+        out += ["--resume", args.resume]
+    return out
+
+
+def torchrun_command(args) -> list[str]:
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={args.nproc_per_node}"]
+    if args.nnodes == 1 and not args.rdzv_endpoint:
+        cmd.append("--standalone")
+    else:
+        cmd.append(f"--nnodes={args.nnodes}")
+        if args.rdzv_endpoint:
+            cmd += ["--rdzv-backend=c10d", f"--rdzv-endpoint={args.rdzv_endpoint}"]
+        if args.node_rank is not None:
+            cmd.append(f"--node-rank={args.node_rank}")
+    return cmd + train_args(args)
+
+
+def sbatch_script(args) -> str:
+    """An sbatch script: one task per node, each running torchrun with --nproc-per-node processes."""
+    cpus = args.cpus_per_task or 8 * args.nproc_per_node
+    lines = [
+        "#!/bin/bash",
+        f"#SBATCH --job-name={args.job_name}",
+        f"#SBATCH --nodes={args.nnodes}",
+        "#SBATCH --ntasks-per-node=1",
+        f"#SBATCH --gpus-per-node={args.nproc_per_node}",
+        f"#SBATCH --cpus-per-task={cpus}",
+        f"#SBATCH --time={args.time}",
+    ]
+    if args.partition:
+        lines.append(f"#SBATCH --partition={args.partition}")
+    if args.account:
+        lines.append(f"#SBATCH --account={args.account}")
+    lines += [
+        f"#SBATCH --output={args.job_name}-%j.out",
+        "",
+        "set -euo pipefail",
+        "# Rendezvous on the first node of the allocation.",
+        'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        f"export OMP_NUM_THREADS={max(1, cpus // args.nproc_per_node)}",
+        "# Fail fast: a failed or hung collective ends the job after distributed.timeout_s",
+        "# (never NCCL_ASYNC_ERROR_HANDLING=0, which lets a job hang).",
+        "export TORCH_NCCL_ASYNC_ERROR_HANDLING=3",
+        "",
+        "srun --kill-on-bad-exit=1 python -m torch.distributed.run \\",
+        "    --nnodes=\"$SLURM_NNODES\" \\",
+        f"    --nproc-per-node={args.nproc_per_node} \\",
+        "    --rdzv-id=\"$SLURM_JOB_ID\" --rdzv-backend=c10d \\",
+        f"    --rdzv-endpoint=\"$head_node:{args.port}\" \\",
+        "    " + " ".join(shlex.quote(a) for a in train_args(args)),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def run(args) -> int:
+    check_layout(args)
+    if args.slurm:
+        text = sbatch_script(args)
+        if args.output:
+            with open(args.output, "w") as f:
+                f.write(text)
+            os.chmod(args.output, 0o755)
+            print(f"wrote {args.output}: submit with `sbatch {args.output}`")
+        else:
+            sys.stdout.write(text)
+        return 0
+    cmd = torchrun_command(args)
+    if args.dry_run:
+        print(" ".join(shlex.quote(c) for c in cmd))
+        return 0
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return subprocess.call(cmd, env=env)

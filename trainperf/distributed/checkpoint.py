@@ -1,0 +1,130 @@
+"""Sharded checkpoints with torch.distributed.checkpoint (DCP), resumable on another layout.
+
+Layout of one checkpoint::
+
+    <dir>/step-00000100/            DCP files: every rank writes its own shards, in parallel
+    <dir>/step-00000100/trainer.pt  rank 0: step, schedule, loader position, RNG, config
+    <dir>/step-00000100/COMPLETE    written last, after every rank finished (marks it usable)
+
+Model and optimizer states are keyed by the parameter names of the full model (pipeline stages
+keep them; FSDP/DDP/compile/AC wrappers are stripped by ``get_state_dict``), and optimizer
+state is flattened per parameter name, so a checkpoint saved at data=4 loads at data=2,
+tensor=2, pipeline=2 or in one process: DCP reads, on each rank, the slices its shards need.
+The loader position is layout-free (global batches consumed), the schedule a function of the step.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from trainperf.errors import CheckpointError
+
+_NAME = re.compile(r"^step-(\d{8})$")
+
+
+def _options(full: bool = False):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(flatten_optimizer_state_dict=True, full_state_dict=full)
+
+
+def model_optim_state(modules: list, optimizers: list) -> dict:
+    """{"model": {fqn: tensor}, "optim": {flattened per fqn}} merged over this rank's model parts."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_sd, optim_sd = {}, {}
+    for m, o in zip(modules, optimizers):
+        msd, osd = get_state_dict(m, o, options=_options())
+        model_sd.update(msd)
+        optim_sd.update(osd)
+    return {"model": model_sd, "optim": optim_sd}
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def _barrier() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def save(ckpt_dir: str | Path, step: int, modules: list, optimizers: list, extra: dict, *, keep: int = 3) -> Path:
+    """Collective: every rank writes its shards; rank 0 writes ``trainer.pt`` and then ``COMPLETE``."""
+    import torch.distributed.checkpoint as dcp
+
+    path = Path(ckpt_dir) / f"step-{step:08d}"
+    if _rank() == 0:
+        if path.exists():
+            shutil.rmtree(path)
+        path.mkdir(parents=True, exist_ok=True)
+    _barrier()
+    dcp.save(model_optim_state(modules, optimizers), checkpoint_id=str(path))
+    if _rank() == 0:
+        torch.save(extra, path / "trainer.pt")
+    _barrier()
+    if _rank() == 0:
+        (path / "COMPLETE").write_text(str(step))
+        _prune(Path(ckpt_dir), keep)
+    _barrier()
+    return path
+
+
+def _prune(ckpt_dir: Path, keep: int) -> None:
+    for old in list_checkpoints(ckpt_dir)[:-keep]:
+        shutil.rmtree(old[1], ignore_errors=True)
+
+
+def list_checkpoints(ckpt_dir: str | Path) -> list[tuple[int, Path]]:
+    """Complete checkpoints, oldest first."""
+    d = Path(ckpt_dir)
+    if not d.is_dir():
+        return []
+    out = []
+    for p in d.iterdir():
+        m = _NAME.match(p.name)
+        if m and (p / "COMPLETE").exists():
+            out.append((int(m.group(1)), p))
+    return sorted(out)
+
+
+def latest(ckpt_dir: str | Path) -> Path | None:
+    found = list_checkpoints(ckpt_dir)
+    return found[-1][1] if found else None
+
+
+def load(path: str | Path, modules: list, optimizers: list) -> dict:
+    """Collective: fill this rank's model parts and optimizers from a checkpoint saved on any layout;
+    returns the ``trainer.pt`` dict (step, loader, RNG, config)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+
+    path = Path(path)
+    if not (path / "COMPLETE").exists():
+        raise CheckpointError(f"{path} is not a complete distributed checkpoint (no COMPLETE marker); "
+                              "resume from an earlier one or start over with --resume never")
+    state = model_optim_state(modules, optimizers)  # the shapes and shards this layout wants
+    dcp.load(state, checkpoint_id=str(path))
+    for m, o in zip(modules, optimizers):
+        names = _fqns(m)
+        msd = {k: v for k, v in state["model"].items() if k in names}
+        osd = {k: v for k, v in state["optim"].items() if _optim_key_fqn(k) in names}
+        set_state_dict(m, o, model_state_dict=msd, optim_state_dict=osd, options=_options())
+    return torch.load(path / "trainer.pt", map_location="cpu", weights_only=False)
+
+
+def _fqns(module) -> set[str]:
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    return set(get_model_state_dict(module).keys())
+
+
+def _optim_key_fqn(key: str) -> str:
+    # flattened keys: "state.<fqn>.<exp_avg|exp_avg_sq|step>" and "param_groups.<fqn>.<option>"
+    head, _, rest = key.partition(".")
+    return rest.rsplit(".", 1)[0] if head in ("state", "param_groups") else key

@@ -1,0 +1,203 @@
+"""Fail fast, and say who failed: never a silent hang.
+
+Three layers, from the bottom:
+
+1. Collectives time out after ``distributed.timeout_s`` (the process-group timeout; on CUDA,
+   ``TORCH_NCCL_ASYNC_ERROR_HANDLING=3`` tears the process down, see :mod:`.init`).
+2. :class:`FailFast` records a heartbeat per rank in the launcher's key-value store at every
+   step. When a step raises (a peer's socket closed, a collective timed out) or the launcher
+   sends SIGTERM because another rank died, it prints one line naming this rank, the step, and
+   the rank(s) whose heartbeat stopped (the dead or hung ones, with their last step), then exits
+   with :data:`EXIT_CODE` without the clean-up that could hang.
+3. A watchdog thread ends the process if no step completes within ``timeout_s`` + a margin
+   (hangs outside a collective, e.g. in a data loader), with the same report.
+
+Fault injection for tests: ``TRAINPERF_FAULT=exit|hang``, ``TRAINPERF_FAULT_RANK``,
+``TRAINPERF_FAULT_STEP`` make that rank exit (code 17) or sleep forever at that step.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+
+EXIT_CODE = 3
+_PREFIX = "trainperf/heartbeat/"  # "<step> <time the step began>"
+_ALIVE = "trainperf/alive/"  # "<time>", refreshed every second by the watchdog thread
+_DEAD_AFTER_S = 2.0
+_ALIVE_EVERY_S = 0.5
+
+
+def _store():
+    try:
+        import torch.distributed as dist
+        from torch.distributed import distributed_c10d as c10d
+
+        if dist.is_initialized():
+            return c10d._get_default_store()
+    except Exception:  # noqa: BLE001 - no store: reports say so
+        pass
+    return None
+
+
+class FailFast:
+    """Heartbeats, failure reports and a watchdog for one rank."""
+
+    def __init__(self, rank: int, world: int, timeout_s: float, *, store=None, watchdog: bool = True,
+                 out=None):
+        self.rank, self.world, self.timeout_s = rank, world, timeout_s
+        self.store = store if store is not None else _store()
+        self.step = 0
+        self.last_beat = time.monotonic()
+        self.out = out or sys.stderr
+        self._done = threading.Event()
+        self._failing = False
+        self._lock = threading.Lock()
+        self._thread = None
+        if world > 1 and watchdog:
+            self._thread = threading.Thread(target=self._watch, name="trainperf-watchdog", daemon=True)
+            self._thread.start()
+        if world > 1 and threading.current_thread() is threading.main_thread():
+            self._prev_term = signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    # ------------------------------------------------------------------ heartbeats
+    def beat(self, step: int) -> None:
+        """Call at the start of every step."""
+        self.step = step
+        self.last_beat = time.monotonic()
+        if self.store is not None and self.world > 1:
+            try:
+                self.store.set(f"{_PREFIX}{self.rank}", f"{step} {time.time():.3f}")
+            except Exception:  # noqa: BLE001 - the store host may be gone; the report will say so
+                pass
+        maybe_inject_fault(self.rank, step)
+
+    def _read(self, key: str):
+        try:
+            if not self.store.check([key]):
+                return None
+            return self.store.get(key).decode().split()
+        except Exception:  # noqa: BLE001
+            raise ConnectionError from None
+
+    def heartbeats(self) -> dict[int, dict]:
+        """Per rank: last step begun, seconds since it began it, seconds since its last sign of life."""
+        out: dict[int, dict] = {}
+        if self.store is None:
+            return out
+        now = time.time()
+        for r in range(self.world):
+            beat = self._read(f"{_PREFIX}{r}")
+            alive = self._read(f"{_ALIVE}{r}")
+            if beat is None:
+                continue
+            out[r] = {"step": int(beat[0]), "step_age": now - float(beat[1]),
+                      "alive_age": now - float(alive[0]) if alive else float("inf")}
+        return out
+
+    def suspects(self) -> list[str]:
+        beats = self.heartbeats()
+        found = []
+        for r in range(self.world):
+            if r == self.rank:
+                continue
+            b = beats.get(r)
+            if b is None:
+                found.append(f"rank {r} never reported a step")
+            elif b["alive_age"] > _DEAD_AFTER_S:
+                found.append(f"rank {r} died (no sign of life for {b['alive_age']:.1f}s; it was in step {b['step']})")
+            elif b["step"] < self.step:
+                found.append(f"rank {r} is behind (still in step {b['step']})")
+            elif b["step_age"] > max(2.0, 0.5 * self.timeout_s):
+                found.append(f"rank {r} hung (alive, stuck in step {b['step']} for {b['step_age']:.1f}s)")
+        return found
+
+    def report(self, reason: str) -> str:
+        try:
+            found = self.suspects()
+            deadline = time.monotonic() + _DEAD_AFTER_S + 2 * _ALIVE_EVERY_S
+            while not found and time.monotonic() < deadline:  # a peer that just died still looks alive
+                time.sleep(0.5)
+                found = self.suspects()
+            who = ("; ".join(found)) if found else "no other rank looks dead or hung (see the other ranks' reports)"
+        except ConnectionError:
+            who = "heartbeats unreadable (the store's host, the launcher or rank 0, is gone)"
+        return (f"trainperf: rank {self.rank} stopped at step {self.step}: {reason}. Cause: {who}. "
+                f"Ending the job (distributed.timeout_s={self.timeout_s:g}).")
+
+    def fail(self, reason: str, code: int = EXIT_CODE) -> None:
+        """Print the report and leave at once (no process-group clean-up: it could hang). A second trigger
+        (SIGTERM from the launcher, the watchdog) while a report is being written leaves it to finish."""
+        with self._lock:
+            if self._failing:
+                return
+            self._failing = True
+        try:
+            print(self.report(reason), file=self.out, flush=True)
+        except Exception:  # noqa: BLE001
+            pass
+        finally:
+            os._exit(code)
+
+    def close(self) -> None:
+        self._done.set()
+
+    # ------------------------------------------------------------------ triggers
+    def _on_sigterm(self, signum, frame) -> None:
+        self.fail("terminated by the launcher (another rank exited)", code=128 + signal.SIGTERM)
+
+    def _watch(self) -> None:
+        limit = self.timeout_s + max(5.0, 0.2 * self.timeout_s)
+        while True:
+            if self.store is not None:
+                try:
+                    self.store.set(f"{_ALIVE}{self.rank}", f"{time.time():.3f}")
+                except Exception:  # noqa: BLE001
+                    pass
+            if self._done.wait(_ALIVE_EVERY_S):
+                return
+            if self.step > 0 and time.monotonic() - self.last_beat > limit:
+                self.fail(f"no step finished for {limit:.0f}s (watchdog)")
+
+    def guard(self):
+        """Context manager around the training loop: a collective error becomes a report and exit."""
+        return _Guard(self)
+
+
+class _Guard:
+    def __init__(self, ff: FailFast):
+        self.ff = ff
+
+    def __enter__(self):
+        return self.ff
+
+    def __exit__(self, exc_type, exc, tb):
+        self.ff.close()
+        if exc is None or self.ff.world <= 1:
+            return False
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            return False
+        from trainperf.errors import UserError
+
+        if isinstance(exc, UserError):
+            return False
+        text = str(exc).strip().splitlines()
+        first = next((ln for ln in text if ln.strip()), type(exc).__name__)[:300]
+        self.ff.fail(f"{type(exc).__name__}: {first}")
+        return False
+
+
+def maybe_inject_fault(rank: int, step: int) -> None:
+    kind = os.environ.get("TRAINPERF_FAULT")
+    if not kind:
+        return
+    if int(os.environ.get("TRAINPERF_FAULT_RANK", "-1")) != rank or int(os.environ.get("TRAINPERF_FAULT_STEP", "-1")) != step:
+        return
+    if kind == "exit":
+        os._exit(17)
+    if kind == "hang":
+        while True:
+            time.sleep(3600)
