@@ -106,7 +106,7 @@ def _balancer_run(rank):
 
 
 BENCH_ARGS = dict(ranks=2, slow_rank=1, slowdown=3.0, steps=6, block=3, global_batch=24, micro_steps=2, seq=16, dim=64,
-                  window=10, min_steps=4, settle_steps=30, pin=False)
+                  window=10, min_steps=4, threshold=0.2, settle_steps=30, pin=False)
 
 
 def worker(rank: int, world: int, port: int, bench_port: int, out: str) -> None:

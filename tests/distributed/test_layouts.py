@@ -6,8 +6,9 @@ lr 3e-3 moves a parameter by up to 3e-3 a step, so 1e-4 is a thirtieth of one st
 summation order differs). FSDP2 x tensor (2-D sharded gradients and norms) gets 5e-4 on the
 parameters: measured 1.6e-4, Adam's normalized update amplifies reassociation differences on
 near-zero gradients. Compressed gradients (fp16, bf16, PowerSGD) change the numbers by design:
-their losses must stay within a relative 1e-2 of the reference, and PowerSGD rank 4 must hand
-at least 10x fewer gradient bytes to all-reduce than uncompressed DDP (hidden 128).
+trained 6 steps on one repeated batch (the loss falls by > 0.5), every step's loss must stay
+within a relative 1e-2 of the one-process loss, and PowerSGD rank 4 must hand at least 10x fewer
+gradient bytes to all-reduce than uncompressed DDP (hidden 128).
 """
 
 from __future__ import annotations
@@ -66,8 +67,18 @@ def test_ddp_bytes_are_counted_per_step(two):
 
 @pytest.mark.parametrize("case", ["data2_fp16", "data2_bf16", "data2_bf16_gather"])
 def test_16_bit_compression_reaches_the_reference_loss(two, case):
-    res = two[case]
-    _check(res, param_atol=5e-3, loss_rtol=COMPRESSED_LOSS_RTOL)
+    _check_compressed(two[case])
+
+
+def _check_compressed(res):
+    ref = res["ref_losses"]
+    assert ref[0] - ref[-1] > 0.5, f"the reference should learn the repeated batch: {ref}"
+    for got, want in zip(res["losses"], ref):
+        assert abs(got - want) <= COMPRESSED_LOSS_RTOL * abs(want), (res["losses"], ref)
+
+
+def test_uncompressed_repeated_batch_run_is_exact(two):
+    _check(two["data2_plain"])
 
 
 def test_bf16_gather_fallback_sends_16_bit_payloads(two):
@@ -81,9 +92,7 @@ def test_powersgd_rank4_sends_at_least_10x_fewer_bytes(two):
     compressed = two["wide_powersgd"]["comm"][-1]["comm_payload_bytes"]
     assert warm == plain  # warm-up steps are plain all-reduces
     assert plain / compressed >= 10, f"PowerSGD sent {compressed} bytes vs {plain}: only {plain / compressed:.1f}x"
-    res = two["wide_powersgd"]
-    for got, ref in zip(res["losses"], res["ref_losses"]):
-        assert abs(got - ref) <= COMPRESSED_LOSS_RTOL * abs(ref)
+    _check_compressed(two["wide_powersgd"])
 
 
 @pytest.mark.parametrize("case", ["data2_tensor2", "pp2_data2"])

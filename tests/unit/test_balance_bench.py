@@ -12,6 +12,8 @@ from trainperf.cli import main
     (["--ranks", "1"], "at least 2 ranks"),
     (["--slow-rank", "2"], "--slow-rank 2 is not a rank of 0..1"),
     (["--global-batch", "3"], "--global-batch 3 must be >= ranks x micro-steps = 4"),
+    (["--threshold", "0"], "threshold=0.0 must be > 0"),
+    (["--window", "1"], "window=1 must be >= 2"),
 ])
 def test_bench_balance_bad_arguments(argv, msg, capsys):
     assert main(["bench", "balance", *argv]) == 2

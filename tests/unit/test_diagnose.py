@@ -21,13 +21,13 @@ from trainperf.train.run import fit
 BASE = TINY + ["data.source=synthetic", "checkpoint.at_end=false", "monitor.sample_every_s=0.1"]
 
 
-def run_tiny(tmp_path: Path, *overrides: str, steps: int = 8, patch=None) -> tuple[Path, dict]:
+def run_tiny(tmp_path: Path, *overrides: str, steps: int = 8, patch=None, verbose=False) -> tuple[Path, dict]:
     run_dir = tmp_path / "run"
     cfg = load_config(None, BASE + [f"run.dir={run_dir}", f"run.steps={steps}", *overrides])
     trainer = build_trainer(resolve(cfg, world_size=1), verbose=False)
     if patch:
         patch(trainer)
-    summary = fit(trainer, resume="never", verbose=False)
+    summary = fit(trainer, resume="never", verbose=verbose)
     return run_dir, summary
 
 
@@ -36,9 +36,12 @@ def ids(result: dict) -> list[str]:
 
 
 # ---------------------------------------------------------------------- end to end
-def test_slow_storage_is_diagnosed_data_bound_and_io_bound(tmp_path):
+def test_slow_storage_is_diagnosed_data_bound_and_io_bound(tmp_path, capsys):
     # 60 ms per sample read, 4 samples per step read one after another: ~240 ms of data wait per step.
-    run_dir, _ = run_tiny(tmp_path, "data.simulate.read_latency_ms=60", "train.global_batch=4", steps=5)
+    run_dir, _ = run_tiny(tmp_path, "data.simulate.read_latency_ms=60", "train.global_batch=4", steps=5,
+                          verbose=True)
+    printed = capsys.readouterr().out  # the trainer prints the findings at the end of the run
+    assert "== trainperf diagnosis ==" in printed and "[critical] data_bound" in printed
     result = diagnose(run_dir)
     assert ids(result)[0] == "data_bound", format_findings(result)
     f = result["findings"][0]
@@ -46,6 +49,25 @@ def test_slow_storage_is_diagnosed_data_bound_and_io_bound(tmp_path):
     assert result["summary"]["phase_fractions"]["data"] > 0.4
     assert "data.loader=hybrid" in f["fix"]
     assert "comm_bound" not in ids(result)
+
+
+def test_cpu_heavy_batches_are_diagnosed_decode_bound(tmp_path):
+    def decode_in_process(trainer):
+        orig = trainer.data.train.next_batch
+
+        def next_batch(*a, **k):
+            end = time.process_time() + 0.08  # 80 ms of CPU work per batch: decoding, augmenting
+            while time.process_time() < end:
+                pass
+            return orig(*a, **k)
+
+        trainer.data.train.next_batch = next_batch
+
+    run_dir, _ = run_tiny(tmp_path, steps=5, patch=decode_in_process)
+    result = diagnose(run_dir)
+    f = next(f for f in result["findings"] if f["id"] == "data_bound")
+    assert f["kind"] == "decode" and "CPU-bound" in f["evidence"], format_findings(result)
+    assert "num_workers" in f["fix"]
 
 
 def test_injected_communication_wait_is_diagnosed_comm_bound(tmp_path):

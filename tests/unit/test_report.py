@@ -101,3 +101,14 @@ def test_report_compares_ranks(tmp_path):
     assert main(["report", str(d)]) == 0
     html = (d / "report.html").read_text()
     assert '<img alt="ranks"' in html and "straggler" in html and "comm_bound" in html
+
+
+def test_report_without_matplotlib_is_a_clear_error(tmp_path, monkeypatch, capsys):
+    import sys
+
+    d = tmp_path / "r"
+    d.mkdir()
+    (d / "metrics.jsonl").write_text(json.dumps({"step": 1, "loss": 1.0, "step_time_s": 0.1}) + "\n")
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    assert main(["report", str(d)]) == 2
+    assert "pip install 'trainperf[plot]'" in capsys.readouterr().err

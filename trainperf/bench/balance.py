@@ -1,19 +1,21 @@
 """``trainperf bench balance``: the dynamic load balancer on a straggler, measured side by side.
 
-N gloo processes (1 thread each; ``--pin``: each on its own CPU) train a small per-token MLP with DDP on the same global batch.
-Rank ``--slow-rank`` does ``--slowdown`` x the work per sample: it runs the MLP again on its
-micro-batch (``F - 1`` extra times, the fractional part on part of the rows) and adds
-``0 x`` that extra output to the loss, so forward *and* backward really compute it while the
-loss and gradients stay those of the plain model. Not a sleep.
+N gloo processes (1 thread each; ``--pin``: each on its own CPU) train a small per-token MLP
+with DDP on the same global batch. Rank ``--slow-rank`` does ``--slowdown`` x the work per
+sample: it runs the MLP again on its micro-batch (``F - 1`` extra times, the fractional part on
+part of the rows) and adds ``0 x`` that extra output to the loss, so forward *and* backward
+really compute it while the loss and gradients stay those of the plain model. Not a sleep.
 
-Phases: (1) warm-up; (2) the balancer runs (``window``, ``min_steps``, threshold 0.2) until it
-has settled; (3) measurement: blocks of ``--block`` steps alternate between equal shares
-(unbalanced) and the settled shares (balanced), ``--steps`` steps each in all, so both see the
-same machine noise. Step time = wall time of a step on rank 0 (start to after the optimizer
-step, which follows the gradient all-reduce). Ideal = global batch / sum over ranks of
-1 / per-sample compute time, the per-sample times being the medians of each rank's
-compute clock (:class:`~trainperf.distributed.balance.ComputeClock`) / share over phase 3;
-it leaves out communication, the optimizer and scheduling delays, so balanced / ideal also shows
+Phases: (1) warm-up; (2) the balancer runs (``--window``, ``--min-steps``, ``--threshold``)
+until it has settled (no move for 2 x min-steps after one) or ``--settle-steps`` have passed;
+(3) measurement: blocks of ``--block`` steps alternate between equal shares (unbalanced) and the
+settled shares (balanced), ``--steps`` steps each in all, so both see the same machine noise.
+
+Step time = wall time of a step on rank 0 (start to after the optimizer step, which follows the
+gradient all-reduce), mean over the measured steps. Ideal = global batch / sum over ranks of
+1 / per-sample compute time, the per-sample times being the medians of each rank's compute
+clock (:class:`~trainperf.distributed.balance.ComputeClock`) / share over phase 3. The ideal
+leaves out communication, the optimizer and scheduling delays, so balanced / ideal also shows
 those; ``overhead_s`` (median of step wall time - slowest rank's compute, balanced steps) is
 reported next to it, and ``balanced_vs_ideal_plus_overhead`` compares with ideal + overhead.
 """
@@ -46,6 +48,7 @@ def register(subparsers) -> None:
     p.add_argument("--dim", type=int, default=128, help="MLP width (the hidden layer is 4x)")
     p.add_argument("--window", type=int, default=40, help="balancer window (measurements kept)")
     p.add_argument("--min-steps", type=int, default=15, help="balancer measurements before a judgement")
+    p.add_argument("--threshold", type=float, default=0.2, help="balancer trigger: CV of per-rank step compute time")
     p.add_argument("--settle-steps", type=int, default=150, help="at most this many steps for the balancer to settle")
     p.add_argument("--pin", action="store_true",
                    help="pin each rank to its own CPU (when there are at least --ranks usable CPUs); on a machine "
@@ -65,6 +68,9 @@ def _check(args) -> None:
         raise UserError(f"--global-batch {args.global_batch} must be >= ranks x micro-steps = {args.ranks * args.micro_steps}")
     if args.steps < 1 or args.block < 1:
         raise UserError("--steps and --block must be >= 1")
+    from trainperf.distributed.balance import check_balance_args
+
+    check_balance_args(window=args.window, threshold=args.threshold, hysteresis=0.5, min_steps=args.min_steps)
 
 
 def balance_command(args) -> int:
@@ -161,7 +167,7 @@ def _worker(rank: int, world: int, port: int, a: dict, out: str) -> None:
     x = torch.randn(n_samples, a["seq"], a["dim"], generator=g)
     y = torch.randn(n_samples, a["seq"], a["dim"], generator=g)
     sampler = GlobalBatchSampler(n_samples, B, rank=rank, world=world, seed=0)
-    bal = DynamicBalancer(B, micro_steps=k, window=a["window"], min_steps=a["min_steps"])
+    bal = DynamicBalancer(B, micro_steps=k, window=a["window"], min_steps=a["min_steps"], threshold=a["threshold"])
 
     def step(shares) -> tuple[float, float]:
         idx = sampler.next_local(shares)
@@ -222,7 +228,7 @@ def _worker(rank: int, world: int, port: int, a: dict, out: str) -> None:
                           for name in ("unbalanced", "balanced")}, "equal_shares": equal, "settle_steps": settle_used,
             "decisions": [d.as_dict() for d in bal.decisions],
             "setup": {k2: a[k2] for k2 in ("ranks", "slow_rank", "slowdown", "steps", "block", "global_batch",
-                                           "micro_steps", "seq", "dim", "window", "min_steps", "pin")},
+                                           "micro_steps", "seq", "dim", "window", "min_steps", "threshold", "pin")},
         }
         Path(out).write_text(json.dumps(res))
     dist.destroy_process_group()

@@ -1,0 +1,152 @@
+"""``trainperf data prepare``: a directory of text files -> a token memmap (nanoGPT-style).
+
+Output directory: ``train.bin`` and ``val.bin`` (uint16 token ids) and
+``meta.json`` (tokenizer, vocabulary, token counts, sizes and sha256 of both
+files, the source). The tokenizer is byte-level (vocabulary 256): exact,
+reversible, and needs no download. The default corpus is the Python standard
+library's own source, real text present on every machine.
+
+Files are written atomically (temporary file, fsync, rename) and ``meta.json``
+last, so a directory with a ``meta.json`` is always complete.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sysconfig
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from trainperf.errors import DataError
+
+META = "meta.json"
+TOKENIZER = "bytes"
+VOCAB_SIZE = 256
+
+
+def stdlib_dir() -> Path:
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def iter_text_files(src: Path) -> Iterator[Path]:
+    """Regular files under ``src`` in a stable order; for the stdlib only *.py outside site-packages."""
+    is_stdlib = src == stdlib_dir()
+    for root, dirs, files in os.walk(src):
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in {"site-packages", "__pycache__"})
+        for name in sorted(files):
+            if is_stdlib and not name.endswith(".py"):
+                continue
+            if name.startswith("."):
+                continue
+            yield Path(root) / name
+
+
+def _atomic_write_bytes(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def encode(text: bytes) -> np.ndarray:
+    return np.frombuffer(text, dtype=np.uint8).astype(np.uint16)
+
+
+def decode(tokens) -> str:
+    return bytes(int(t) & 0xFF for t in tokens).decode("utf-8", errors="replace")
+
+
+def prepare_tokens(src: str, out_dir: str, *, max_bytes: int = 16 * 10**6, val_fraction: float = 0.05,
+                   progress: bool = False) -> dict:
+    """Tokenize the text files under ``src`` ("stdlib" for the Python standard library) into ``out_dir``."""
+    src_path = stdlib_dir() if src == "stdlib" else Path(src)
+    if not src_path.is_dir():
+        raise DataError(f"data source directory {src!r} does not exist; pass a directory of text files or 'stdlib'")
+    chunks: list[bytes] = []
+    total = 0
+    n_files = 0
+    files = iter_text_files(src_path)
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=max_bytes, unit="B", unit_scale=True, desc="reading text", leave=False)
+    for path in files:
+        try:
+            data = path.read_bytes()
+        except OSError:
+            continue
+        if b"\x00" in data[:4096]:  # binary file
+            continue
+        data = data[: max_bytes - total]
+        chunks.append(data + b"\n\n")
+        total += len(data) + 2
+        n_files += 1
+        if bar:
+            bar.update(len(data) + 2)
+        if total >= max_bytes:
+            break
+    if bar:
+        bar.close()
+    if total < 1000:
+        raise DataError(f"{src!r} holds only {total} bytes of text; need at least 1000 to train and validate")
+    tokens = encode(b"".join(chunks))
+    n_val = max(int(len(tokens) * val_fraction), 1)
+    train, val = tokens[:-n_val], tokens[-n_val:]
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {
+        "format": 1,
+        "tokenizer": TOKENIZER,
+        "vocab_size": VOCAB_SIZE,
+        "dtype": "uint16",
+        "source": str(src_path),
+        "files": n_files,
+        "splits": {},
+    }
+    for split, arr in (("train", train), ("val", val)):
+        raw = arr.tobytes()
+        _atomic_write_bytes(out / f"{split}.bin", raw)
+        meta["splits"][split] = {"tokens": int(arr.size), "bytes": len(raw), "sha256": hashlib.sha256(raw).hexdigest()}
+    _atomic_write_bytes(out / META, json.dumps(meta, indent=2).encode())
+    return meta
+
+
+def read_meta(path: str) -> dict | None:
+    meta_path = Path(path) / META
+    if not meta_path.exists():
+        return None
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise DataError(f"{meta_path}: unreadable ({exc}); delete {path!r} and run `trainperf data prepare` again") from None
+    for split, info in meta.get("splits", {}).items():
+        f = Path(path) / f"{split}.bin"
+        if not f.exists() or f.stat().st_size != info["bytes"]:
+            raise DataError(
+                f"{f}: missing or truncated ({f.stat().st_size if f.exists() else 0} of {info['bytes']} bytes); "
+                f"delete {path!r} and run `trainperf data prepare` again"
+            )
+    return meta
+
+
+def ensure_prepared(path: str, prepare_from: str | None, *, max_bytes: int, val_fraction: float,
+                    verbose: bool = True) -> dict:
+    """Return the metadata of the prepared data at ``path``, preparing it from ``prepare_from`` if absent."""
+    meta = read_meta(path)
+    if meta is not None:
+        return meta
+    if not prepare_from:
+        raise DataError(
+            f"data.path={path!r} holds no prepared tokens (no {META}); run "
+            f"`trainperf data prepare --src DIR --out {path}` or set data.prepare_from"
+        )
+    if verbose:
+        print(f"data: preparing {path} from {prepare_from} (first use; later runs reuse it)", flush=True)
+    return prepare_tokens(prepare_from, path, max_bytes=max_bytes, val_fraction=val_fraction)
