@@ -47,7 +47,9 @@ def base_overrides(smoke: bool, micro: int) -> list[str]:
         return common + ["run.device=cpu", "model.preset=tiny", "model.n_layer=2", "model.n_head=2",
                          "model.n_embd=32", "model.block_size=32", "run.threads=1", "compile.backend=eager",
                          f"train.micro_batch={micro}", f"train.global_batch={micro}"]
-    return common + ["run.device=cuda", "model.preset=gpt2-124m", f"train.micro_batch={micro}",
+    # vocab_size explicit: with "auto" the synthetic data's 256 tokens would shrink the embedding (124M -> 85M)
+    return common + ["run.device=cuda", "model.preset=gpt2-124m", "model.vocab_size=50304",
+                     f"train.micro_batch={micro}",
                      f"train.global_batch={micro}"]
 
 

@@ -25,8 +25,8 @@ TWO = {
     "pp2_interleaved": {"parallelism.data": 1, "parallelism.pipeline": 2, "model.n_layer": 4,
                         "parallelism.pipeline_schedule": "interleaved_1f1b", "parallelism.interleave": 2},
 }
-# Compressed runs: 6 steps on one repeated batch at lr 1e-2 (the loss falls from ~4.2 to ~3).
-LEARN = {"optimizer.lr": 1e-2}
+# Compressed runs: 6 steps on one repeated batch at lr 3e-3 (the loss falls from 4.17 to 3.3, 2.6 at hidden 128).
+LEARN = {"optimizer.lr": 3e-3}
 COMPRESSED = {
     "data2_plain": {**LEARN, "parallelism.data": 2},
     "data2_fp16": {**LEARN, "parallelism.data": 2, "parallelism.compression.type": "fp16"},

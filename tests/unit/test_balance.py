@@ -224,6 +224,13 @@ def test_balance_with_tensor_only_parallelism_is_rejected():
         resolve(cfg, FACTS, world_size=2)
 
 
+def test_balance_with_pipeline_parallelism_is_rejected():
+    cfg = _resolve(enabled=True)
+    cfg.parallelism.pipeline, cfg.parallelism.microbatches = 2, 2
+    with pytest.raises(ConfigError, match=r"pipeline=2: uneven per-replica batches are not supported"):
+        resolve(cfg, FACTS, world_size=4)
+
+
 def test_good_balance_config_resolves_and_disabled_is_not_checked():
     resolve(_resolve(enabled=True, min_share=0.1, max_share=0.9), FACTS, world_size=2)
     resolve(_resolve(enabled=False, threshold=0.0, min_share=0.9), FACTS, world_size=2)
@@ -254,3 +261,24 @@ def test_compute_clock_stops_at_the_last_gradient():
     clock.start()
     time.sleep(0.01)
     assert clock.stop() >= 0.01  # no hooks, no gradient: falls back to "until now"
+
+
+def test_from_config_and_state_dict_round_trip():
+    """The trainer's path: build from parallelism.balance, decide, save, resume with the same shares."""
+    cfg = Config().parallelism.balance
+    cfg.window, cfg.min_steps = 10, 5
+    per_sample = [1e-3, 2e-3]
+
+    def both_ranks(values):  # rank 1's time for the same steps: its share x its per-sample time
+        return [values, [v / bal.local_share / per_sample[0] * bal.shares[1] * per_sample[1] for v in values]]
+
+    bal = DynamicBalancer.from_config(cfg, 48, micro_steps=2, world=2, rank=0, gather=both_ranks)
+    decisions = [bal.step(s, bal.local_share * per_sample[0]) for s in range(30)]
+    assert bal.shares == [32, 16] and [d.step for d in decisions if d] == [4]
+    assert bal.micro_batches() == [16, 16]
+    resumed = DynamicBalancer.from_config(cfg, 48, micro_steps=2, world=2, rank=1, gather=both_ranks)
+    resumed.load_state_dict(bal.state_dict())
+    assert resumed.shares == [32, 16] and resumed.micro_batches() == [8, 8]
+    other = DynamicBalancer.from_config(cfg, 64, micro_steps=2, world=2, rank=0, gather=both_ranks)
+    other.load_state_dict(bal.state_dict())  # another global batch: start again from equal shares
+    assert other.shares == [32, 32]

@@ -117,7 +117,11 @@ def test_healthy_run_has_no_finding_and_writes_mfu_and_a_trace(tmp_path):
 
 
 def test_cli_diagnose_json_and_text(tmp_path, capsys):
+    stale = tmp_path / "run" / "metrics.rank3.jsonl"  # left by an earlier 4-rank run in the same directory
+    stale.parent.mkdir(parents=True)
+    stale.write_text(json.dumps({"step": 1, "loss": 1.0, "step_time_s": 9.0, "phases_s": {"forward": 9.0}}) + "\n")
     run_dir, _ = run_tiny(tmp_path, steps=4)
+    assert not stale.exists()
     assert main(["diagnose", str(run_dir), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert set(out) >= {"findings", "summary", "missing"}

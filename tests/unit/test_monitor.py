@@ -228,7 +228,7 @@ def test_prometheus_endpoint_serves_metrics_on_loopback():
         ep.close()
 
 
-def test_tensorboard_sink_or_a_clear_message():
+def test_tensorboard_sink_or_a_clear_message(tmp_path):
     from trainperf.monitor.sinks import TensorBoardSink
 
     try:
@@ -236,6 +236,15 @@ def test_tensorboard_sink_or_a_clear_message():
     except ImportError:
         with pytest.raises(ImportError, match=r"trainperf\[tensorboard\]"):
             TensorBoardSink("/tmp/unused")
+        # in a run: a warning, the status says why, training goes on
+        from trainperf.config import load_config
+        from trainperf.monitor.monitor import Monitor
+
+        cfg = load_config(None, ["monitor.tensorboard=true", "monitor.mfu=false"])
+        with pytest.warns(UserWarning, match="tensorboard"):
+            mon = Monitor(cfg.monitor, tmp_path, rank=0, world=1)
+        mon.close()
+        assert mon.status["tensorboard"].startswith("off:")
         return
     pytest.skip("tensorboard installed: covered by its own writer")
 

@@ -137,6 +137,7 @@ def test_changing_sequence_length_is_reported(corpus, tmp_path):
     f = found[0]
     assert f["step"] == 11 and f["previous_batch_shape"] == [8, 32] and f["batch_shape"] == [8, 24]
     assert "at step 11 the batch shape changed from [8, 32] to [8, 24]" in f["evidence"]
+    print(f"xla_recompile [{f['severity']}]: {f['evidence']}")
 
 
 def _ckpt_devices(run_dir: Path) -> set[str]:
@@ -197,3 +198,14 @@ def test_inductor_on_xla_is_refused(corpus, tmp_path):
     cfg = load_config(CONFIG, _overrides(corpus, tmp_path, "xla", extra=["compile.enabled=true"]))
     with pytest.raises(ConfigError, match="compile.backend=openxla"):
         resolve(cfg, world_size=1)
+
+
+def test_bf16_autocast_on_xla(runs, corpus, tmp_path):
+    """precision.dtype=bf16 on XLA: autocast to bf16; the losses stay near the fp32 run's (bf16 rounding)."""
+    run_dir = tmp_path / "bf16"
+    with pytest.raises(Preempted):
+        train(corpus, run_dir, "xla", extra=["precision.dtype=bf16"], stop_after=5)
+    got, ref = losses(run_dir), losses(runs["xla"]["dir"])
+    assert sorted(got) == list(range(1, 6))
+    assert all(abs(got[s] - ref[s]) <= 0.05 for s in got), (got, ref)
+    assert any(got[s] != ref[s] for s in got)  # bf16 really changed the arithmetic

@@ -41,19 +41,22 @@ def render(report: dict) -> str:
         f"optimizer={report['optimizer']} device={report['device']}",
     ]
     measured = report["measured"]
-    head = ["mode", "params", "grads", "optimizer", "activations", "act err", "total", "step s", "recompute", "max mb"]
+    head = ["mode", "params", "grads", "optimizer", "activations", "act err", "total", "step s wall/cpu",
+            "recompute", "max mb"]
     rows = []
-    base_time = next((m["step_time_s"] for m in report["modes"] if m["mode"] == "none"), None)
+    # Recompute cost from CPU time on a CPU device (robust to other jobs), from wall time on a GPU.
+    key = "step_cpu_s" if report["device"] == "cpu" else "step_time_s"
+    base_time = next((m[key] for m in report["modes"] if m["mode"] == "none"), None)
     for m in report["modes"]:
         est, meas = m["estimate_bytes"], m["measured_bytes"]
         err = "-"
         if meas and meas["activations"]:
             err = f"{(est['activations'] / meas['activations'] - 1) * 100:+.1f}%"
-        t = m["step_time_s"]
-        cost = f"{(t / base_time - 1) * 100:+.0f}%" if t and base_time else "-"
+        t, c = m["step_time_s"], m.get("step_cpu_s")
+        cost = f"{(m[key] / base_time - 1) * 100:+.0f}%" if m.get(key) and base_time else "-"
         rows.append([m["label"], _pair(est, meas, "params"), _pair(est, meas, "grads"), _pair(est, meas, "optimizer"),
                      _pair(est, meas, "activations"), err, _pair(est, meas, "total"),
-                     f"{t:.4f}" if t else "-", cost,
+                     f"{t:.3f}/{c:.3f}" if t and c else "-", cost,
                      "-" if m["max_micro_batch"] is None else str(m["max_micro_batch"])])
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
     fmt = lambda r: "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))  # noqa: E731

@@ -98,7 +98,7 @@ def resolve(cfg: Config, facts: DeviceFacts | None = None, world_size: int | Non
     if cfg.run.device == "xla":  # torch_xla usable? precision and backend for XLA (trainperf/xla/env.py)
         from trainperf.xla.env import resolve_xla
 
-        resolve_xla(cfg, notes)
+        resolve_xla(cfg, notes, world_size)
 
     if cfg.run.threads == "auto":
         cfg.run.threads = max(1, facts.cpus // facts.local_ranks)

@@ -58,7 +58,7 @@ class RunConfig(Section):
     seed: int = 1337
     """Seed for parameters, data order and dropout; the same seed gives the same run."""
     device: Literal["auto", "cpu", "cuda", "xla"] = "auto"
-    """Where to train: auto picks cuda when available, else cpu."""
+    """Where to train: auto picks cuda when available, else cpu; xla: a torch_xla device (PJRT_DEVICE=TPU|CUDA|CPU)."""
     threads: Union[Auto, int] = "auto"
     """CPU threads for intra-op parallelism (auto: usable CPUs / local ranks)."""
     log_every: int = Field(10, ge=1)

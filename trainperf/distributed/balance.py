@@ -30,7 +30,8 @@ Decision, taken when at least ``min_steps`` measurements exist under the current
 
 Two levels (a Schmitt trigger) plus rules 2 and 3 are the hysteresis: jitter between
 neighbouring roundings, a residual imbalance the bounds do not let it remove, or small noise
-never moves the shares, so they do not oscillate while speeds are steady. After a move the measurements restart (times under old shares are not comparable).
+never moves the shares, so they do not oscillate while speeds are steady. After a move the
+measurements restart (times under the old shares are not comparable).
 
 Shares: proportional to speed, clamped to ``[min_share, max_share] x global_batch`` (and at least
 one sample per micro-step), rounded by largest remainder so that they sum exactly to the global

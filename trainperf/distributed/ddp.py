@@ -6,7 +6,7 @@ Hooks (``parallelism.compression.type``):
 - ``fp16`` / ``bf16``: the bucket is cast to 16 bits, divided by the group size, all-reduced
   and cast back (half the bytes). Where a backend cannot all-reduce bf16 (older gloo builds;
   PyTorch's own ``bf16_compress_hook`` is documented for NCCL only), the bf16 hook all-gathers
-  the 16-bit payloads (as int16 bit patterns) and sums them in fp32 locally.
+  the 16-bit payloads (as raw bytes) and sums them in fp32 locally.
 - ``powersgd``: PyTorch's PowerSGD (Vogels et al. 2019) with error feedback: each gradient
   matrix n x m is sent as two rank-r factors (n + m) x r; vectors (biases, norms) go uncompressed.
   ``warmup_steps`` plain all-reduces first (at least 2: PyTorch's PowerSGD needs one uncompressed
@@ -98,7 +98,7 @@ def allreduce_hook(state: HookState, bucket):  # no return annotation: DDP check
 
 
 def _gather_sum(payload: torch.Tensor, buf: torch.Tensor, group, n: int) -> torch.futures.Future:
-    bits = payload.view(torch.int16)  # all-gather moves bytes; no arithmetic on bf16 needed
+    bits = payload.view(torch.uint8)  # all-gather moves bytes; no arithmetic on bf16 needed
     outs = [torch.empty_like(bits) for _ in range(n)]
     COMM.add_allgather(bits, n)
     fut = dist.all_gather(outs, bits, group=group, async_op=True).get_future()

@@ -196,6 +196,8 @@ def maybe_inject_fault(rank: int, step: int) -> None:
         return
     if int(os.environ.get("TRAINPERF_FAULT_RANK", "-1")) != rank or int(os.environ.get("TRAINPERF_FAULT_STEP", "-1")) != step:
         return
+    print(f"trainperf: injected fault {kind!r} on rank {rank} at step {step} (t={time.time():.3f})",
+          file=sys.stderr, flush=True)
     if kind == "exit":
         os._exit(17)
     if kind == "hang":

@@ -19,7 +19,7 @@ FSDP full shard of model states) and is for the distributed work to verify.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from trainperf.errors import ConfigError

@@ -206,26 +206,31 @@ def _sync(device: torch.device) -> None:
 
 def time_fwd_bwd(models: dict[str, nn.Module], batch: tuple, *, reps: int = 7, warmup: int = 1,
                  autocast_factory: Callable[[], contextlib.AbstractContextManager] | None = None,
-                 progress=None) -> dict[str, float]:
-    """Median seconds of forward+backward per model, interleaved (model A, B, C, A, B, C, ...) so
-    that machine noise hits every model alike."""
+                 progress=None, cpu_times: dict[str, float] | None = None) -> dict[str, float]:
+    """Median wall seconds of forward+backward per model, interleaved (model A, B, C, A, B, C, ...)
+    so that machine noise hits every model alike. ``cpu_times``, if given, receives the median
+    process CPU seconds per step (robust to other jobs on a shared CPU when torch uses 1 thread)."""
     times: dict[str, list[float]] = {name: [] for name in models}
+    cpus: dict[str, list[float]] = {name: [] for name in models}
     for rep in range(warmup + reps):
         for name, model in models.items():
             device = next(model.parameters()).device
             model.zero_grad(set_to_none=True)
             _sync(device)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             with autocast_factory() if autocast_factory else contextlib.nullcontext():
                 loss = loss_of(model(*batch))
             loss.backward()
             _sync(device)
-            dt = time.perf_counter() - t0
+            dt, dc = time.perf_counter() - t0, time.process_time() - c0
             if rep >= warmup:
                 times[name].append(dt)
+                cpus[name].append(dc)
             del loss
             if progress is not None:
                 progress.update(1)
     for model in models.values():
         model.zero_grad(set_to_none=True)
+    if cpu_times is not None:
+        cpu_times.update({name: statistics.median(ts) for name, ts in cpus.items()})
     return {name: statistics.median(ts) for name, ts in times.items()}

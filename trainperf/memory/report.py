@@ -33,6 +33,7 @@ class Row:
     max_micro_batch: int | None = None
     measured: dict[str, int] | None = None
     step_time_s: float | None = None
+    step_cpu_s: float | None = None
     cuda_peak_bytes: int | None = None
     hook_bytes: int | None = None
 
@@ -52,6 +53,7 @@ class Row:
             "estimate_bytes": self.estimate.as_dict(),
             "measured_bytes": self.measured,
             "step_time_s": self.step_time_s,
+            "step_cpu_s": self.step_cpu_s,
             "max_micro_batch": self.max_micro_batch,
             "cuda_peak_bytes": self.cuda_peak_bytes,
             "saved_hook_bytes": self.hook_bytes,
@@ -247,9 +249,18 @@ def memory_report(cfg: Config, *, measure: bool = False, budget_gb: float | None
                 row.hook_bytes = act.saved_hook_bytes
                 models[row.label] = m
                 bar.update(2)
-            times = time_fwd_bwd(models, batch, reps=reps, warmup=1, autocast_factory=factory, progress=bar)
+            cpu: dict[str, float] = {}
+            threads = torch.get_num_threads()
+            if device == "cpu" and isinstance(cfg.run.threads, int):
+                torch.set_num_threads(cfg.run.threads)
+            try:
+                times = time_fwd_bwd(models, batch, reps=reps, warmup=1, autocast_factory=factory,
+                                     progress=bar, cpu_times=cpu)
+            finally:
+                torch.set_num_threads(threads)
         for row in rows:
             row.step_time_s = times[row.label]
+            row.step_cpu_s = cpu[row.label]
         del models
 
     return {
@@ -264,9 +275,10 @@ def memory_report(cfg: Config, *, measure: bool = False, budget_gb: float | None
         "budget_bytes": budget_bytes,
         "budget_source": budget_source,
         "measured": measure,
-        "timing": {"reps": reps, "what": "median of forward+backward, modes interleaved, after 1 warm-up"}
+        "timing": {"reps": reps, "what": "median of forward+backward, modes interleaved, after 1 warm-up "
+                              "(step_cpu_s: process CPU seconds, same steps)"}
         if measure else None,
-        "threads": torch.get_num_threads(),
+        "threads": cfg.run.threads if device == "cpu" else None,
         "pid": os.getpid(),
         "modes": [r.as_dict() for r in rows],
     }

@@ -28,7 +28,7 @@ SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
 # Thresholds (fractions of step time, or percent for NVML/GPM figures).
 DATA_WARN, DATA_CRIT = 0.20, 0.40
 COMM_WARN, COMM_CRIT = 0.15, 0.30
-IO_CPU_RATIO = 0.5  # CPU seconds per second of data wait below this: waiting on storage
+IO_CPU_RATIO = 0.3  # CPU seconds per second of data wait (relative to the CPU the process gets) below this: IO
 STRAGGLER_RATIO = 1.15
 LOW_MFU_CATALOG = 0.30  # against a GPU's dense catalog peak
 LAUNCH_BUSY_PCT = 70.0
@@ -195,27 +195,42 @@ def _pct(x: float) -> str:
     return f"{100 * x:.0f}%"
 
 
+def _cpu_share(s: dict) -> float | None:
+    """On a CPU-device run: CPU seconds per wall second the process got in its compute phases (capped
+    at one core). On a busy machine this is below 1, and a decoding loader gets no more than it."""
+    if not str(s.get("device") or "").startswith("cpu"):
+        return None
+    r = s["phase_cpu_ratio"]
+    comp = [r[k] for k in ("forward", "backward") if k in r]
+    return min(1.0, max(comp)) if comp else None
+
+
 def _data_bound(s: dict) -> dict | None:
     f = s["phase_fractions"].get("data", 0.0)
     if f <= DATA_WARN:
         return None
     ms = 1000 * s["phase_mean_s"].get("data", 0.0)
     ratio = s["phase_cpu_ratio"].get("data")
+    share = _cpu_share(s)
+    busy = ratio / share if (ratio is not None and share) else ratio
     ev = f"data wait {_pct(f)} of step time ({ms:.0f} ms per step, threshold {_pct(DATA_WARN)})"
-    if ratio is not None and ratio < IO_CPU_RATIO:
+    if ratio is not None:
+        ev += f"; the training process used {100 * ratio:.0f}% of a core while waiting"
+        if share is not None and share < 0.9:
+            ev += f" ({100 * share:.0f}% of a core was all it got in forward/backward: a busy machine)"
+    if busy is not None and busy < IO_CPU_RATIO:
         kind = "io"
-        ev += f"; the training process used {100 * ratio:.0f}% of a core while waiting (IO-bound)"
+        ev += " -> IO-bound"
         cause = "the loader waits on storage: reads are slow and not overlapped with compute (IO-bound)"
         fix = ("data.loader=hybrid with data.prefetch.io_threads=16 and data.prefetch.depth=8 (overlap reads); "
                "data.cache.dir=<local SSD> to cache remote reads")
     else:
         kind = "decode"
-        if ratio is not None:
-            ev += f"; the training process used {100 * ratio:.0f}% of a core while waiting (CPU-bound)"
+        ev += " -> CPU-bound" if busy is not None else ""
         cause = "the loader is CPU-bound: decoding/collating batches in the training process (decode-bound)"
         fix = "data.loader=dataloader or hybrid with more data.num_workers; pre-tokenize (`trainperf data prepare`)"
     return {"severity": "critical" if f > DATA_CRIT else "warning", "evidence": ev, "cause": cause,
-            "fix": fix, "kind": kind}
+            "fix": fix, "kind": kind, "data_cpu_ratio": ratio, "cpu_share": share}
 
 
 def _comm_bound(s: dict) -> dict | None:
@@ -311,10 +326,11 @@ def _target(key: str, limit: float, above: bool, label: str):
 RULES: list[Rule] = [
     Rule("data_bound", "steps wait for batches", f"data phase > {_pct(DATA_WARN)} of step time "
          f"(critical > {_pct(DATA_CRIT)}); IO- vs decode-bound from the process CPU during the wait "
-         f"(< {IO_CPU_RATIO} core: IO)", "slow storage (IO) or CPU decoding in the training process",
+         f"(< {IO_CPU_RATIO} of the CPU the process gets: IO)",
+         "slow storage (IO) or CPU decoding in the training process",
          "data.loader=hybrid, prefetch depth/io_threads, data.cache.dir; more workers; pre-tokenize", _data_bound),
     Rule("comm_bound", "ranks wait on collectives", f"exposed comm phase > {_pct(COMM_WARN)} of step time "
-         f"(critical > {_pct(COMM_CRIT)})", "collectives not overlapped with backward; slow links",
+         f"on the rank that waits most (critical > {_pct(COMM_CRIT)})", "collectives not overlapped with backward; slow links",
          "parallelism.compression.type=bf16/powersgd; larger global batch; fsdp_reduce_dtype=bf16", _comm_bound),
     Rule("straggler", "one rank is slower than the others", f"a rank's compute time > {STRAGGLER_RATIO}x "
          "the median rank's", "throttled or shared device, busy host", "parallelism.balance.enabled=true; "

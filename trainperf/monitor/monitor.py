@@ -52,6 +52,7 @@ class Monitor:
     def __init__(self, cfg, run_dir: str | os.PathLike = "runs/monitor", *, device: torch.device | str = "cpu",
                  rank: int | None = None, world: int | None = None, jsonl: JSONLSink | None = None,
                  resumed_from: int | None = None):
+        from trainperf.monitor.phases import PhaseTimer
         from trainperf.monitor.profiling import OomSnapshot, ProfileWindow
         from trainperf.monitor.sampler import DeviceSampler
 
@@ -65,12 +66,13 @@ class Monitor:
         self.flops: dict[str, Any] = {}
         self.peak: dict[str, Any] = {}
         self._extras: dict[int, dict] = {}
-        from trainperf.monitor.phases import PhaseTimer
-
+        self.seq_len: int | None = None
         # The PhaseTimer whose per-phase CPU time is logged; for_trainer uses the trainer's.
         self.timer = PhaseTimer(self.device.type, nvtx=cfg.nvtx)
         self._closed = False
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        if resumed_from is None and self.rank == 0:
+            self._remove_stale_rank_files()
 
         self.jsonl = jsonl
         if jsonl is None and cfg.jsonl:
@@ -102,6 +104,15 @@ class Monitor:
                                      rank=self.rank, cuda=self.cuda)
         self.oom = OomSnapshot(self.run_dir / f"oom_snapshot_rank{self.rank}.pickle",
                                getattr(cfg, "oom_snapshot", True) and self.cuda)
+
+    def _remove_stale_rank_files(self) -> None:
+        """A fresh run must not be diagnosed with the files of an earlier, wider run in the same directory."""
+        from trainperf.monitor.diagnose import _rank_of
+
+        for f in list(self.run_dir.glob("metrics.rank*.jsonl")) + list(self.run_dir.glob("samples.rank*.jsonl")):
+            if _rank_of(f) >= self.world:
+                with contextlib.suppress(OSError):
+                    f.unlink()
 
     # ------------------------------------------------------------------ setup from a Trainer
     @classmethod
@@ -192,7 +203,7 @@ class Monitor:
         summary.update(self.flops)
         summary.update({"peak_flops": self.peak.get("peak_flops"), "peak_source": self.peak.get("peak_source")})
         summary.update(utilization(tps, self.flops, self.peak, self.world))
-        if tps and getattr(self, "seq_len", None):
+        if tps and self.seq_len:
             summary["samples_per_s"] = tps / self.seq_len
         summary["world_size"] = self.world
         if self.cuda:

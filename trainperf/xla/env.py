@@ -24,7 +24,7 @@ def _minor(version: str) -> tuple[int, ...]:
     return tuple(parts)
 
 
-def install_hint(torch_version: str | None = None) -> str:
+def install_hint() -> str:
     t, x = RECOMMENDED
     return (f"install a matching pair in its own environment: `pip install torch=={t} torch-xla=={x}` "
             f"(or `pip install 'trainperf[xla]'`; `make test-xla` builds one in .venv-xla)")
@@ -45,11 +45,11 @@ def check_versions(torch_version: str, xla_version: str | None) -> str | None:
     """The problem with this pair, or None when it can work."""
     if xla_version is None:
         return (f"run.device='xla' needs torch_xla, which is not installed (torch {torch_version} is); "
-                + install_hint(torch_version))
+                + install_hint())
     if _minor(torch_version) != _minor(xla_version):
         want = ".".join(map(str, _minor(xla_version)))
         return (f"run.device='xla': torch-xla {xla_version} needs torch {want}.x, but torch {torch_version} is "
-                f"installed; either `pip install torch=={want}.*` to match it, or " + install_hint(torch_version))
+                f"installed; either `pip install torch=={want}.*` to match it, or " + install_hint())
     return None
 
 
@@ -64,7 +64,7 @@ def require_torch_xla():
         torch_v, xla_v = installed_versions()
         first = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
         raise ConfigError(f"run.device='xla': torch_xla {xla_v} is installed for torch {torch_v} but does not "
-                          f"import ({type(exc).__name__}: {first}); " + install_hint(torch_v)) from None
+                          f"import ({type(exc).__name__}: {first}); " + install_hint()) from None
     return torch_xla
 
 
@@ -72,7 +72,7 @@ def xla_available() -> bool:
     return check_versions(*installed_versions()) is None
 
 
-def resolve_xla(cfg, notes: dict) -> None:
+def resolve_xla(cfg, notes: dict, world_size: int = 1) -> None:
     """``run.device: xla`` in ``resolve``: check torch_xla, then precision and backend (in place).
 
     precision auto: bf16 on TPU (its native matmul type), fp32 elsewhere (the CPU PJRT device
@@ -80,6 +80,11 @@ def resolve_xla(cfg, notes: dict) -> None:
     The optimizer kernel resolves to foreach (torch has no fused AdamW for XLA)."""
     require_torch_xla()
     import torch_xla.runtime as xr
+
+    if world_size > 1:
+        raise ConfigError(f"run.device=xla under torchrun (WORLD_SIZE={world_size}) is not supported: trainperf's "
+                          "torchrun path is torch.distributed (gloo/nccl), and the CLI trains on XLA in one process; "
+                          "run `trainperf train` without torchrun")
 
     kind = str(xr.device_type() or "CPU")
     notes["run.device"] = f"XLA, PJRT device {kind}"

@@ -1,0 +1,122 @@
+"""The distributed command line: bad layouts rejected before any work (exit 2), `trainperf launch`
+(torchrun wrapper and Slurm script), `trainperf bench comm`, and the acceptance run
+(torchrun, 4 processes, data=2 x tensor=2, final_loss within 1e-3 relative of one process)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from trainperf.cli import main
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = """\
+run: {name: t, steps: 4, seed: 7, log_every: 2, eval_every: 0, eval_batches: 1, sample_tokens: 0, progress: false}
+model: {n_layer: 2, n_head: 4, n_embd: 64, block_size: 32, vocab_size: 64}
+data: {source: synthetic}
+train: {global_batch: 8, micro_batch: 4}
+checkpoint: {every: 0, at_end: false}
+monitor: {mfu: false}
+"""
+
+
+@pytest.fixture()
+def cfg(tmp_path):
+    p = tmp_path / "tiny.yaml"
+    p.write_text(TINY)
+    return str(p)
+
+
+# ---------------------------------------------------------------------- bad input: exit 2 before work
+@pytest.mark.parametrize("world,sets,needle", [
+    ("4", ["parallelism.data=3", "parallelism.tensor=2"], "= 6, but the world size is 4"),
+    ("3", ["parallelism.tensor=3"], "parallelism.tensor=3 does not divide model.n_head=4"),
+    ("4", ["parallelism.pipeline=4"], "exceeds model.n_layer=2"),
+    ("2", ["parallelism.data=1", "parallelism.data_shard=2", "parallelism.compression.type=powersgd"],
+     "FSDP2, which has no hooks"),
+    ("4", ["parallelism.data=2", "parallelism.tensor=2", "parallelism.compression.type=fp16"],
+     "no DDP communication hooks"),
+])
+def test_bad_layout_is_rejected_before_work(cfg, monkeypatch, capsys, world, sets, needle):
+    monkeypatch.setenv("WORLD_SIZE", world)  # as under torchrun; no process group is ever created
+    argv = ["train", cfg, "--resume", "never"]
+    for s in sets:
+        argv += ["--set", s]
+    rc = main(argv)
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert needle in err
+    import torch.distributed as dist
+
+    assert not dist.is_initialized()
+
+
+def test_launch_rejects_a_bad_layout(cfg, capsys):
+    rc = main(["launch", "--nproc-per-node", "4", cfg, "--set", "parallelism.data=3", "--dry-run"])
+    assert rc == 2
+    assert "world size is 4" in capsys.readouterr().err
+
+
+def test_launch_wraps_torchrun(cfg, capsys):
+    rc = main(["launch", "--nproc-per-node", "4", cfg, "--set", "parallelism.tensor=2", "--dry-run"])
+    out = capsys.readouterr().out.strip()
+    assert rc == 0
+    assert "-m torch.distributed.run --nproc-per-node=4 --standalone -m trainperf train" in out
+    assert out.endswith("--set parallelism.tensor=2")
+    rc = main(["launch", "--nproc-per-node", "8", "--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint",
+               "head:29400", cfg, "--dry-run"])
+    out = capsys.readouterr().out
+    assert "--nnodes=2 --rdzv-backend=c10d --rdzv-endpoint=head:29400 --node-rank=1" in out
+
+
+def test_launch_slurm_writes_an_sbatch_script(cfg, tmp_path, capsys):
+    script = tmp_path / "job.sbatch"
+    rc = main(["launch", "--slurm", "--nnodes", "4", "--nproc-per-node", "8", "--partition", "gpu",
+               "--time", "02:00:00", "--job-name", "gpt", "--output", str(script), cfg,
+               "--set", "parallelism.tensor=8", "--set", "parallelism.pipeline=2"])
+    assert rc == 0
+    text = script.read_text()
+    assert text.startswith("#!/bin/bash\n")
+    for line in ["#SBATCH --job-name=gpt", "#SBATCH --nodes=4", "#SBATCH --ntasks-per-node=1",
+                 "#SBATCH --gpus-per-node=8", "#SBATCH --time=02:00:00", "#SBATCH --partition=gpu",
+                 "export TORCH_NCCL_ASYNC_ERROR_HANDLING=3"]:
+        assert line in text.splitlines(), line
+    assert "NCCL_ASYNC_ERROR_HANDLING=0" not in text
+    assert 'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)' in text
+    assert '--rdzv-endpoint="$head_node:29500"' in text
+    assert text.rstrip().endswith(f"-m trainperf train {cfg} --set parallelism.tensor=8 --set parallelism.pipeline=2")
+    assert os.access(script, os.X_OK)
+    # 4 x 8 = 32 processes: tensor 8 x pipeline 2 leaves data 2 (n_head 4 would fail: checked with the model)
+
+
+def test_bench_comm_is_registered(capsys):
+    with pytest.raises(SystemExit):
+        main(["bench", "comm", "--help"])
+    assert "bytes" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------------- acceptance (4 processes)
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_torchrun_data2_tensor2_final_loss_matches_one_process(tmp_path):
+    """configs/gpt-tiny.yaml shortened to 6 steps: the README's acceptance command."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    common = ["configs/gpt-tiny.yaml", "--resume", "never", "--set", "run.steps=6", "--set", "run.eval_every=0",
+              "--set", "run.eval_batches=1", "--set", "run.sample_tokens=0", "--set", "checkpoint.every=0",
+              "--set", "run.progress=false"]
+    one = subprocess.run([sys.executable, "-m", "trainperf", "train", *common, "--set", f"run.dir={tmp_path / 'one'}"],
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert one.returncode == 0, one.stderr[-3000:]
+    four = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
+                           "-m", "trainperf", "train", *common, "--set", f"run.dir={tmp_path / 'four'}",
+                           "--set", "parallelism.data=2", "--set", "parallelism.tensor=2"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
+    assert four.returncode == 0, four.stderr[-3000:]
+    a = json.loads((tmp_path / "one" / "summary.json").read_text())["final_loss"]
+    b = json.loads((tmp_path / "four" / "summary.json").read_text())["final_loss"]
+    assert abs(a - b) <= 1e-3 * abs(a), (a, b)

@@ -1,0 +1,65 @@
+"""A rank that dies or hangs ends the whole job within distributed.timeout_s, exit non-zero, with a
+message naming the failed rank and the step (torchrun, 2 gloo processes, the real `trainperf train`).
+
+Fault injection: TRAINPERF_FAULT=exit|hang on rank 1 at the start of step 3 (0-based steps done).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytestmark = pytest.mark.distributed
+
+TIMEOUT_S = 6
+CONFIG = """\
+run: {name: fail, steps: 20, seed: 1, log_every: 1, eval_every: 0, eval_batches: 1, sample_tokens: 0, progress: false}
+model: {n_layer: 2, n_head: 4, n_embd: 64, block_size: 32, vocab_size: 64}
+data: {source: synthetic}
+train: {global_batch: 8, micro_batch: 4}
+checkpoint: {every: 0, at_end: false}
+monitor: {mfu: false}
+"""
+
+
+def _run(tmp_path, fault: str):
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(CONFIG)
+    env = dict(os.environ, OMP_NUM_THREADS="1", TRAINPERF_FAULT=fault, TRAINPERF_FAULT_RANK="1",
+               TRAINPERF_FAULT_STEP="3")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "trainperf", "train", str(cfg), "--resume", "never", "--set", f"run.dir={tmp_path / 'run'}",
+           "--set", f"distributed.timeout_s={TIMEOUT_S}"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    end = time.time()
+    out = proc.stdout + proc.stderr
+    m = re.search(r"injected fault '\w+' on rank 1 at step 3 \(t=([\d.]+)\)", out)
+    assert m, out[-3000:]
+    return proc, end - float(m.group(1)), out
+
+
+
+
+def test_hung_rank_ends_the_job_with_a_named_report(tmp_path):
+    proc, elapsed, out = _run(tmp_path, "hang")
+    assert proc.returncode != 0
+    report = [ln for ln in out.splitlines() if ln.startswith("trainperf: rank 0 stopped at step 3")]
+    assert report, out[-3000:]
+    assert re.search(r"rank 1 hung \(alive, stuck in step 3 for [\d.]+s\)", report[0]), report[0]
+    assert f"distributed.timeout_s={TIMEOUT_S}" in report[0]
+    # from the fault to the end of the whole job (torchrun included): the timeout plus a margin
+    assert elapsed < TIMEOUT_S + 15, elapsed
+
+
+def test_killed_rank_ends_the_job_with_a_named_report(tmp_path):
+    proc, elapsed, out = _run(tmp_path, "exit")
+    assert proc.returncode != 0
+    report = [ln for ln in out.splitlines() if ln.startswith("trainperf: rank 0 stopped at step 3")]
+    assert report, out[-3000:]
+    assert re.search(r"rank 1 died \(no sign of life for [\d.]+s; it was in step 3\)", report[0]), report[0]
+    assert elapsed < TIMEOUT_S + 15, elapsed
