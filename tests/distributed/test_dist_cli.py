@@ -78,7 +78,7 @@ def test_launch_slurm_writes_an_sbatch_script(cfg, tmp_path, capsys):
     script = tmp_path / "job.sbatch"
     rc = main(["launch", "--slurm", "--nnodes", "4", "--nproc-per-node", "8", "--partition", "gpu",
                "--time", "02:00:00", "--job-name", "gpt", "--output", str(script), cfg,
-               "--set", "parallelism.tensor=8", "--set", "parallelism.pipeline=2"])
+               "--set", "parallelism.tensor=4", "--set", "parallelism.pipeline=2"])
     assert rc == 0
     text = script.read_text()
     assert text.startswith("#!/bin/bash\n")
@@ -89,9 +89,9 @@ def test_launch_slurm_writes_an_sbatch_script(cfg, tmp_path, capsys):
     assert "NCCL_ASYNC_ERROR_HANDLING=0" not in text
     assert 'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)' in text
     assert '--rdzv-endpoint="$head_node:29500"' in text
-    assert text.rstrip().endswith(f"-m trainperf train {cfg} --set parallelism.tensor=8 --set parallelism.pipeline=2")
+    assert text.rstrip().endswith(f"-m trainperf train {cfg} --set parallelism.tensor=4 --set parallelism.pipeline=2")
     assert os.access(script, os.X_OK)
-    # 4 x 8 = 32 processes: tensor 8 x pipeline 2 leaves data 2 (n_head 4 would fail: checked with the model)
+    # 4 x 8 = 32 processes: tensor 4 x pipeline 2 leaves data 4 (checked against the model before writing)
 
 
 def test_bench_comm_is_registered(capsys):

@@ -173,13 +173,13 @@ def resolve(cfg: Config, facts: DeviceFacts | None = None, world_size: int | Non
     if p.data == -1:
         notes["parallelism.data"] = f"world size {world_size} / (tensor {p.tensor} x pipeline {p.pipeline} x data_shard {p.data_shard})"
         p.data = dp
-    check_batch(cfg)
-    check_model_shape(cfg)
-    # Degrees x world size (ParallelDims owns the rule and names the fix); layout-bound compression
-    # checks only when several processes run (one process ignores compression).
+    # Degrees x world size first (ParallelDims owns the rule and names the fix); layout-bound
+    # compression checks only when several processes run (one process ignores compression).
     from trainperf.distributed.parallel_dims import ParallelDims, check_compression
 
     ParallelDims.from_config(cfg, world_size)
+    check_batch(cfg)
+    check_model_shape(cfg)
     if world_size > 1 and cfg.run.device != "xla":
         check_compression(p.compression.type, dp_replicate=p.data, dp_shard=p.data_shard, tp=p.tensor, pp=p.pipeline)
     if p.compression.type != "none" and p.data_shard > 1:
