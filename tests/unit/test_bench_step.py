@@ -12,11 +12,15 @@ def test_bench_step_json(capsys):
     ov = ["model.n_layer=1", "model.n_embd=32", "model.n_head=2", "model.block_size=16", "train.global_batch=4",
           "train.micro_batch=4", "run.threads=1"]
     assert main(["bench", "step", "--rounds", "2", "--steps", "2", "--warmup", "1", "--json",
-                 *sum((["--set", o] for o in ov), [])]) == 0
+                 "--variants", "bf16", "fp16+scaler", *sum((["--set", o] for o in ov), [])]) == 0
     res = json.loads(capsys.readouterr().out)
     assert res["trainer_step_s"] > 0 and res["plain_step_s"] > 0
     assert abs(res["overhead"] - (res["trainer_step_s"] / res["plain_step_s"] - 1)) < 1e-12
     assert "interleaved" in res["method"]
+    (bf16,) = res["variants"]
+    assert bf16["name"] == "bf16" and bf16["speedup_vs_trainer_fp32"] == res["trainer_step_s"] / bf16["step_s"]
+    if res["device"] == "cpu":
+        assert "needs CUDA" in res["skipped"]["fp16+scaler"]
 
 
 def test_bench_step_rejects_accumulation(capsys):

@@ -2,9 +2,14 @@
 
 Both run the same model (identical initial weights), the same optimizer kernel
 and the same kind of batches, interleaved in one process: R rounds of K trainer
-steps then K plain steps, after a warm-up of each. The figure is the ratio of
-median step times: ``overhead = trainer / plain - 1``. Absolute times are
-reported for context only (the machine is shared and noisy).
+steps then K plain steps (the order alternates each round), after a warm-up of
+each. The figure is the ratio of median step times: ``overhead = trainer /
+plain - 1``. Absolute times are reported for context only.
+
+``--variants`` adds rows measured the same way (interleaved with the baseline
+trainer): bf16 autocast, fp16 autocast + GradScaler (CUDA only), torch.compile
+of the whole model and per block (regional), each with its speed-up over the
+fp32 eager trainer and, for compiled rows, the compile time (first step).
 """
 
 from __future__ import annotations
@@ -17,6 +22,13 @@ from trainperf.cli._common import add_config_args, add_json_flag, print_json
 
 DEFAULT_OVERRIDES = ["model.preset=tiny", "data.source=synthetic", "run.eval_every=0", "run.sample_tokens=0"]
 
+VARIANTS = {
+    "bf16": ["precision.dtype=bf16"],
+    "fp16+scaler": ["precision.dtype=fp16"],
+    "compile": ["compile.enabled=true"],
+    "compile-regional": ["compile.enabled=true", "compile.regional=true"],
+}
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("step", help="trainer step vs a plain PyTorch loop on the same model and data")
@@ -24,6 +36,8 @@ def register(subparsers) -> None:
     p.add_argument("--rounds", type=int, default=6, help="interleaved rounds (default 6)")
     p.add_argument("--steps", type=int, default=8, help="steps of each loop per round (default 8)")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps of each loop first (default 3)")
+    p.add_argument("--variants", nargs="*", default=None, metavar="NAME",
+                   help=f"extra rows: {', '.join(VARIANTS)} (no name: all that this device can run)")
     add_json_flag(p)
     p.set_defaults(func=run)
 
@@ -44,46 +58,76 @@ def plain_loop_step(model, opt, source, rng, batch, device, clip):
     return loss.detach()
 
 
-def measure(cfg_path, overrides, *, rounds: int, steps: int, warmup: int, progress: bool = True) -> dict:
-    import numpy as np
-
+def _trainer(cfg_path, overrides, steps_needed):
     from trainperf.config import load_config
     from trainperf.config.resolve import resolve
-    from trainperf.errors import ConfigError
     from trainperf.train.loop import build_trainer
+
+    cfg = load_config(cfg_path, overrides)
+    cfg.run.progress = False
+    cfg.run.steps = max(cfg.run.steps, steps_needed)
+    return build_trainer(resolve(cfg), verbose=False)
+
+
+def _variants_for(names, device_type: str) -> tuple[dict, dict]:
+    names = list(VARIANTS) if names == [] else (names or [])
+    chosen, skipped = {}, {}
+    for name in names:
+        if name not in VARIANTS:
+            from trainperf.errors import UserError
+
+            raise UserError(f"--variants {name!r} is unknown; choose among {', '.join(VARIANTS)}")
+        if name == "fp16+scaler" and device_type != "cuda":
+            skipped[name] = "fp16 autocast with loss scaling needs CUDA"
+            continue
+        chosen[name] = VARIANTS[name]
+    return chosen, skipped
+
+
+def measure(cfg_path, overrides, *, rounds: int, steps: int, warmup: int, variants=None,
+            progress: bool = True) -> dict:
+    import numpy as np
+
+    from trainperf.errors import ConfigError
     from trainperf.train.optim import build_optimizer
 
     overrides = list(overrides) if cfg_path else DEFAULT_OVERRIDES + list(overrides)
-    cfg = load_config(cfg_path, overrides)
-    cfg.run.progress = False
-    cfg.run.steps = max(cfg.run.steps, (rounds * steps + warmup) * 2)
-    resolved = resolve(cfg)
-    if resolved.cfg.train.global_batch != resolved.cfg.train.micro_batch:
-        raise ConfigError("bench step compares one micro-batch per step; set train.global_batch = train.micro_batch")
-    if resolved.cfg.precision.dtype not in ("fp32", "tf32"):
-        raise ConfigError(f"bench step's plain loop runs fp32; set precision.dtype=fp32 (got {resolved.cfg.precision.dtype})")
-    trainer = build_trainer(resolved, verbose=False)
+    needed = (rounds * steps + warmup) * 2
+    trainer = _trainer(cfg_path, overrides, needed)
     c = trainer.cfg
+    if c.train.global_batch != c.train.micro_batch:
+        raise ConfigError("bench step compares one micro-batch per step; set train.global_batch = train.micro_batch")
+    if c.precision.dtype not in ("fp32", "tf32"):
+        raise ConfigError(f"bench step's plain loop runs fp32; set precision.dtype=fp32 (got {c.precision.dtype})")
     plain_model = copy.deepcopy(trainer.eager_model)
     plain_opt = build_optimizer(plain_model, c.optimizer)
     source = trainer.data.train.source
     rng = np.random.default_rng(c.run.seed)
     batch = c.train.micro_batch
 
-    def trainer_step():
-        trainer.train_step()
+    chosen, skipped = _variants_for(variants, trainer.device.type)
+    loops = {"trainer": trainer.train_step,
+             "plain": lambda: plain_loop_step(plain_model, plain_opt, source, rng, batch, trainer.device,
+                                              c.train.grad_clip)}
+    compile_s = {}
+    for name, extra in chosen.items():
+        vt = _trainer(cfg_path, overrides + extra, needed)
+        t0 = time.perf_counter()
+        vt.train_step()  # first step: compilation for compiled rows
+        compile_s[name] = time.perf_counter() - t0
+        if "compile" in name and vt.notes.get("compile", "").startswith("fell back"):
+            skipped[name] = vt.notes["compile"]
+            continue
+        loops[name] = vt.train_step
 
-    def plain_step():
-        plain_loop_step(plain_model, plain_opt, source, rng, batch, trainer.device, c.train.grad_clip)
-
-    for _ in range(warmup):
-        trainer_step()
-        plain_step()
-    times = {"trainer": [], "plain": []}
-    order = [("trainer", trainer_step), ("plain", plain_step)]
+    for fn in loops.values():
+        for _ in range(warmup):
+            fn()
+    times = {name: [] for name in loops}
+    order = list(loops.items())
     from tqdm import tqdm
 
-    bar = tqdm(total=rounds * steps * 2, desc="bench step", unit="step", leave=False, disable=not progress)
+    bar = tqdm(total=rounds * steps * len(order), desc="bench step", unit="step", leave=False, disable=not progress)
     for r in range(rounds):
         for name, fn in (order if r % 2 == 0 else order[::-1]):  # alternate who goes first
             for _ in range(steps):
@@ -92,12 +136,15 @@ def measure(cfg_path, overrides, *, rounds: int, steps: int, warmup: int, progre
                 times[name].append(time.perf_counter() - t0)
                 bar.update(1)
     bar.close()
-    t_med = statistics.median(times["trainer"])
-    p_med = statistics.median(times["plain"])
+    med = {name: statistics.median(ts) for name, ts in times.items()}
+    rows = [{"name": name, "step_s": med[name], "speedup_vs_trainer_fp32": med["trainer"] / med[name],
+             "compile_s": compile_s.get(name)} for name in loops if name not in ("trainer", "plain")]
     return {
-        "trainer_step_s": t_med,
-        "plain_step_s": p_med,
-        "overhead": t_med / p_med - 1.0,
+        "trainer_step_s": med["trainer"],
+        "plain_step_s": med["plain"],
+        "overhead": med["trainer"] / med["plain"] - 1.0,
+        "variants": rows,
+        "skipped": skipped,
         "method": f"median of {rounds * steps} steps each, interleaved in {rounds} rounds of {steps}, after {warmup} warm-up",
         "model_params": sum(p.numel() for p in plain_model.parameters()),
         "micro_batch": batch,
@@ -109,14 +156,19 @@ def measure(cfg_path, overrides, *, rounds: int, steps: int, warmup: int, progre
 
 def run(args) -> int:
     res = measure(args.config, args.overrides, rounds=args.rounds, steps=args.steps, warmup=args.warmup,
-                  progress=not args.json)
+                  variants=args.variants, progress=not args.json)
     if args.json:
         print_json(res)
         return 0
     print("trainperf bench step: trainer vs hand-written loop, same model/data/optimizer")
-    print(f"  trainer step  {res['trainer_step_s'] * 1000:9.2f} ms (median)")
+    print(f"  trainer step  {res['trainer_step_s'] * 1000:9.2f} ms (median, fp32 eager)")
     print(f"  plain step    {res['plain_step_s'] * 1000:9.2f} ms (median)")
     print(f"  overhead      {100 * res['overhead']:+8.2f} %   (trainer / plain - 1)")
+    for row in res["variants"]:
+        extra = f", first step (compile) {row['compile_s']:.1f} s" if row["compile_s"] and "compile" in row["name"] else ""
+        print(f"  {row['name']:<16}{row['step_s'] * 1000:9.2f} ms   x{row['speedup_vs_trainer_fp32']:.2f} vs fp32 eager{extra}")
+    for name, why in res["skipped"].items():
+        print(f"  {name:<16}skipped: {why}")
     print(f"  ({res['method']}; {res['model_params'] / 1e6:.2f}M params, batch {res['micro_batch']} x "
           f"{res['seq_len']}, {res['device']}, AdamW {res['optimizer_impl']})")
     return 0

@@ -103,7 +103,7 @@ def sbatch_script(args) -> str:
         'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         f"export OMP_NUM_THREADS={max(1, cpus // args.nproc_per_node)}",
         "# Fail fast: a failed or hung collective ends the job after distributed.timeout_s",
-        "# (never NCCL_ASYNC_ERROR_HANDLING=0, which lets a job hang).",
+        "# (error handling is never turned off: that lets a failed job hang).",
         "export TORCH_NCCL_ASYNC_ERROR_HANDLING=3",
         "",
         "srun --kill-on-bad-exit=1 python -m torch.distributed.run \\",

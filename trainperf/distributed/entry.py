@@ -89,9 +89,13 @@ class DistributedTrainer(Trainer):
         from trainperf.data.loader import windows_to_batch
 
         pm, c = self.pm, self.cfg
+        self.fail_fast.touch()
         pm.train(False)
         n = len(self.data.val)
         per = c.train.micro_batch
+        if pm.schedule is not None:  # the schedule splits each batch into `microbatches` equal chunks
+            m = c.parallelism.microbatches
+            per = -(-per // m) * m
         total = min(n, per * c.run.eval_batches)
         idx = np.linspace(0, n - 1, total).astype(np.int64)
         losses = []
@@ -99,6 +103,7 @@ class DistributedTrainer(Trainer):
             x, y = windows_to_batch(self.data.val.gather(idx[i:i + per]), self.device)
             losses.append(pm.eval_loss(x, y))
         pm.train(True)
+        self.fail_fast.touch()
         local = torch.stack(losses).mean()
         return pm.global_loss(local).item()  # host-device sync point
 
@@ -113,6 +118,7 @@ class DistributedTrainer(Trainer):
     def save_checkpoint(self, ckpt_dir) -> Path:
         from trainperf.distributed import checkpoint as dckpt
 
+        self.fail_fast.touch()
         return dckpt.save(ckpt_dir, self.step, self.pm.modules, self.optimizer.optimizers, self.extra_state(),
                           keep=self.cfg.checkpoint.keep)
 

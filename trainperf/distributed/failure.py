@@ -9,8 +9,8 @@ Three layers, from the bottom:
    sends SIGTERM because another rank died, it prints one line naming this rank, the step, and
    the rank(s) whose heartbeat stopped (the dead or hung ones, with their last step), then exits
    with :data:`EXIT_CODE` without the clean-up that could hang.
-3. A watchdog thread ends the process if no step completes within ``timeout_s`` + a margin
-   (hangs outside a collective, e.g. in a data loader), with the same report.
+3. A watchdog thread ends the process if no progress is made for ``2 x timeout_s + 60`` s
+   (a hang outside any collective, e.g. in a data loader), with the same report.
 
 Fault injection for tests: ``TRAINPERF_FAULT=exit|hang``, ``TRAINPERF_FAULT_RANK``,
 ``TRAINPERF_FAULT_STEP`` make that rank exit (code 17) or sleep forever at that step.
@@ -83,6 +83,10 @@ class FailFast:
         except Exception:  # noqa: BLE001
             raise ConnectionError from None
 
+    def touch(self) -> None:
+        """Progress without a new step (evaluation, checkpoint writing): keeps the watchdog quiet."""
+        self.last_beat = time.monotonic()
+
     def heartbeats(self) -> dict[int, dict]:
         """Per rank: last step begun, seconds since it began it, seconds since its last sign of life."""
         out: dict[int, dict] = {}
@@ -150,7 +154,8 @@ class FailFast:
         self.fail("terminated by the launcher (another rank exited)", code=128 + signal.SIGTERM)
 
     def _watch(self) -> None:
-        limit = self.timeout_s + max(5.0, 0.2 * self.timeout_s)
+        # Generous: collectives already fail after timeout_s; this catches a whole job stuck elsewhere.
+        limit = 2 * self.timeout_s + 60.0
         while True:
             if self.store is not None:
                 try:

@@ -248,7 +248,8 @@ def apply_optimizations(model: nn.Module, cfg: Config) -> nn.Module:
     if ac.mode != "none":
         from trainperf.memory.ac import apply_ac
 
-        apply_ac(model, ac)
+        apply_ac(model, ac, micro_batch=cfg.train.micro_batch, seq_len=_seq_len(cfg), dtype=cfg.precision.dtype,
+                 optimizer=cfg.optimizer.type)
     if cfg.compile.enabled:
         if cfg.compile.regional:
             for name, block in _blocks(model):

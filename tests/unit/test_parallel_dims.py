@@ -1,0 +1,171 @@
+"""ParallelDims, pipeline splitting, compression checks, fail-fast reports, byte counting (no processes)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from trainperf.config.schema import Config
+from trainperf.distributed.parallel_dims import ParallelDims, check_compression
+from trainperf.errors import ConfigError
+
+
+def _cfg(**par):
+    cfg = Config()
+    for k, v in par.items():
+        setattr(cfg.parallelism, k, v)
+    return cfg
+
+
+def test_data_degree_is_derived_and_coordinates_follow_the_mesh_order():
+    dims = ParallelDims.from_config(_cfg(tensor=2, pipeline=2), world_size=8)
+    assert (dims.pp, dims.dp_replicate, dims.dp_shard, dims.tp) == (2, 2, 1, 2)
+    # tp innermost: ranks 0,1 are one tensor group; pipeline outermost
+    assert dims.coords(1) == {"pp": 0, "dp_replicate": 0, "dp_shard": 0, "tp": 1, "dp": 0}
+    assert dims.coords(2)["dp"] == 1 and dims.coords(5)["pp"] == 1
+    assert [dims.dp_rank(r) for r in range(8)] == [0, 0, 1, 1, 0, 0, 1, 1]
+
+
+def test_hsdp_data_rank_spans_replicate_and_shard():
+    dims = ParallelDims.from_config(_cfg(data=2, data_shard=2), world_size=4)
+    assert dims.dp == 4 and [dims.dp_rank(r) for r in range(4)] == [0, 1, 2, 3]
+
+
+def test_product_mismatch_names_the_fix():
+    with pytest.raises(ConfigError, match=r"2 x 1 x 2 x 1 = 4, but the world size is 8; launch 4 processes"):
+        ParallelDims.from_config(_cfg(data=2, tensor=2), world_size=8)
+    with pytest.raises(ConfigError, match="not divisible by parallelism.tensor x pipeline x data_shard"):
+        ParallelDims.from_config(_cfg(tensor=3), world_size=4)
+
+
+def test_model_shape_checks_name_the_choices():
+    dims = ParallelDims(dp_replicate=1, dp_shard=1, tp=3, pp=1, world_size=3)
+    with pytest.raises(ConfigError, match=r"tensor=3 does not divide model.n_head=8; choose 1, 2, 4 or 8"):
+        dims.validate_model(n_head=8, n_layer=4)
+    dims = ParallelDims(dp_replicate=1, dp_shard=1, tp=1, pp=4, world_size=4)
+    with pytest.raises(ConfigError, match=r"4 x 2 = 8 stages exceeds model.n_layer=4"):
+        dims.validate_model(n_head=8, n_layer=4, interleave=2)
+    dims.validate_model(n_head=8, n_layer=4)
+
+
+def test_compression_checks():
+    check_compression("none", dp_replicate=1, dp_shard=1, tp=1)
+    check_compression("powersgd", dp_replicate=2, dp_shard=1, tp=1)
+    for kw, needle in [({"dp_replicate": 1, "dp_shard": 2, "tp": 1}, "fsdp_reduce_dtype"),
+                       ({"dp_replicate": 1, "dp_shard": 1, "tp": 1}, "nothing is all-reduced"),
+                       ({"dp_replicate": 2, "dp_shard": 1, "tp": 2}, "tensor=2"),
+                       ({"dp_replicate": 2, "dp_shard": 1, "tp": 1, "pp": 2}, "pipeline=2")]:
+        with pytest.raises(ConfigError, match=needle):
+            check_compression("fp16", **kw)
+
+
+def test_split_layers_balances_cost_and_keeps_a_block_per_stage():
+    from trainperf.distributed.pipeline import block_costs, split_layers, stage_ids
+
+    assert split_layers([1.0] * 4, 2) == [[0, 1], [2, 3]]
+    # a heavy head on the last stage pushes blocks to the first
+    assert split_layers([1.0] * 4, 2, last_extra=2.0) == [[0, 1, 2], [3]]
+    assert split_layers([1.0] * 3, 3) == [[0], [1], [2]]
+    costs, first, last = block_costs(12, 768, 1024, 50304)
+    split = split_layers(costs, 4, first_extra=first, last_extra=last)
+    assert sum(len(s) for s in split) == 12 and all(split)
+    assert len(split[-1]) < len(split[0])  # GPT-2's 50k-vocab head costs about 2 blocks
+    assert stage_ids(1, 2, 2) == [1, 3]
+    with pytest.raises(ValueError):
+        split_layers([1.0] * 2, 3)
+
+
+def test_nccl_defaults_fail_fast_and_refuse_disabled_error_handling():
+    from trainperf.distributed.init import nccl_env_defaults, pick_backend
+
+    env = nccl_env_defaults(True, environ={})
+    assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3" and "TORCH_NCCL_TRACE_BUFFER_SIZE" in env
+    assert "TORCH_NCCL_TRACE_BUFFER_SIZE" not in nccl_env_defaults(False, environ={})
+    with pytest.raises(ConfigError, match="hang"):
+        nccl_env_defaults(True, environ={"NCCL_ASYNC_ERROR_HANDLING": "0"})
+    assert pick_backend("auto", "cuda") == "nccl" and pick_backend("auto", "cpu") == "gloo"
+    with pytest.raises(ConfigError):
+        pick_backend("nccl", "cpu")
+
+
+class _Store:
+    def __init__(self):
+        self.d = {}
+
+    def set(self, k, v):
+        self.d[k] = v.encode() if isinstance(v, str) else v
+
+    def check(self, keys):
+        return all(k in self.d for k in keys)
+
+    def get(self, k):
+        return self.d[k]
+
+
+def test_failure_report_names_dead_and_hung_ranks():
+    from trainperf.distributed.failure import FailFast
+
+    store = _Store()
+    now = time.time()
+    store.set("trainperf/heartbeat/1", f"3 {now - 1:.3f}")
+    store.set("trainperf/alive/1", f"{now - 10:.3f}")  # silent for 10 s: dead
+    store.set("trainperf/heartbeat/2", f"3 {now - 30:.3f}")
+    store.set("trainperf/alive/2", f"{now:.3f}")  # alive but 30 s in step 3: hung
+    store.set("trainperf/heartbeat/3", f"2 {now:.3f}")
+    store.set("trainperf/alive/3", f"{now:.3f}")
+    ff = FailFast(0, 4, timeout_s=20, store=store, watchdog=False)
+    ff.step = 3
+    text = ff.report("RuntimeError: boom")
+    assert text.startswith("trainperf: rank 0 stopped at step 3: RuntimeError: boom.")
+    assert "rank 1 died (no sign of life for 10.0s; it was in step 3)" in text
+    assert "rank 2 hung (alive, stuck in step 3 for 30.0s)" in text
+    assert "rank 3 is behind (still in step 2)" in text
+    assert "distributed.timeout_s=20" in text
+
+
+def test_comm_counter_ring_formula():
+    import torch
+
+    from trainperf.distributed.ddp import CommCounter
+
+    c = CommCounter()
+    c.add_allreduce(torch.zeros(1000), n=4)  # 4000 bytes, ring 2 * 3/4
+    assert c.take() == {"comm_payload_bytes": 4000, "comm_wire_bytes": 6000, "comm_calls": 1}
+    assert c.take()["comm_payload_bytes"] == 0
+
+
+def test_powersgd_formula_is_over_10x_at_hidden_128():
+    from trainperf.bench.comm import BENCH_MODEL, formula_bytes
+    from trainperf.distributed.harness import make_config
+    from trainperf.models.build import build_model
+
+    cfg = make_config({**BENCH_MODEL, "parallelism.data": 2})
+    meta = build_model(cfg, device="cpu", materialize=False)
+    numel = sum(p.numel() for p in meta.parameters())
+    mats = [tuple(p.shape) for p in meta.parameters() if p.dim() == 2]
+    vecs = sum(p.numel() for p in meta.parameters() if p.dim() != 2)
+    plain = formula_bytes("d", cfg, numel, mats, vecs, 2)
+    cfg.parallelism.compression.type = "powersgd"
+    assert plain / formula_bytes("p", cfg, numel, mats, vecs, 2) >= 10
+
+
+def test_fp16_hook_the_backend_cannot_run_is_a_config_error(monkeypatch):
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    from trainperf.distributed import ddp
+    from trainperf.distributed.harness import free_port
+
+    monkeypatch.setattr(ddp, "backend_supports_allreduce", lambda *a: False)  # as on a backend without fp16
+    store = dist.TCPStore("127.0.0.1", free_port(), 1, True)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1, timeout=datetime.timedelta(seconds=30))
+    try:
+        with pytest.raises(ConfigError, match="cannot all-reduce float16"):
+            ddp.apply_ddp(torch.nn.Linear(4, 4), dist.group.WORLD, compression="fp16")
+        # bf16 falls back to all-gathering the 16-bit payloads instead of failing
+        ddp.apply_ddp(torch.nn.Linear(4, 4), dist.group.WORLD, compression="bf16")
+    finally:
+        dist.destroy_process_group()
