@@ -120,3 +120,33 @@ def test_torchrun_data2_tensor2_final_loss_matches_one_process(tmp_path):
     a = json.loads((tmp_path / "one" / "summary.json").read_text())["final_loss"]
     b = json.loads((tmp_path / "four" / "summary.json").read_text())["final_loss"]
     assert abs(a - b) <= 1e-3 * abs(a), (a, b)
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_trainer_resumes_a_dcp_checkpoint_on_another_layout(tmp_path, cfg):
+    """`trainperf train` under torchrun: a 6-step run at data=2 that saves at step 3 and is killed at
+    step 4 (fault injection), resumed in the same run directory at tensor=2, ends on the final loss of
+    an uninterrupted data=2 run (1e-4 relative, fp32)."""
+    def run(run_dir, *sets, resume="never", fault=None):
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        if fault:
+            env.update(TRAINPERF_FAULT="exit", TRAINPERF_FAULT_RANK="1", TRAINPERF_FAULT_STEP=str(fault))
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+               "-m", "trainperf", "train", cfg, "--resume", resume, "--set", f"run.dir={run_dir}",
+               "--set", "run.steps=6", "--set", "distributed.timeout_s=20"]
+        for s in sets:
+            cmd += ["--set", s]
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+        if fault:
+            assert proc.returncode != 0
+            return None
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return json.loads((Path(run_dir) / "summary.json").read_text())
+
+    full = run(tmp_path / "a", "parallelism.data=2")
+    run(tmp_path / "b", "parallelism.data=2", "checkpoint.every=3", fault=4)
+    assert (tmp_path / "b" / "checkpoints" / "step-00000003" / "COMPLETE").exists()
+    resumed = run(tmp_path / "b", "parallelism.data=1", "parallelism.tensor=2", resume="auto")
+    assert resumed["resumed_from"] == 3 and resumed["steps"] == 6
+    assert abs(resumed["final_loss"] - full["final_loss"]) <= 1e-4 * abs(full["final_loss"])

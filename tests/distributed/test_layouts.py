@@ -49,6 +49,8 @@ def _check(res, param_atol=PARAM_ATOL, loss_rtol=LOSS_RTOL):
         assert abs(got - ref) <= loss_rtol * abs(ref), (res["losses"], res["ref_losses"])
     assert set(res["params"]) == set(res["ref_params"]), "gathered parameters must be the full model's"
     worst = max((res["params"][k] - res["ref_params"][k]).abs().max().item() for k in res["ref_params"])
+    loss_rel = max(abs(g - r) / abs(r) for g, r in zip(res["losses"], res["ref_losses"]))
+    print(f"\n[layout figures] loss rel. diff {loss_rel:.1e}, parameter abs. diff {worst:.1e}")  # pytest -s
     assert worst <= param_atol, f"largest parameter difference {worst:.2e} > {param_atol:.0e}"
     return worst
 

@@ -209,3 +209,16 @@ def test_bf16_autocast_on_xla(runs, corpus, tmp_path):
     assert sorted(got) == list(range(1, 6))
     assert all(abs(got[s] - ref[s]) <= 0.05 for s in got), (got, ref)
     assert any(got[s] != ref[s] for s in got)  # bf16 really changed the arithmetic
+
+
+def test_resolve_on_xla(corpus, tmp_path):
+    from trainperf.errors import ConfigError
+
+    r = resolve(load_config(CONFIG, _overrides(corpus, tmp_path, "xla")), world_size=1)
+    c = r.cfg
+    assert (c.precision.dtype, c.optimizer.impl, c.distributed.backend) == ("fp32", "foreach", "xla")
+    assert "XLA, PJRT device CPU" in r.notes["run.device"]
+    with pytest.raises(ConfigError, match="torchrun"):
+        resolve(load_config(CONFIG, _overrides(corpus, tmp_path, "xla")), world_size=2)
+    with pytest.raises(ConfigError, match="fp16"):
+        resolve(load_config(CONFIG, _overrides(corpus, tmp_path, "xla", extra=["precision.dtype=fp16"])), world_size=1)

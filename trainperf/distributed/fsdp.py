@@ -42,6 +42,11 @@ def apply_replicate(model: nn.Module, dp_mesh) -> nn.Module:
         from torch.distributed._composable.replicate_with_fsdp import replicate
     except ImportError:  # older torch: shard across the data ranks instead (same numerics, ZeRO-3 memory)
         return apply_fsdp(model, dp_mesh)
+    import inspect
+
+    if "mesh" not in inspect.signature(replicate).parameters:
+        # torch 2.9: replicate(module, device_mesh=) wants a 2-D (replicate, shard) mesh: shard, as above
+        return apply_fsdp(model, dp_mesh)
     layers = getattr(model, "layers", None)
     for block in (layers.values() if layers is not None else []):
         replicate(block, mesh=dp_mesh)

@@ -42,6 +42,7 @@ class ParallelModel:
     notes: dict = field(default_factory=dict)
     autocast: object = None  # callable returning a context manager (precision policy)
     accum_hint: int = 1  # micro-steps per optimizer step (for the FSDP traffic estimate)
+    fsdp_bytes: tuple = (4, 4)  # (all-gathered parameter, reduce-scattered gradient) bytes per element
 
     @property
     def pp_rank(self) -> int:
@@ -95,17 +96,23 @@ class ParallelModel:
 
     def _pipeline_step(self, x, y) -> torch.Tensor:
         losses: list = []
-        if self.has_first_stage and self.has_last_stage:
-            self.schedule.step(x, target=y, losses=losses)
-        elif self.has_first_stage:
-            self.schedule.step(x)
-        elif self.has_last_stage:
-            self.schedule.step(target=y, losses=losses)
-        else:
-            self.schedule.step()
+        # The schedule interleaves forwards and backwards; autocast only changes the forwards' dtypes
+        # (backward ops run in the dtypes their forwards used).
+        with (self.autocast or contextlib.nullcontext)():
+            self._run_schedule(self.schedule.step, x, y, losses)
         if losses:
             return torch.stack([l.detach().float() for l in losses]).mean()
         return torch.zeros((), device=self.device)
+
+    def _run_schedule(self, fn, x, y, losses) -> None:
+        if self.has_first_stage and self.has_last_stage:
+            fn(x, target=y, losses=losses)
+        elif self.has_first_stage:
+            fn(x)
+        elif self.has_last_stage:
+            fn(target=y, losses=losses)
+        else:
+            fn()
 
     @torch.no_grad()
     def eval_loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -116,14 +123,8 @@ class ParallelModel:
                 _, loss = self.parts[0](x, y)
             return loss.detach().float()
         losses: list = []
-        if self.has_first_stage and self.has_last_stage:
-            self.schedule.eval(x, target=y, losses=losses)
-        elif self.has_first_stage:
-            self.schedule.eval(x)
-        elif self.has_last_stage:
-            self.schedule.eval(target=y, losses=losses)
-        else:
-            self.schedule.eval()
+        with autocast():
+            self._run_schedule(self.schedule.eval, x, y, losses)
         if losses:
             return torch.stack([l.detach().float() for l in losses]).mean()
         return torch.zeros((), device=self.device)
@@ -136,6 +137,7 @@ class ParallelModel:
         numel = sum(p.numel() for p in self.parameters()) // max(1, self.dims.tp)
         if self.kind == "fsdp":
             est = fsdp_comm_bytes(numel, self.dims.dp_shard, micro_steps=self.accum_hint,
+                                  param_bytes=self.fsdp_bytes[0], reduce_bytes=self.fsdp_bytes[1],
                                   reshard_after_forward=not self.dims.pp_enabled)
             return {"comm_est_fsdp_bytes": est["total"]}
         if self.kind == "replicate":
@@ -213,13 +215,15 @@ def _load_full(part: nn.Module, full_sd: dict) -> None:
     set_model_state_dict(part, sub, options=StateDictOptions(full_state_dict=True, strict=False))
 
 
-def _apply_ac(part: nn.Module, cfg) -> None:
+def _apply_ac(part: nn.Module, cfg, seq_len: int) -> None:
     ac = cfg.memory.checkpointing
     if ac.mode == "none":
         return
     from trainperf.memory.ac import apply_ac  # the memory issue's function
 
-    apply_ac(part, ac)
+    # blocks named explicitly: a pipeline stage may hold a single block (ratio/every_k count per stage)
+    apply_ac(part, ac, blocks=ac.blocks or "layers", micro_batch=cfg.train.micro_batch, seq_len=seq_len,
+             dtype=cfg.precision.dtype, optimizer=cfg.optimizer.type)
 
 
 def _apply_compile(part: nn.Module, cfg) -> None:
@@ -276,7 +280,7 @@ def parallelize(meta_model: nn.Module, cfg, dims: ParallelDims, *, rank: int, de
     for m in modules:
         if dims.tp_enabled:
             apply_tp(m, dims.mesh("tp"), sequence_parallel=p.sequence_parallel)
-        _apply_ac(m, cfg)
+        _apply_ac(m, cfg, seq_len)
         _apply_compile(m, cfg)
         if kind == "fsdp":
             param_dtype = torch.bfloat16 if cfg.precision.dtype == "bf16" else None
@@ -303,5 +307,6 @@ def parallelize(meta_model: nn.Module, cfg, dims: ParallelDims, *, rank: int, de
         pp_group = dims.mesh("pp").get_group()
         stages = [PipelineStage(part, s, n_stages, device, group=pp_group) for part, s in zip(parts, ids)]
         schedule = build_schedule(stages, schedule=p.pipeline_schedule, microbatches=p.microbatches)
+    fsdp_bytes = (2 if cfg.precision.dtype == "bf16" else 4, DTYPES[p.fsdp_reduce_dtype].itemsize)
     return ParallelModel(dims=dims, rank=rank, device=device, parts=parts, modules=modules, kind=kind,
-                         schedule=schedule, stage_ids=ids, notes=notes)
+                         schedule=schedule, stage_ids=ids, notes=notes, fsdp_bytes=fsdp_bytes)
