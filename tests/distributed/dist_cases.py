@@ -44,6 +44,10 @@ FOUR = {
     "data2_tensor2": {"parallelism.data": 2, "parallelism.tensor": 2},
     "pp2_data2": {"parallelism.data": 2, "parallelism.pipeline": 2},
     "fsdp2_tensor2": {"parallelism.data": 1, "parallelism.data_shard": 2, "parallelism.tensor": 2},
+    "hsdp_2x2": {"parallelism.data": 2, "parallelism.data_shard": 2},
+    # pipeline x tensor with sequence parallelism and full activation checkpointing (memory issue's apply_ac)
+    "pp2_tp2_sp_ac": {"parallelism.data": 1, "parallelism.pipeline": 2, "parallelism.tensor": 2,
+                      "parallelism.sequence_parallel": True, "memory.checkpointing.mode": "full"},
 }
 
 

@@ -105,7 +105,7 @@ def test_powersgd_rank4_sends_at_least_10x_fewer_bytes(two):
     assert ref[0] - got[-1] >= 0.5 * (ref[0] - ref[-1]), (got, ref)
 
 
-@pytest.mark.parametrize("case", ["data2_tensor2", "pp2_data2"])
+@pytest.mark.parametrize("case", ["data2_tensor2", "pp2_data2", "hsdp_2x2", "pp2_tp2_sp_ac"])
 def test_four_process_layout_matches_one_process(four, case):
     _check(four[case])
 

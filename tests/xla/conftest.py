@@ -21,5 +21,5 @@ def pytest_collection_modifyitems(config, items):
         return
     skip = pytest.mark.skip(reason="torch_xla is not installed for this torch (run `make test-xla`)")
     for item in items:
-        if "xla" in item.keywords:
+        if item.get_closest_marker("xla") is not None:
             item.add_marker(skip)

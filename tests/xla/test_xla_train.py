@@ -222,3 +222,13 @@ def test_resolve_on_xla(corpus, tmp_path):
         resolve(load_config(CONFIG, _overrides(corpus, tmp_path, "xla")), world_size=2)
     with pytest.raises(ConfigError, match="fp16"):
         resolve(load_config(CONFIG, _overrides(corpus, tmp_path, "xla", extra=["precision.dtype=fp16"])), world_size=1)
+
+
+def test_hybrid_loader_behind_the_xla_loader(runs, corpus, tmp_path):
+    """data.loader=hybrid (cache and prefetch tiers, built for the CPU) feeds the same batches."""
+    run_dir = tmp_path / "hybrid"
+    with pytest.raises(Preempted):
+        trainer, _ = train(corpus, run_dir, "xla", extra=["data.loader=hybrid"], stop_after=4)
+    got, ref = losses(run_dir), losses(runs["xla"]["dir"])
+    assert sorted(got) == [1, 2, 3, 4]
+    assert all(abs(got[s] - ref[s]) <= LOSS_TOL for s in got), (got, ref)

@@ -179,14 +179,19 @@ def resolve(cfg: Config, facts: DeviceFacts | None = None, world_size: int | Non
 
     ParallelDims.from_config(cfg, world_size)
     # micro_batch is a memory knob, the global batch the contract: a micro-batch larger than a data
-    # rank's share (e.g. gpt-tiny's 16 at data=2) is lowered to that share, which trains the same.
+    # rank's share (e.g. gpt-tiny's 16 at data=2) trains as that share (no accumulation), the same
+    # training. The field keeps its value (evaluation batches stay those of one process).
     n_dp = max(1, p.data) * p.data_shard
     share = cfg.train.global_batch // n_dp
     if n_dp > 1 and cfg.train.global_batch % n_dp == 0 and cfg.train.micro_batch > share:
         notes["train.micro_batch"] = (f"{cfg.train.micro_batch} > the per-rank batch {share} (global_batch "
-                                      f"{cfg.train.global_batch} / {n_dp} data ranks): lowered to {share}")
-        cfg.train.micro_batch = share
-    check_batch(cfg)
+                                      f"{cfg.train.global_batch} / {n_dp} data ranks): each rank trains "
+                                      f"micro-batches of {share}")
+        configured, cfg.train.micro_batch = cfg.train.micro_batch, share
+        check_batch(cfg)
+        cfg.train.micro_batch = configured
+    else:
+        check_batch(cfg)
     check_model_shape(cfg)
     if world_size > 1 and cfg.run.device != "xla":
         check_compression(p.compression.type, dp_replicate=p.data, dp_shard=p.data_shard, tp=p.tensor, pp=p.pipeline)

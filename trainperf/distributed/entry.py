@@ -41,7 +41,9 @@ class DistributedTrainer(Trainer):
                               "use precision.dtype=bf16 or fp32")
         self.pm.autocast = self.precision.autocast
         self.local_batch = c.train.global_batch // self.dp_world
-        self.accum = 1 if self.pm.schedule is not None else self.local_batch // c.train.micro_batch
+        # a micro-batch above this rank's share trains as the share (resolve() notes it)
+        self.micro_batch = min(c.train.micro_batch, self.local_batch)
+        self.accum = 1 if self.pm.schedule is not None else self.local_batch // self.micro_batch
         self.pm.accum_hint = self.accum
         self.timer = PhaseTimer(self.device.type)
         self.step = 0
@@ -64,7 +66,7 @@ class DistributedTrainer(Trainer):
         timer.phase("data")
         x, y = self.data.train.next_batch()  # this data-parallel rank's share of the global batch
         timer.phase("forward_backward")
-        local = pm.forward_backward(x, y, micro_batch=c.train.micro_batch)
+        local = pm.forward_backward(x, y, micro_batch=self.micro_batch)
         timer.phase("optimizer")
         grad_norm = pm.clip_grad_norm_(c.train.grad_clip) if c.train.grad_clip > 0 else None
         self.optimizer.step()

@@ -49,18 +49,24 @@ class XlaDeviceLoader:
         return self._state
 
     def load_state_dict(self, state: dict) -> None:
-        self.close()
+        self._stop()  # batches read ahead from the old position are dropped
         self.cpu.load_state_dict(state)
         self._state = self.cpu.state_dict()
 
-    def close(self) -> None:
+    def _stop(self) -> None:
         if self._pl is not None:
             self._pl.close()
             self._pl = self._it = None
 
+    def close(self) -> None:
+        self._stop()
+        close = getattr(self.cpu, "close", None)
+        if close is not None:
+            close()
+
     def __del__(self):  # the background threads are daemons; this only stops them early
         try:
-            self.close()
+            self._stop()
         except Exception:  # noqa: BLE001
             pass
 
