@@ -50,6 +50,7 @@ def train(corpus, run_dir, device, steps=STEPS, resume="never", extra=(), wrap_l
 
         def stopping_step():
             if trainer.step >= stop_after:
+                trainer.data.train.close()  # stops the loader threads (and the hybrid loader's workers)
                 raise Preempted
             return step()
 

@@ -50,6 +50,21 @@ class DistributedTrainer(Trainer):
         self._compile_checked = True  # compiled per block inside parallelize
         self.tokens_per_step = c.train.global_batch * self.data.seq_len
         self.can_sample = False  # generation would need every rank of a sharded model
+        self.balancer = self.clock = None
+        if c.parallelism.balance.enabled and self.dp_world > 1:  # parallelism.balance: per-rank shares
+            from trainperf.distributed.balance import ComputeClock, DynamicBalancer
+
+            self.balancer = DynamicBalancer.from_config(
+                c.parallelism.balance, c.train.global_batch, micro_steps=self.accum, world=self.dp_world,
+                rank=self.dp_rank, gather=_dp_gather(self.pm.dims, self.device), device=self.device)
+            # FSDP2's all-gathers inside forward wait for slower ranks, which ComputeClock would count;
+            # on CPU this thread's CPU time leaves those waits out (gloo waits without spinning).
+            cpu_fsdp = self.pm.kind == "fsdp" and self.device.type == "cpu"
+            self.clock = _ThreadCpuClock() if cpu_fsdp else ComputeClock(self.pm.modules[0], self.device.type)
+        from trainperf.distributed.slow import SlowRank  # TRAINPERF_SLOW_RANK=R:F (tests, demos); None if unset
+
+        self.slow = SlowRank.from_env(self.pm.rank, c, data_vocab=self.data.vocab_size, device=self.device,
+                                      chunk=self.micro_batch, autocast=self.precision.autocast)
 
     # ------------------------------------------------------------------ one step
     def train_step(self) -> StepResult:
@@ -64,18 +79,37 @@ class DistributedTrainer(Trainer):
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         timer.phase("data")
-        x, y = self.data.train.next_batch()  # this data-parallel rank's share of the global batch
+        bal = self.balancer
+        # this data-parallel rank's share of the global batch (balanced: bal.shares[rank] samples)
+        x, y = self.data.train.next_batch(shares=bal.shares) if bal else self.data.train.next_batch()
         timer.phase("forward_backward")
-        local = pm.forward_backward(x, y, micro_batch=self.micro_batch)
+        if bal:
+            shares = bal.shares
+            self.clock.start()
+        if self.slow:
+            self.slow.burn(x, y)
+        if bal:  # same micro-step count on every rank; each micro-batch's loss x n x world / global_batch
+            local = pm.forward_backward(x, y, micro_batch=self.micro_batch, sizes=bal.micro_batches(),
+                                        loss_scale=bal.loss_scale)
+            compute = self.clock.stop()
+        else:
+            local = pm.forward_backward(x, y, micro_batch=self.micro_batch)
         timer.phase("optimizer")
         grad_norm = pm.clip_grad_norm_(c.train.grad_clip) if c.train.grad_clip > 0 else None
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         timer.phase("comm")
         loss = pm.global_loss(local)  # mean loss of the global batch (one all-reduce)
+        if bal:
+            decision = bal.step(self.step + 1, compute)  # collective: every rank, every step
         phases = timer.end_step()
         self.step += 1
         extras = {k: v for k, v in COMM.take().items()}
+        if bal:
+            extras["balance/shares"] = shares  # the shares this step ran with
+            extras["balance/compute_s"] = compute  # this (the logging) rank's compute clock
+            if decision is not None:
+                extras.update(decision.as_metrics())  # speeds, step times, old -> new shares (from next step)
         extras.update(pm.comm_estimate())
         res = StepResult(loss=loss, grad_norm=grad_norm, phases=phases, step_time=time.perf_counter() - t0,
                          tokens=self.tokens_per_step)
@@ -115,7 +149,8 @@ class DistributedTrainer(Trainer):
 
         return {"step": self.step, "schedule": {"step": self.step, "type": self.cfg.schedule.type},
                 "data": self.data.train.state_dict(), "rng": rng_state(),
-                "config": self.cfg.model_dump(mode="json"), "layout": self.pm.dims.describe()}
+                "config": self.cfg.model_dump(mode="json"), "layout": self.pm.dims.describe(),
+                "balance": self.balancer.state_dict() if self.balancer else None}
 
     def save_checkpoint(self, ckpt_dir) -> Path:
         from trainperf.distributed import checkpoint as dckpt
@@ -146,9 +181,43 @@ class DistributedTrainer(Trainer):
         _check_resume_compatible(_peek_config(path), self.cfg.model_dump(mode="json"))
         extra = dckpt.load(path, self.pm.modules, self.optimizer.optimizers)
         self.data.train.load_state_dict(extra["data"])
+        if self.balancer and extra.get("balance"):
+            self.balancer.load_state_dict(extra["balance"])  # same global batch and ranks: keep the shares
         set_rng_state(extra["rng"])
         self.step = int(extra["step"])
         return self.step
+
+
+class _ThreadCpuClock:
+    """The balancer's compute clock for FSDP2 on CPU: this thread's CPU seconds (no collective waits)."""
+
+    def start(self) -> None:
+        self._t0 = time.thread_time()
+
+    def stop(self) -> float:
+        return time.thread_time() - self._t0
+
+
+def _dp_gather(dims, device):
+    """The balancer's exchange over the whole world, reduced to one row per data-parallel rank (the
+    slowest of its tensor/pipeline ranks), so every rank, whatever its data-parallel group, takes
+    the same decisions."""
+    import torch.distributed as dist
+
+    world = dist.get_world_size()
+    dp_of = [dims.dp_rank(r) for r in range(world)]
+
+    def gather(values: list[float]) -> list[list[float]]:
+        local = torch.tensor(values, dtype=torch.float64, device=device)
+        out = [torch.empty_like(local) for _ in range(world)]
+        dist.all_gather(out, local)
+        rows: list = [None] * dims.dp
+        for r, t in enumerate(out):
+            row, d = t.tolist(), dp_of[r]
+            rows[d] = row if rows[d] is None else [max(a, b) for a, b in zip(rows[d], row)]
+        return rows
+
+    return gather
 
 
 def _peek_config(path: Path) -> dict:

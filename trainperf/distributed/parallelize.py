@@ -65,24 +65,34 @@ class ParallelModel:
             m.train(mode)
 
     # ------------------------------------------------------------------ one step's forward/backward
-    def forward_backward(self, x: torch.Tensor, y: torch.Tensor, *, micro_batch: int, backward=None) -> torch.Tensor:
+    def forward_backward(self, x: torch.Tensor, y: torch.Tensor, *, micro_batch: int, backward=None,
+                         sizes: list[int] | None = None, loss_scale=None) -> torch.Tensor:
         """Run this rank's share (x, y: (local_batch, T)) of one global batch. Returns this rank's mean
         loss (detached; 0 on ranks without the last pipeline stage). Gradients are synchronized
-        across data ranks only on the last micro-step."""
+        across data ranks only on the last micro-step.
+
+        Load balancing: ``sizes`` (micro-batch sizes, the same count on every rank) and
+        ``loss_scale(n)`` (factor for a micro-batch's mean loss, e.g. ``DynamicBalancer.loss_scale``)
+        replace the equal split and ``1 / accum``; the return value is then the scaled sum."""
         if self.schedule is not None:
             return self._pipeline_step(x, y)
         model = self.parts[0]
         n = x.shape[0]
         accum = max(1, n // micro_batch)
+        if sizes is None:
+            sizes = [micro_batch] * accum
         total = torch.zeros((), device=self.device)
         autocast = self.autocast or contextlib.nullcontext
-        for i in range(accum):
-            last = i == accum - 1
-            mx, my = x[i * micro_batch:(i + 1) * micro_batch], y[i * micro_batch:(i + 1) * micro_batch]
+        start = 0
+        for i, m in enumerate(sizes):
+            last = i == len(sizes) - 1
+            mx, my = x[start:start + m], y[start:start + m]
+            start += m
             with self._sync(model, last):
                 with autocast():
                     _, loss = model(mx, my)
-                loss = loss / accum  # mean over the local batch
+                # mean over the local batch, or the balancer's exact global-batch factor
+                loss = loss * loss_scale(m) if loss_scale is not None else loss / accum
                 (backward or torch.Tensor.backward)(loss)
             total += loss.detach()
         return total

@@ -1,0 +1,105 @@
+"""The load balancer inside `trainperf train` under torchrun (2 gloo processes, tiny GPT, fp32).
+
+One set of runs on the same config and seed (12 steps, global batch 16, micro-batch 4, so two
+micro-steps per rank; synthetic tokens):
+
+    one      one process
+    plain    torchrun data=2, balance off
+    equal    torchrun data=2, balance on, equal speeds
+    slow     torchrun data=2, balance on (window 4, min_steps 4), TRAINPERF_SLOW_RANK=1:4
+    fsdp     as slow, with FSDP2 (data_shard=2)
+
+Every step's logged loss must agree with the one-process run to 1e-4 relative (fp32; the
+difference is the order of the float sums): balancing changes who computes which samples, never
+the global batch, its gradient or the logged loss. The slowed runs must log a decision with the
+measured speeds (rank 1 slower) that moves samples to rank 0, and then run with those shares.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+STEPS = 12
+RTOL = 1e-4
+TINY = f"""\
+run: {{name: t, steps: {STEPS}, seed: 7, log_every: 1, eval_every: 0, eval_batches: 1, sample_tokens: 0, progress: false}}
+model: {{n_layer: 2, n_head: 2, n_embd: 32, block_size: 32, vocab_size: 64}}
+data: {{source: synthetic}}
+train: {{global_batch: 16, micro_batch: 4}}
+checkpoint: {{every: 0, at_end: false}}
+monitor: {{mfu: false}}
+"""
+BALANCE = ["parallelism.balance.enabled=true"]
+FAST = [*BALANCE, "parallelism.balance.window=4", "parallelism.balance.min_steps=4"]
+
+
+def _run(tmp: Path, name: str, sets: list[str], *, nproc: int = 2, slow: str | None = None) -> list[dict]:
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env.pop("TRAINPERF_SLOW_RANK", None)
+    if slow:
+        env["TRAINPERF_SLOW_RANK"] = slow
+    launch = [sys.executable] if nproc == 1 else [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                                  "--nproc-per-node", str(nproc)]
+    cmd = [*launch, "-m", "trainperf", "train", str(tmp / "tiny.yaml"), "--resume", "never",
+           "--set", f"run.dir={tmp / name}", "--set", "distributed.timeout_s=120"]
+    for s in sets:
+        cmd += ["--set", s]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, f"{name}: {proc.stderr[-3000:]}"
+    rows = [json.loads(line) for line in (tmp / name / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return [r for r in rows if "loss" in r]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("balance_train")
+    (tmp / "tiny.yaml").write_text(TINY)
+    return {
+        "one": _run(tmp, "one", [], nproc=1),
+        "plain": _run(tmp, "plain", ["parallelism.data=2"]),
+        "equal": _run(tmp, "equal", ["parallelism.data=2", *BALANCE]),
+        "slow": _run(tmp, "slow", ["parallelism.data=2", *FAST], slow="1:4"),
+        "fsdp": _run(tmp, "fsdp", ["parallelism.data=1", "parallelism.data_shard=2", *FAST], slow="1:4"),
+    }
+
+
+def _losses(rows):
+    return [r["loss"] for r in rows]
+
+
+def _close(a: list[float], b: list[float]) -> bool:
+    return len(a) == len(b) == STEPS and all(abs(x - y) <= RTOL * abs(y) for x, y in zip(a, b))
+
+
+def test_balance_on_with_equal_speeds_gives_the_same_losses(runs):
+    ref = _losses(runs["one"])
+    assert _close(_losses(runs["plain"]), ref), (_losses(runs["plain"]), ref)
+    assert _close(_losses(runs["equal"]), ref), (_losses(runs["equal"]), ref)
+    assert all(sum(r["balance/shares"]) == 16 for r in runs["equal"])
+    assert "balance/shares" not in runs["plain"][0]  # off: the step is the plain one
+
+
+@pytest.mark.parametrize("name", ["slow", "fsdp"])
+def test_a_slowed_rank_loses_samples_and_the_losses_stay_exact(runs, name):
+    rows = runs[name]
+    decisions = [r for r in rows if "balance/new_shares" in r]
+    assert decisions, f"no rebalancing in {STEPS} steps: {[r.get('balance/shares') for r in rows]}"
+    d = decisions[0]
+    assert len(d["balance/speeds"]) == 2 and d["balance/speeds"][0] > d["balance/speeds"][1]  # rank 1 measured slower
+    assert d["balance/imbalance"] > 0.2 and d["balance/old_shares"] == [8, 8]
+    new = d["balance/new_shares"]
+    assert sum(new) == 16 and new[0] > 8 and new[1] >= 2  # toward the fast rank; >= 1 sample per micro-step
+    after = [r["balance/shares"] for r in rows if r["step"] > d["step"]]
+    assert after and after[0] == new  # applied from the next step on
+    assert rows[-1]["balance/shares"][0] > 8
+    # the same global batch and gradient: every step's loss is the one-process loss
+    assert _close(_losses(rows), _losses(runs["one"])), (_losses(rows), _losses(runs["one"]))
