@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 
-from trainperf.bench.step import measure
 from trainperf.cli import main
 
 

@@ -12,6 +12,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+matplotlib = pytest.importorskip("matplotlib", reason="the report needs matplotlib (pip install trainperf[plot])")
 
 from tests.conftest import TINY
 from trainperf.cli import main

@@ -69,16 +69,11 @@ def _divisors(n: int) -> str:
 
 
 def derive_data_degree(cfg: Config, world_size: int) -> int:
-    p = cfg.parallelism
-    others = p.tensor * p.pipeline * p.data_shard
-    if p.data == -1:
-        if world_size % others:
-            raise ConfigError(
-                f"world size {world_size} is not divisible by parallelism.tensor x pipeline x data_shard = "
-                f"{p.tensor} x {p.pipeline} x {p.data_shard} = {others}; change the degrees or the number of processes"
-            )
-        return world_size // others
-    return p.data
+    """The data-parallel degree (``parallelism.data=-1`` derived from the world size); ParallelDims
+    owns the rule and its error messages."""
+    from trainperf.distributed.parallel_dims import ParallelDims
+
+    return ParallelDims.from_config(cfg, world_size).dp_replicate
 
 
 def resolve(cfg: Config, facts: DeviceFacts | None = None, world_size: int | None = None) -> Resolved:

@@ -20,7 +20,6 @@ the file; the loaders apply ``data.on_bad_sample`` to it.
 from __future__ import annotations
 
 import hashlib
-import importlib
 import inspect
 import json
 import os
@@ -178,17 +177,9 @@ class SampleFiles:
 
 # --------------------------------------------------------------------------- dataset
 def load_entrypoint(spec: str):
-    if not spec or ":" not in spec:
-        raise DataError(f"data.dataset_entrypoint={spec!r}: write it as 'package.module:function'")
-    mod_name, fn_name = spec.split(":", 1)
-    try:
-        module = importlib.import_module(mod_name)
-    except ImportError as exc:
-        raise DataError(f"data.dataset_entrypoint={spec!r}: cannot import {mod_name!r} ({exc})") from None
-    fn = getattr(module, fn_name, None)
-    if fn is None:
-        raise DataError(f"data.dataset_entrypoint={spec!r}: {mod_name!r} has no attribute {fn_name!r}")
-    return fn
+    from trainperf.entrypoint import load_entrypoint as _load
+
+    return _load(spec, "data.dataset_entrypoint", error=DataError)
 
 
 class DatasetSource:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import inspect
 
 import torch
@@ -11,6 +10,7 @@ import torch.nn as nn
 from trainperf.config.resolve import model_shape
 from trainperf.config.schema import Config
 from trainperf.errors import ConfigError
+from trainperf.entrypoint import load_entrypoint
 from trainperf.models.gpt import GPT, GPTConfig
 
 
@@ -33,20 +33,6 @@ def gpt_config(cfg: Config, data_vocab: int | None = None) -> GPTConfig:
         block_size=shape["block_size"], vocab_size=vocab, dropout=cfg.model.dropout,
         bias=cfg.model.bias, init_std=cfg.model.init_std,
     )
-
-
-def load_entrypoint(spec: str, what: str = "model.entrypoint"):
-    if ":" not in spec:
-        raise ConfigError(f"{what}={spec!r}: expected 'package.module:function'")
-    mod_name, fn_name = spec.split(":", 1)
-    try:
-        module = importlib.import_module(mod_name)
-    except ImportError as exc:
-        raise ConfigError(f"{what}={spec!r}: cannot import {mod_name!r} ({exc}); check PYTHONPATH") from None
-    fn = getattr(module, fn_name, None)
-    if fn is None or not callable(fn):
-        raise ConfigError(f"{what}={spec!r}: {mod_name!r} has no callable {fn_name!r}")
-    return fn
 
 
 def build_model(cfg: Config, *, data_vocab: int | None = None, device: str | torch.device = "cpu",

@@ -8,10 +8,6 @@
 
 from __future__ import annotations
 
-import json
-import math
-import os
-import sys
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -21,13 +17,10 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from trainperf.config.load import dump_yaml
 from trainperf.config.resolve import Resolved
 from trainperf.config.schema import Config
 from trainperf.errors import CheckpointError, ConfigError
 from trainperf.monitor.phases import PhaseTimer
-from trainperf.monitor.sinks import JSONLSink
-from trainperf.train.checkpoint import CheckpointManager
 from trainperf.train.optim import build_optimizer, lr_at
 from trainperf.train.precision import build_precision
 from trainperf.train.state import rng_state, seed_everything, set_rng_state

@@ -12,7 +12,6 @@ from pathlib import Path
 import torch
 
 from trainperf.config.load import dump_yaml
-from trainperf.errors import CheckpointError
 from trainperf.monitor.monitor import Monitor
 from trainperf.monitor.sinks import JSONLSink
 from trainperf.train.checkpoint import CheckpointManager
