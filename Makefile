@@ -3,7 +3,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-fast test-xla clean
+.PHONY: install demo test test-fast test-xla docs clean
 VENV_XLA ?= .venv-xla
 
 $(STAMP): pyproject.toml scripts/setup_env.sh
@@ -26,6 +26,10 @@ test-fast: $(STAMP)
 # ~4 GB download and ~8 min to build once (x86-64: PyPI's torch 2.9.1 is the CUDA build), ~3-6 min per run.
 test-xla:
 	bash scripts/test_xla.sh $(VENV_XLA)
+
+# README.md and BENCHMARKS.md are generated: edit docs/ (head, docs/fragments/<area>-*.md, tail), then this.
+docs:
+	python3 scripts/assemble_docs.py
 
 clean:
 	rm -rf $(VENV) $(VENV_XLA) runs build *.egg-info

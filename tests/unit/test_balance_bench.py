@@ -18,3 +18,25 @@ from trainperf.cli import main
 def test_bench_balance_bad_arguments(argv, msg, capsys):
     assert main(["bench", "balance", *argv]) == 2
     assert msg in capsys.readouterr().err
+
+
+def test_control_reruns_with_equal_speeds_and_no_balancing(monkeypatch, capsys):
+    """--control measures the noise floor: a second run, every rank at speed 1x, no settling phase."""
+    import json
+
+    import trainperf.bench.balance as bb
+
+    calls = []
+
+    def fake_run(args):
+        calls.append(dict(slowdown=args.slowdown, settle_steps=args.settle_steps))
+        k = len(calls)
+        return {"ideal_step_s": 0.1 * k, "balanced_step_s": 0.11 * k, "balanced_vs_ideal": 1.1,
+                "unbalanced_vs_ideal": 1.05 + k, "balanced_slowest_compute_vs_ideal": 1.04, "overhead_s": 0.003,
+                "shares": [32, 32]}
+
+    monkeypatch.setattr(bb, "run_bench", fake_run)
+    assert main(["bench", "balance", "--slowdown", "3", "--control", "--json"]) == 0
+    assert calls == [{"slowdown": 3.0, "settle_steps": 150}, {"slowdown": 1.0, "settle_steps": 0}]
+    ctl = json.loads(capsys.readouterr().out)["control"]
+    assert ctl["ideal_step_s"] == 0.2 and ctl["step_s"] == 0.22 and ctl["unbalanced_vs_ideal"] == 3.05

@@ -263,10 +263,10 @@ class BalanceConfig(Section):
     max_share: float = 1.0
     """Largest fraction of the global batch a rank may get (max_share x ranks must be >= 1); bounds the
     fast ranks' micro-batch size, hence their activation memory."""
-    hysteresis: float = 0.5
-    """In [0, 1). After a move the balancer keeps refining while the imbalance exceeds
-    threshold x (1 - hysteresis) (0.1 by default), then waits for threshold again; moves that are only
-    rounding, or predicted to gain less than half the trigger level, are never made (no oscillation)."""
+    min_gain: float = 0.02
+    """In [0, 1). A move must be predicted to cut the step's compute time (slowest rank) by at least this
+    fraction. After a move the balancer keeps refining (no threshold needed) while such a move exists,
+    then waits for the threshold again: the hysteresis. Moves that are only rounding are never made."""
     min_steps: int = 10
     """Measurements needed under the current shares before the balancer judges them (again after each move)."""
     sync_every: int = 1

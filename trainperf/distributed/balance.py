@@ -20,17 +20,25 @@ has just outweighed the older half is measured by itself.
 
 Decision, taken when at least ``min_steps`` measurements exist under the current shares:
 
-1. imbalance > the trigger level: ``threshold`` (the founding document's 0.2); right after a
-   move, ``threshold x (1 - hysteresis)`` (0.1 by default) until the imbalance is measured below
-   it, so that an imprecise first move (noisy estimates) is finished, not left at 0.15;
+1. *trigger*: the imbalance exceeds ``threshold`` (the founding document's 0.2), or the balancer
+   is *refining* (it moved at its last judgement, see below);
 2. some rank's current share is a whole sample or more away from its speed-proportional,
    bounded target (otherwise the shares already are a rounding of it), and
-3. the new shares (the target rounded) are predicted to cut the step time
-   ``max_r share_r x per_sample_time_r`` by at least half the trigger level.
+3. the new shares (the target rounded) are predicted to cut the step's compute time
+   ``max_r share_r x per_sample_time_r`` by at least ``min_gain`` (2% by default), and
+4. while refining, they are not the shares the last move left (two neighbouring roundings that
+   noise makes look better in turn).
 
-Two levels (a Schmitt trigger) plus rules 2 and 3 are the hysteresis: jitter between
-neighbouring roundings, a residual imbalance the bounds do not let it remove, or small noise
-never moves the shares, so they do not oscillate while speeds are steady. After a move the
+After a move the balancer refines: it judges the new shares after ``min_steps`` measurements
+and moves again, without waiting for the imbalance to exceed ``threshold``, as long as rules 2
+to 4 find a move. The first judgement that finds none releases it: from then on only an
+imbalance above ``threshold`` starts it again. This is the hysteresis (a Schmitt trigger: start
+at ``threshold``, stop at "no move gains ``min_gain``"). The refinement finishes what an
+imprecise first move left (noisy estimates, per-step costs that do not scale with the share:
+the fixed point of proportional moves is equal compute times whatever those costs), so the
+balanced step is within a rounding of the ideal instead of anywhere under ``threshold``. Rules 2
+to 4 stop jitter between neighbouring roundings, residual imbalance the bounds do not let it
+remove, and small noise, so shares do not oscillate while speeds are steady. After a move the
 measurements restart (times under the old shares are not comparable).
 
 Shares: proportional to speed, clamped to ``[min_share, max_share] x global_batch`` (and at least
@@ -192,6 +200,7 @@ class BalanceDecision:
     predicted_imbalance: float  # CV of the step times the new shares should give (from step_times)
     predicted_gain: float      # 1 - predicted step time / measured step time (slowest rank)
     measurements: int          # steps the medians were taken over
+    refinement: bool = False   # made while refining after a move (no threshold needed), not on a trigger
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -208,16 +217,16 @@ class BalancePolicy:
     """
 
     def __init__(self, global_batch: int, world: int, *, window: int = 100, threshold: float = 0.2,
-                 min_share: float = 0.0, max_share: float = 1.0, hysteresis: float = 0.5, min_steps: int = 10,
+                 min_share: float = 0.0, max_share: float = 1.0, min_gain: float = 0.02, min_steps: int = 10,
                  micro_steps: int = 1, shares: Sequence[int] | None = None):
-        check_balance_args(window=window, threshold=threshold, hysteresis=hysteresis, min_steps=min_steps)
+        check_balance_args(window=window, threshold=threshold, min_gain=min_gain, min_steps=min_steps)
         if world < 1 or global_batch < world * micro_steps:
             raise ConfigError(
                 f"train.global_batch={global_batch} cannot give each of {world} data-parallel ranks "
                 f"{micro_steps} micro-step(s) of at least one sample; use a global batch >= {world * micro_steps}"
             )
         self.global_batch, self.world = global_batch, world
-        self.window, self.threshold, self.hysteresis = window, threshold, hysteresis
+        self.window, self.threshold, self.min_gain = window, threshold, min_gain
         self.min_steps = min(min_steps, window)
         self.micro_steps = micro_steps
         self.lo, self.hi = share_bounds(global_batch, world, min_share=min_share, max_share=max_share,
@@ -228,7 +237,8 @@ class BalancePolicy:
         self._buf = np.zeros((window, world))  # ring of the last `window` steps' compute times
         self._count = 0  # measurements under the current shares (capped at window)
         self._next = 0
-        self.engaged = False  # True from a move until the imbalance is measured below the release level
+        self.engaged = False  # refining: True from a move until a judgement finds no move worth making
+        self._previous: list[int] | None = None  # the shares before the last move
         self.decisions: list[BalanceDecision] = []
 
     @property
@@ -241,12 +251,6 @@ class BalancePolicy:
         k = min(last or self._count, self._count)
         idx = (self._next - 1 - np.arange(k)) % self.window  # the k newest rows
         return np.median(self._buf[idx], axis=0).tolist()  # (k, world) -> (world,)
-
-    @property
-    def level(self) -> float:
-        """The imbalance that triggers a move now: ``threshold``, or ``threshold x (1 - hysteresis)``
-        right after a move (to finish the job an imprecise first move left)."""
-        return self.threshold * (1 - self.hysteresis) if self.engaged else self.threshold
 
     def imbalance(self) -> float | None:
         """CV of the per-rank median step compute times under the current shares (None: too few)."""
@@ -263,10 +267,8 @@ class BalancePolicy:
         self._count = min(self._count + 1, self.window)
         if self._count < self.min_steps:
             return None
-        level = self.level
         cv = coefficient_of_variation(self.medians())
-        if cv <= level:
-            self.engaged = False  # balanced enough: back to the full threshold
+        if not self.engaged and cv <= self.threshold:
             return None
         # The trigger uses the whole window (robust to blips); the speeds its newer half (at least
         # min_steps), so a change that has just outweighed the older half is not averaged with it.
@@ -274,17 +276,22 @@ class BalancePolicy:
         speeds = [s / t for s, t in zip(self.shares, times)]
         target = proportional_targets(speeds, self.global_batch, lo=self.lo, hi=self.hi)
         if all(abs(s - x) < 1 for s, x in zip(self.shares, target)):
-            return None  # the current shares are already a rounding of the target: nothing to gain
+            self.engaged = False  # the current shares are already a rounding of the target: settled
+            return None
         new = round_shares(target, self.global_batch, lo=self.lo, hi=self.hi)
+        if self.engaged and new == self._previous:
+            self.engaged = False  # refining back to the shares just left: noise between neighbours
+            return None
         per_sample = [t / s for s, t in zip(self.shares, times)]
         predicted = [n * p for n, p in zip(new, per_sample)]
         gain = 1.0 - max(predicted) / max(times)
-        if gain < level / 2:
-            return None  # not worth a move: noise, or a residual the bounds keep
+        if gain < self.min_gain:
+            self.engaged = False  # not worth a move: noise, or a residual the bounds keep
+            return None
         decision = BalanceDecision(step=step, speeds=speeds, step_times=times, old_shares=list(self.shares),
                                    new_shares=new, imbalance=cv, predicted_imbalance=coefficient_of_variation(predicted),
-                                   predicted_gain=gain, measurements=self._count)
-        self.shares = new
+                                   predicted_gain=gain, measurements=self._count, refinement=self.engaged)
+        self._previous, self.shares = self.shares, new
         self._count = 0  # times under the old shares are not comparable
         self.engaged = True
         self.decisions.append(decision)
@@ -298,12 +305,13 @@ class BalancePolicy:
             return  # a different layout: start again from equal shares and re-measure
         self.shares = list(state["shares"])
         self._count = 0
+        self._previous, self.engaged = None, False
 
 
 # --------------------------------------------------------------------------- validation
 
 
-def check_balance_args(*, window: int, threshold: float, hysteresis: float, min_steps: int) -> None:
+def check_balance_args(*, window: int, threshold: float, min_gain: float, min_steps: int) -> None:
     if not threshold > 0:
         raise ConfigError(
             f"parallelism.balance.threshold={threshold} must be > 0 (it is the coefficient of variation of the "
@@ -314,10 +322,10 @@ def check_balance_args(*, window: int, threshold: float, hysteresis: float, min_
             f"parallelism.balance.window={window} must be >= 2 (a spread needs several measurements per rank); "
             "use e.g. 100"
         )
-    if not 0 <= hysteresis < 1:
+    if not 0 <= min_gain < 1:
         raise ConfigError(
-            f"parallelism.balance.hysteresis={hysteresis} must be in [0, 1) (after a move the balancer keeps "
-            "refining while the imbalance exceeds threshold x (1 - hysteresis)); use e.g. 0.5"
+            f"parallelism.balance.min_gain={min_gain} must be in [0, 1) (the smallest predicted cut of the step's "
+            "compute time worth a move); use e.g. 0.02"
         )
     if min_steps < 1:
         raise ConfigError(f"parallelism.balance.min_steps={min_steps} must be >= 1; use e.g. 10")
@@ -328,7 +336,7 @@ def check_balance_config(cfg, world_size: int | None = None) -> None:
     b, p, t = cfg.parallelism.balance, cfg.parallelism, cfg.train
     if not b.enabled:
         return
-    check_balance_args(window=b.window, threshold=b.threshold, hysteresis=b.hysteresis, min_steps=b.min_steps)
+    check_balance_args(window=b.window, threshold=b.threshold, min_gain=b.min_gain, min_steps=b.min_steps)
     dp = max(1, p.data) * p.data_shard
     if dp == 1 and (p.tensor > 1 or p.pipeline > 1 or (world_size or 1) > 1):
         raise ConfigError(
@@ -428,7 +436,7 @@ class DynamicBalancer:
                     **kwargs) -> "DynamicBalancer":
         b = balance_cfg
         return cls(global_batch, group=group, device=device, sync_every=b.sync_every, window=b.window,
-                   threshold=b.threshold, min_share=b.min_share, max_share=b.max_share, hysteresis=b.hysteresis,
+                   threshold=b.threshold, min_share=b.min_share, max_share=b.max_share, min_gain=b.min_gain,
                    min_steps=b.min_steps, micro_steps=micro_steps, **kwargs)
 
     @property
