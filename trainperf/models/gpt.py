@@ -148,10 +148,14 @@ class GPT(nn.Module):
         return n
 
     def flops_per_token(self, seq_len: int | None = None) -> float:
-        """Model FLOPs per token, PaLM appendix B (as nanoGPT): 6N + 12*l*h*s, N without position
-        embeddings; counts the forward and backward matmuls, no recompute."""
+        """Model FLOPs per token, PaLM appendix B: 6N + 12*l*h*s, N = the parameters of matmuls:
+        without the token and position embeddings (lookups, no FLOPs; nanoGPT's 6N keeps the token
+        embedding only because its lm_head shares that weight; here the lm_head is its own and is
+        counted). Forward and backward matmuls, no recompute."""
         s = seq_len or self.cfg.block_size
         n = self.num_params(exclude_embeddings=True)
+        if self.tok_emb is not None:
+            n -= self.tok_emb.weight.numel()
         return 6 * n + 12 * self.cfg.n_layer * self.cfg.n_embd * s
 
     @torch.no_grad()

@@ -2,8 +2,9 @@
 
 Conventions (every figure names its own):
 
-* ``flops_per_token_formula``: model FLOPs, PaLM appendix B as nanoGPT: ``6N + 12*l*h*s`` per
-  token (N: parameters without position embeddings). Forward + backward matmuls, no recompute.
+* ``flops_per_token_formula``: model FLOPs, PaLM appendix B: ``6N + 12*l*h*s`` per token (N:
+  parameters without the token and position embeddings, which are lookups; an untied lm_head
+  counts). Forward + backward matmuls, no recompute.
   **MFU** uses this figure.
 * ``flops_per_token_formula_hfu``: the formula plus the forward FLOPs that activation
   checkpointing recomputes (full recompute of a block adds ``2*N_block + 4*h*s`` per token per
@@ -94,7 +95,7 @@ def count_flops_per_token(model: nn.Module, *, batch: int, seq_len: int, vocab: 
     cpu_rng = torch.get_rng_state()
     cuda_rng = torch.cuda.get_rng_state_all() if device.type == "cuda" else None
     try:
-        with FlopCounterMode(display=False) as counter:
+        with FlopCounterMode(display=False, custom_mapping=_missing_flop_formulas()) as counter:
             ctx = autocast() if autocast is not None else _null()
             with ctx:
                 out = model(idx, tgt)
@@ -110,6 +111,26 @@ def count_flops_per_token(model: nn.Module, *, batch: int, seq_len: int, vocab: 
     if not total:
         return None, "FlopCounterMode counted no FLOPs (no matmul/attention ops it knows)"
     return total / (batch * seq_len), f"FlopCounterMode: one eager fwd+bwd of a ({batch}, {seq_len}) batch"
+
+
+def _missing_flop_formulas() -> dict:
+    """Formulas for ops FlopCounterMode does not know yet, from its own attention formulas.
+
+    CPU's fused attention (``_scaled_dot_product_flash_attention_for_cpu`` and its backward) is
+    missing from torch's registry (2.13), so attention FLOPs went uncounted on CPU and HFU read
+    lower than MFU. Same convention as torch's CUDA kernels: full (non-causal) attention.
+    """
+    import torch.utils.flop_counter as fc
+
+    aten = torch.ops.aten
+    pairs = [("_scaled_dot_product_flash_attention_for_cpu", fc.sdpa_flop),
+             ("_scaled_dot_product_flash_attention_for_cpu_backward", fc.sdpa_backward_flop)]
+    out = {}
+    for name, formula in pairs:
+        op = getattr(aten, name, None)
+        if op is not None and op not in fc.flop_registry:
+            out[op] = getattr(formula, "__wrapped__", formula)  # FlopCounterMode wraps it again
+    return out
 
 
 class _null:

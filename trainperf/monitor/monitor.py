@@ -148,7 +148,7 @@ class Monitor:
             "flops_per_token_formula": fpt,
             "flops_per_token_formula_hfu": (fpt + extra) if (fpt is not None and extra is not None) else None,
             "flops_per_token_counted": counted,
-            "flops_formula_note": "6N + 12*l*h*s per token (PaLM appendix B; N without position embeddings)",
+            "flops_formula_note": "6N + 12*l*h*s per token (PaLM appendix B; N without the token and position embeddings, lookups)",
             "flops_recompute_note": note,
             "flops_counted_note": cnote,
         }
