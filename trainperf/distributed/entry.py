@@ -237,9 +237,6 @@ def train_distributed(resolved: Resolved, *, resume: str = "auto", verbose: bool
 
     cfg = resolved.cfg
     env = env_world()
-    if cfg.model.entrypoint:
-        raise ConfigError("distributed layouts need the reference GPT (its blocks, attention projections and "
-                          "stage-able layers); model.entrypoint models train in one process for now")
     if cfg.run.device == "xla":
         raise ConfigError("run.device=xla runs under torch_xla's launcher, not torchrun; see trainperf/train/xla.py")
     # Validate before any process group or work: degrees x world size, model shape, compression.
@@ -247,9 +244,14 @@ def train_distributed(resolved: Resolved, *, resume: str = "auto", verbose: bool
     from trainperf.config.resolve import model_shape
     from trainperf.distributed.parallel_dims import check_compression
 
-    shape = model_shape(cfg)
-    dims.validate_model(n_head=shape["n_head"], n_layer=shape["n_layer"], n_embd=shape["n_embd"],
-                        interleave=cfg.parallelism.interleave if dims.pp_enabled else 1)
+    if cfg.model.entrypoint:  # a user's model: data parallelism only (DDP / FSDP2 / HSDP)
+        from trainperf.distributed.parallelize import check_entrypoint_layout
+
+        check_entrypoint_layout(dims)
+    else:
+        shape = model_shape(cfg)
+        dims.validate_model(n_head=shape["n_head"], n_layer=shape["n_layer"], n_embd=shape["n_embd"],
+                            interleave=cfg.parallelism.interleave if dims.pp_enabled else 1)
     p = cfg.parallelism
     check_compression(p.compression.type, dp_replicate=dims.dp_replicate, dp_shard=dims.dp_shard, tp=dims.tp,
                       pp=dims.pp)
@@ -265,8 +267,14 @@ def train_distributed(resolved: Resolved, *, resume: str = "auto", verbose: bool
             seq_len = _seq_len(cfg)
             data = build_data(cfg, seq_len=seq_len, device=device, dp_rank=dims.dp_rank(env.rank), dp_world=dims.dp,
                               verbose=verbose and env.is_main)
-            meta = build_model(cfg, data_vocab=data.vocab_size, device=device, materialize=False)
-            pm = parallelize(meta, cfg, dims, rank=env.rank, device=device, seq_len=seq_len)
+            if cfg.model.entrypoint:
+                from trainperf.distributed.parallelize import parallelize_data_parallel
+
+                model = build_model(cfg, data_vocab=data.vocab_size, device=device)  # the user's, initialized
+                pm = parallelize_data_parallel(model, cfg, dims, rank=env.rank, device=device, seq_len=seq_len)
+            else:
+                meta = build_model(cfg, data_vocab=data.vocab_size, device=device, materialize=False)
+                pm = parallelize(meta, cfg, dims, rank=env.rank, device=device, seq_len=seq_len)
             notes = dict(resolved.notes)
             notes.update({k: str(v) for k, v in pm.notes.items()})
             trainer = DistributedTrainer(cfg=cfg, model=pm.parts[0], eager_model=pm.modules[0], data=data,

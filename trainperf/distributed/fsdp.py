@@ -19,14 +19,23 @@ import torch.nn as nn
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+def repeated_blocks(model: nn.Module) -> list[nn.Module]:
+    """The blocks of ``model.layers`` (a ModuleDict, as the reference GPT, or a ModuleList); [] without."""
+    layers = getattr(model, "layers", None)
+    if isinstance(layers, nn.ModuleDict):
+        return list(layers.values())
+    if isinstance(layers, nn.ModuleList):
+        return list(layers)
+    return []
+
+
 def apply_fsdp(model: nn.Module, dp_mesh, *, param_dtype: torch.dtype | None = None,
                reduce_dtype: torch.dtype = torch.float32, reshard_after_forward: bool = True) -> nn.Module:
     """Shard ``model`` in place: ``fully_shard`` on every block of ``model.layers``, then on the root."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
-    layers = getattr(model, "layers", None)
-    blocks = list(layers.values()) if isinstance(layers, (nn.ModuleDict, nn.ModuleList)) else []
+    blocks = repeated_blocks(model)
     for i, block in enumerate(blocks):
         # The last block is gathered again at once by the root's backward: keep it unsharded after forward.
         last = i == len(blocks) - 1
@@ -47,8 +56,7 @@ def apply_replicate(model: nn.Module, dp_mesh) -> nn.Module:
     if "mesh" not in inspect.signature(replicate).parameters:
         # torch 2.9: replicate(module, device_mesh=) wants a 2-D (replicate, shard) mesh: shard, as above
         return apply_fsdp(model, dp_mesh)
-    layers = getattr(model, "layers", None)
-    for block in (layers.values() if layers is not None else []):
+    for block in repeated_blocks(model):
         replicate(block, mesh=dp_mesh)
     replicate(model, mesh=dp_mesh)
     return model

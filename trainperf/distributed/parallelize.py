@@ -27,6 +27,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from trainperf.distributed.parallel_dims import ParallelDims
+from trainperf.errors import ConfigError
 
 
 @dataclass
@@ -240,9 +241,58 @@ def _apply_compile(part: nn.Module, cfg) -> None:
     if not cfg.compile.enabled:
         return
     # Per block, so FQNs stay those of the model (checkpoints move between layouts) and FSDP wraps
-    # compiled blocks; compile after AC wrapping and before FSDP.
-    for block in part.layers.values():
+    # compiled blocks; compile after AC wrapping and before FSDP. A model without repeated blocks
+    # (model.entrypoint) is compiled whole, in place (Module.compile: FQNs unchanged too).
+    from trainperf.distributed.fsdp import repeated_blocks
+
+    for block in repeated_blocks(part) or [part]:
         block.compile(mode=cfg.compile.mode, fullgraph=cfg.compile.fullgraph, backend=cfg.compile.backend)
+
+
+def parallelize_data_parallel(model: nn.Module, cfg, dims: ParallelDims, *, rank: int, device: torch.device,
+                              seq_len: int) -> ParallelModel:
+    """Data parallelism (DDP, FSDP2, or both: HSDP) for a user's model (``model.entrypoint``),
+    built and initialized on ``device``. Tensor and pipeline parallelism need the reference GPT's
+    structure and are rejected before this (see :func:`check_entrypoint_layout`). Collective."""
+    from trainperf.distributed.ddp import apply_ddp
+    from trainperf.distributed.fsdp import DTYPES, apply_fsdp
+
+    check_entrypoint_layout(dims)
+    p = cfg.parallelism
+    dims.build_mesh(device.type)
+    # Every rank built the model with the same seed; rank 0's values are made everyone's anyway
+    # (the user's function may draw from other generators): FSDP2 shards what each rank holds.
+    if dims.distributed:
+        with torch.no_grad():
+            for t in [*model.parameters(), *model.buffers()]:
+                dist.broadcast(t.data, src=0)
+    kind = "fsdp" if dims.fsdp_enabled else "ddp" if dims.dp_replicate_enabled else "single"
+    _apply_ac(model, cfg, seq_len)
+    _apply_compile(model, cfg)
+    if kind == "fsdp":
+        param_dtype = torch.bfloat16 if cfg.precision.dtype == "bf16" else None
+        apply_fsdp(model, dims.fsdp_mesh(), param_dtype=param_dtype, reduce_dtype=DTYPES[p.fsdp_reduce_dtype])
+        part = model
+    elif kind == "ddp":
+        part = apply_ddp(model, dims.mesh("dp_replicate"), compression=p.compression.type,
+                         powersgd_rank=p.compression.rank, powersgd_warmup=p.compression.warmup_steps, device=device)
+    else:
+        part = model
+    part.train()
+    fsdp_bytes = (2 if cfg.precision.dtype == "bf16" else 4, DTYPES[p.fsdp_reduce_dtype].itemsize)
+    return ParallelModel(dims=dims, rank=rank, device=device, parts=[part], modules=[model], kind=kind,
+                         schedule=None, stage_ids=[0], notes={"layout": dims.describe(), "model": "model.entrypoint"},
+                         fsdp_bytes=fsdp_bytes)
+
+
+def check_entrypoint_layout(dims: ParallelDims) -> None:
+    """A ``model.entrypoint`` model trains with data parallelism only; say so before any work."""
+    if dims.tp_enabled or dims.pp_enabled:
+        raise ConfigError(
+            f"model.entrypoint models train with data parallelism only (DDP: parallelism.data, FSDP2: "
+            f"parallelism.data_shard); got parallelism.tensor={dims.tp}, parallelism.pipeline={dims.pp}, which need "
+            "the reference GPT's blocks and attention projections; set both to 1 or use the reference model"
+        )
 
 
 def parallelize(meta_model: nn.Module, cfg, dims: ParallelDims, *, rank: int, device: torch.device,
