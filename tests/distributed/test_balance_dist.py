@@ -2,7 +2,8 @@
 decisions, and the straggler bench's worker (small).
 
 Each worker is this file run as a script (``--worker``); it writes its findings as JSON and the
-test reads them. One pair of processes does all of it: starting one costs ~10 s here (torch, and
+test reads them; the ranks meet through file stores in the test's temporary folder. One pair of
+processes does all of it: starting one costs ~10 s here (torch, and
 DDP's import of torch._dynamo). Gradient tolerance (fp32): every gradient within ``rtol=1e-5, atol=1e-7`` of the
 single-process gradient of the same global batch (only the summation order differs).
 """
@@ -11,9 +12,9 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
+import time
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -21,6 +22,9 @@ import pytest
 
 GLOBAL_BATCH, SEQ = 16, 8
 RTOL, ATOL = 1e-5, 1e-7
+# ~5 s on an idle 2-core machine; a collective that waits longer than COLLECTIVE_TIMEOUT_S fails the
+# worker with a message instead of hanging, and the fixture stops the workers after FIXTURE_TIMEOUT_S.
+COLLECTIVE_TIMEOUT_S, FIXTURE_TIMEOUT_S = 90, 240
 # name -> (shares, micro_steps, scaled): scaled=False is the naive per-rank mean, which must be wrong
 CASES = {
     "ddp_equal": ([8, 8], 2, True),
@@ -106,18 +110,31 @@ def _balancer_run(rank):
 
 
 BENCH_ARGS = dict(ranks=2, slow_rank=1, slowdown=3.0, steps=6, block=3, global_batch=24, micro_steps=2, seq=16, dim=64,
-                  window=10, min_steps=4, threshold=0.2, min_gain=0.02, sync_every=2, settle_steps=30, pin=False)
+                  window=10, min_steps=4, threshold=0.2, min_gain=0.02, sync_every=2, settle_steps=30, pin=False,
+                  timeout_s=COLLECTIVE_TIMEOUT_S)
 
 
-def worker(rank: int, world: int, port: int, bench_port: int, out: str) -> None:
+def _say(rank: int, what: str) -> None:
+    print(f"rank {rank}: {what}", flush=True)  # the fixture shows these lines if a worker fails or hangs
+
+
+def worker(rank: int, world: int, out: str) -> None:
     import time
+    from datetime import timedelta
 
     t0 = time.perf_counter()
+    import faulthandler
+
     import torch
     import torch.distributed as dist
 
+    faulthandler.dump_traceback_later(COLLECTIVE_TIMEOUT_S)  # where a hung worker waits, in its log
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    # File stores, not TCP ports: a port picked free by the fixture can be taken (or self-connected
+    # to by a retrying client) before rank 0 listens, and the ranks then wait for each other.
+    dist.init_process_group("gloo", init_method=f"file://{Path(out, 'store-cases')}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S))
+    _say(rank, f"process group up after {time.perf_counter() - t0:.1f} s")
     g = torch.Generator().manual_seed(1)
     data = torch.randint(0, 64, (GLOBAL_BATCH, SEQ + 1), generator=g)
     x, y = data[:, :-1], data[:, 1:]
@@ -132,6 +149,7 @@ def worker(rank: int, world: int, port: int, bench_port: int, out: str) -> None:
         worst = max(((grads[n] - r).abs() - RTOL * r.abs()).max().item() for n, r in ref.items())
         maxdiff = max((grads[n] - r).abs().max().item() for n, r in ref.items())
         result["timings"][name] = time.perf_counter() - t0
+        _say(rank, f"case {name} done at {result['timings'][name]:.1f} s")
         result["cases"][name] = {"ok": worst <= ATOL, "max_abs_diff": maxdiff,
                                  "max_grad": max(r.abs().max().item() for r in ref.values())}
     result["balancer"] = _balancer_run(rank)
@@ -139,27 +157,34 @@ def worker(rank: int, world: int, port: int, bench_port: int, out: str) -> None:
     dist.destroy_process_group()
     Path(out, f"rank{rank}.json").write_text(json.dumps(result))
 
+    _say(rank, "balancer done; bench worker next")
+
     from trainperf.bench.balance import _worker as bench_worker
 
-    bench_worker(rank, world, bench_port, BENCH_ARGS, str(Path(out, "bench.json")))  # rank 0 writes
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    bench_worker(rank, world, f"file://{Path(out, 'store-bench')}", BENCH_ARGS, str(Path(out, "bench.json")))  # rank 0 writes
+    _say(rank, f"bench worker done at {time.perf_counter() - t0:.1f} s")
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     out = tmp_path_factory.mktemp("balance")
-    port, bench_port, world = _free_port(), _free_port(), 2
+    world = 2
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(Path(__file__).resolve().parents[2]))
-    procs = [subprocess.Popen([sys.executable, __file__, "--worker", str(r), str(world), str(port), str(bench_port), str(out)], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(world)]
-    logs = [p.communicate(timeout=120)[0] for p in procs]
+    logs = [out / f"rank{r}.log" for r in range(world)]
+    procs = [subprocess.Popen([sys.executable, __file__, "--worker", str(r), str(world), str(out)], env=env,
+                              stdout=logs[r].open("w"), stderr=subprocess.STDOUT, text=True) for r in range(world)]
+    deadline = time.monotonic() + FIXTURE_TIMEOUT_S
+    try:
+        for p in procs:
+            p.wait(timeout=max(1.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            p.kill()
+            p.wait()
+        pytest.fail(f"the balance workers did not finish in {FIXTURE_TIMEOUT_S} s; their output:\n"
+                    + "\n".join(f"--- rank {r}\n{log.read_text()[-3000:]}" for r, log in enumerate(logs)))
     for p, log in zip(procs, logs):
-        assert p.returncode == 0, log[-3000:]
+        assert p.returncode == 0, log.read_text()[-3000:]
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
     return ranks + [json.loads((out / "bench.json").read_text())]
 
@@ -208,4 +233,4 @@ def test_bench_worker_moves_samples_off_the_slow_rank(results):
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--worker"]:
-    worker(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6])
+    worker(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])

@@ -40,7 +40,6 @@ import argparse
 import gc
 import json
 import os
-import socket
 import statistics
 import tempfile
 import time
@@ -74,6 +73,8 @@ def register(subparsers) -> None:
     p.add_argument("--settle-steps", type=int, default=150, help="at most this many steps for the balancer to settle")
     p.add_argument("--control", action="store_true",
                    help="also measure the noise floor: the same run with equal speeds and equal shares")
+    p.add_argument("--timeout-s", type=float, default=300.0,
+                   help="collective timeout: a rank that stops answering ends the bench with an error after this long")
     p.add_argument("--pin", action=argparse.BooleanOptionalAction, default=True,
                    help="pin each rank to its own CPU when there are at least --ranks usable CPUs (default; each "
                         "rank's speed is then its own and steadier)")
@@ -92,6 +93,8 @@ def _check(args) -> None:
         raise UserError(f"--global-batch {args.global_batch} must be >= ranks x micro-steps = {args.ranks * args.micro_steps}")
     if args.steps < 1 or args.block < 1:
         raise UserError("--steps and --block must be >= 1")
+    if args.timeout_s <= 0:
+        raise UserError(f"--timeout-s {args.timeout_s} must be > 0 (seconds before a silent rank ends the bench)")
     from trainperf.distributed.balance import check_balance_args
 
     check_balance_args(window=args.window, threshold=args.threshold, min_gain=args.min_gain, min_steps=args.min_steps)
@@ -136,12 +139,6 @@ def balance_command(args) -> int:
     return 0
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_bench(args) -> dict:
     import torch.multiprocessing as mp
 
@@ -152,7 +149,11 @@ def run_bench(args) -> dict:
     os.environ.setdefault("MALLOC_TRIM_THRESHOLD_", str(1 << 32))
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp, "result.json")
-        mp.start_processes(_worker, args=(args.ranks, _free_port(), vars(args), str(out)), nprocs=args.ranks,
+        # All ranks are local: they meet through a file store, not a TCP port. (A port picked free
+        # here can be taken before rank 0 listens on it, or a rank's retried connect can land on
+        # itself, and the ranks then wait for each other until the timeout.)
+        init = f"file://{Path(tmp, 'store')}"
+        mp.start_processes(_worker, args=(args.ranks, init, vars(args), str(out)), nprocs=args.ranks,
                            join=True, start_method="spawn")
         return json.loads(out.read_text())
 
@@ -193,7 +194,9 @@ def _model(dim: int, slowdown: float):
     return StragglerMLP()
 
 
-def _worker(rank: int, world: int, port: int, a: dict, out: str) -> None:
+def _worker(rank: int, world: int, init_method: str, a: dict, out: str) -> None:
+    from datetime import timedelta
+
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -207,7 +210,8 @@ def _worker(rank: int, world: int, port: int, a: dict, out: str) -> None:
         # One core per rank: a rank that waits frees its core for others' processes, not for the
         # other rank, so each rank's speed is its own (on a shared machine it is still noisy).
         os.sched_setaffinity(0, {cpus[rank]})
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world,
+                            timeout=timedelta(seconds=a.get("timeout_s", 300.0)))
     B, k = a["global_batch"], a["micro_steps"]
     model = _model(a["dim"], a["slowdown"] if rank == a["slow_rank"] else 1.0)
     ddp = DDP(model)  # the model has no buffers: nothing is broadcast in forward
@@ -327,4 +331,10 @@ def _worker(rank: int, world: int, port: int, a: dict, out: str) -> None:
                                            "sync_every", "pin")},
         }
         Path(out).write_text(json.dumps(res))
+    # Free DDP (its reducer holds the group and its last work) while the group is alive, and
+    # leave together: torn down after destroy_process_group, gloo could wait forever at exit.
+    del ddp
+    gc.unfreeze()
+    gc.collect()
+    dist.barrier()
     dist.destroy_process_group()
