@@ -171,8 +171,11 @@ def results(tmp_path_factory):
     world = 2
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(Path(__file__).resolve().parents[2]))
     logs = [out / f"rank{r}.log" for r in range(world)]
-    procs = [subprocess.Popen([sys.executable, __file__, "--worker", str(r), str(world), str(out)], env=env,
-                              stdout=logs[r].open("w"), stderr=subprocess.STDOUT, text=True) for r in range(world)]
+    procs = []
+    for r in range(world):
+        with logs[r].open("w") as log:  # the child keeps its own copy of the handle
+            procs.append(subprocess.Popen([sys.executable, __file__, "--worker", str(r), str(world), str(out)], env=env,
+                                          stdout=log, stderr=subprocess.STDOUT, text=True))
     deadline = time.monotonic() + FIXTURE_TIMEOUT_S
     try:
         for p in procs:
