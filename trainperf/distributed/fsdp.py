@@ -16,17 +16,9 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from trainperf.models.blocks import repeated_blocks
+
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def repeated_blocks(model: nn.Module) -> list[nn.Module]:
-    """The blocks of ``model.layers`` (a ModuleDict, as the reference GPT, or a ModuleList); [] without."""
-    layers = getattr(model, "layers", None)
-    if isinstance(layers, nn.ModuleDict):
-        return list(layers.values())
-    if isinstance(layers, nn.ModuleList):
-        return list(layers)
-    return []
 
 
 def apply_fsdp(model: nn.Module, dp_mesh, *, param_dtype: torch.dtype | None = None,

@@ -243,7 +243,7 @@ def _apply_compile(part: nn.Module, cfg) -> None:
     # Per block, so FQNs stay those of the model (checkpoints move between layouts) and FSDP wraps
     # compiled blocks; compile after AC wrapping and before FSDP. A model without repeated blocks
     # (model.entrypoint) is compiled whole, in place (Module.compile: FQNs unchanged too).
-    from trainperf.distributed.fsdp import repeated_blocks
+    from trainperf.models.blocks import repeated_blocks
 
     for block in repeated_blocks(part) or [part]:
         block.compile(mode=cfg.compile.mode, fullgraph=cfg.compile.fullgraph, backend=cfg.compile.backend)
