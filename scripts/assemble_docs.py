@@ -12,7 +12,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
-AREAS = ["doctor", "data", "memory", "distributed", "balance", "monitor", "planner", "xla"]
+AREAS = ["doctor", "train", "data", "memory", "distributed", "balance", "monitor", "compare", "integrations", "tune",
+         "planner", "xla"]
 
 
 def _parts(head: str, kind: str, tail: str | None = None) -> list[Path]:
