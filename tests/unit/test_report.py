@@ -25,7 +25,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 def run_dir(tmp_path_factory) -> Path:
     from trainperf.config import load_config
     from trainperf.config.resolve import resolve
-    from trainperf.train.loop import build_trainer
+    from trainperf.train.build import build_trainer
     from trainperf.train.run import fit
 
     d = tmp_path_factory.mktemp("report") / "run"
