@@ -83,7 +83,7 @@ def test_runs_on_the_xla_device(runs):
     s = runs["xla"]["summary"]
     assert s["device"].startswith("xla")
     assert runs["xla"]["trainer"].device.type == "xla"
-    assert next(runs["xla"]["trainer"].eager_model.parameters()).device.type == "xla"
+    assert next(runs["xla"]["trainer"].model.parameters()).device.type == "xla"
     assert s["notes"]["xla"].startswith("xla:0 (CPU)")
 
 
