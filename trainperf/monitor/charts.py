@@ -12,9 +12,9 @@ import html
 import math
 from typing import Sequence
 
-PALETTE = ["#2e86ab", "#e4572e", "#76b041", "#ffc914", "#17bebb", "#8e6c8a", "#5f6b6d", "#d1495b"]
+PALETTE = ["#2e86ab", "#e4572e", "#76b041", "#ffc914", "#17bebb", "#9b59b6", "#5f6b6d", "#d1495b"]
 PHASE_COLORS = {"data": "#e4572e", "forward": "#17bebb", "backward": "#2e86ab", "optimizer": "#76b041",
-                "comm": "#ffc914", "compile": "#8e6c8a"}
+                "comm": "#ffc914", "compile": "#9b59b6"}
 W, H = 680, 320
 LEFT, RIGHT, TOP, BOTTOM = 72, 72, 34, 46
 MAX_POINTS = 1500  # longer series are averaged per bucket

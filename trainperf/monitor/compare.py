@@ -245,7 +245,7 @@ def _charts(result: dict, loaded: list[dict]) -> list[tuple[str, str | None]]:
                                         y_from_zero=True)),
             ("phases", C.stacked_bars(lab, stacks, title="Time per phase (steady steps, mean)",
                                       ylabel="ms per step")),
-            ("peak_memory", C.stacked_bars(lab, [("peak memory", mem, "#8e6c8a")], title="Peak memory "
+            ("peak_memory", C.stacked_bars(lab, [("peak memory", mem, "#9b59b6")], title="Peak memory "
                                            "(CUDA max allocated, else sampled RSS)", ylabel="MiB")
              if any(mem) else None)]
 
