@@ -9,7 +9,7 @@
 
 Every figure is the diagnosis's (:func:`trainperf.monitor.diagnose.compute_summary`): medians
 over the steady steps (the first 10% left out), phase fractions without the ``compile`` phase.
-``peak_memory_bytes`` is ``torch.cuda.max_memory_allocated`` on CUDA runs, else the largest
+``final_loss`` is the last logged step's loss (null when not finite). ``peak_memory_bytes`` is ``torch.cuda.max_memory_allocated`` on CUDA runs, else the largest
 sampled RSS of the training process and its loader workers (samples.jsonl). ``config_diff``
 lists every key of the saved config.yaml whose value differs between runs (``run.dir`` left
 out). ``format_compare`` is the text, ``build_compare_report`` the HTML.
@@ -89,9 +89,8 @@ def _load(run_dirs) -> list[dict]:
 
 def _entry(x: dict) -> dict:
     s, summ = x["s"], x["run"]["summary"]
-    final = _num(summ.get("final_loss"))
-    if final is None and x["curve"]:
-        final = x["curve"][-1][1]
+    recs = x["run"]["ranks"][0]
+    final = _num(recs[-1].get("loss")) if recs else _num(summ.get("final_loss"))  # a diverged run: null
     return {"run_dir": str(x["run"]["dir"]), "tokens_per_s": s.get("tokens_per_s"), "step_time_s": s.get("step_time_s"),
             "mfu": s.get("mfu"), "hfu": s.get("hfu"), "phase_fractions": s.get("phase_fractions") or {},
             "peak_memory_bytes": x["memory"][0], "final_loss": final}

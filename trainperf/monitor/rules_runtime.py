@@ -35,25 +35,22 @@ def rank_compute_windows(recs: list[dict]) -> dict | None:
     """The trainer's per-rank compute clock: each log flush on rank 0 writes ``rank_compute_s``
     (mean compute seconds per step of every data-parallel rank over the window: forward+backward
     without collective waits) and ``rank_clock`` ("thread_cpu" or "cuda_events"). Returns
-    {"clock", "windows": [[s per rank], ...]} (one entry per window; the first of three or more
-    is left out: compilation and warm-up), or None when the run has no such records."""
-    windows: list[list[float | None]] = []
+    {"clock", "windows": [[s per rank], ...] (one row per record that carries it: a window whose
+    every record carries its list weighs by its steps), "n_windows"}, the first 10% of the rows (at
+    least one of three or more) left out as warm-up; None when the run has no such records."""
+    rows: list[list[float | None]] = []
     clock = None
-    last = None
     for r in recs:
         v = r.get("rank_compute_s")
-        if not isinstance(v, list) or len(v) < 2:
-            continue
-        row = [x if (x or 0) > 0 else None for x in map(_num, v)]
-        if row != last:  # every record of one window may carry the same list
-            windows.append(row)
-            last = row
-        clock = r.get("rank_clock", clock)
-    if not windows:
+        if isinstance(v, list) and len(v) >= 2:
+            rows.append([x if (x or 0) > 0 else None for x in map(_num, v)])
+            clock = r.get("rank_clock", clock)
+    if not rows:
         return None
-    if len(windows) >= 3:
-        windows = windows[1:]
-    return {"clock": clock, "windows": windows}
+    if len(rows) >= 3:
+        rows = rows[max(1, math.ceil(0.1 * len(rows))):]
+    n_windows = sum(1 for i, row in enumerate(rows) if i == 0 or row != rows[i - 1])
+    return {"clock": clock, "windows": rows, "n_windows": n_windows}
 
 
 def _vs_others(row: list[float | None], rank: int) -> float | None:
@@ -83,8 +80,9 @@ def _straggler_by_clock(rc: dict) -> dict | None:
     return {"severity": "critical" if ratio > STRAGGLER_CRIT else "warning", "rank": worst, "ratio": ratio,
             "clock": clock,
             "evidence": f"rank {worst} computes {slow_s * 1000:.0f} ms per step against {base_s * 1000:.0f} ms "
-                        f"for the median of the other ranks: {ratio:.2f}x (median over {len(ratios[worst])} log "
-                        f"windows, above {STRAGGLER_RATIO}x in {above}); clock: {CLOCKS.get(clock, clock or '?')}"}
+                        f"for the median of the other ranks: {ratio:.2f}x (median over {rc['n_windows']} log windows, "
+                        f"above {STRAGGLER_RATIO}x in {pct(above / len(ratios[worst]))} of the steps they cover); "
+                        f"clock: {CLOCKS.get(clock, clock or '?')}"}
 
 
 def _straggler_by_files(s: dict) -> dict | None:
