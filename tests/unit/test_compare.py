@@ -130,3 +130,41 @@ def test_bad_run_dirs_exit_2_with_a_message(tmp_path, capsys):
     assert main(["compare", str(good)]) == 2
     assert "two or more run directories" in capsys.readouterr().err
     assert main(["report", str(good), str(tmp_path / "missing")]) == 2
+
+
+def test_garbage_in_run_files_never_gives_a_traceback(tmp_path, capsys):
+    """Randomized damage to every file the three commands read: each exits 0 or 2, never raises."""
+    import random
+
+    rng = random.Random(16)
+    base = write_run(tmp_path / "base", step_s=0.1, config=config(False))
+    junk = [None, "x", -1, 1e308, float("nan"), [], {}, True, {"a": "b"}, [1, "2"]]
+    codes = []
+    for i in range(12):
+        d = tmp_path / f"g{i}"
+        d.mkdir()
+        for name in ("metrics.jsonl", "samples.jsonl", "summary.json", "config.yaml"):
+            data = (base / name).read_bytes()
+            kind = rng.choice(["truncate", "bytes", "values", "empty", "keep"])
+            if kind == "truncate":
+                data = data[:rng.randrange(len(data) + 1)]
+            elif kind == "bytes":
+                data = bytes(rng.randrange(256) if rng.random() < 0.05 else b for b in data)
+            elif kind == "values" and name.endswith("jsonl"):
+                recs = [json.loads(x) for x in data.decode().splitlines()]
+                for r in recs:
+                    for k in list(r):
+                        if rng.random() < 0.3:
+                            r[k] = rng.choice(junk)
+                data = "".join(json.dumps(r) + "\n" for r in recs).encode()
+            elif kind == "empty":
+                data = b""
+            (d / name).write_bytes(data)
+        for argv in (["diagnose", str(d), "--json"], ["report", str(d)], ["compare", str(base), str(d), "--json"]):
+            code = main(argv)
+            out = capsys.readouterr()
+            assert code in (0, 2), (argv, out.err)
+            if code == 0 and "--json" in argv:
+                strict_loads(out.out)
+            codes.append(code)
+    assert codes.count(0) > 5 and codes.count(2) > 2, codes  # both damaged-but-readable and unreadable cases

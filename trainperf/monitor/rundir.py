@@ -60,6 +60,10 @@ def _read_yaml(path: Path) -> dict:
     return obj if isinstance(obj, dict) else {}
 
 
+def _is_num(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
 def rank_of(path: Path) -> int:
     """``metrics.jsonl`` -> 0, ``metrics.rank3.jsonl`` -> 3."""
     for p in path.name.split("."):
@@ -85,7 +89,7 @@ def load_run(run_dir: str | Path) -> dict[str, Any]:
     for f in metric_files:
         recs = read_jsonl(f)
         r = rank_of(f)
-        ranks[r] = [x for x in recs if isinstance(x.get("step_time_s"), (int, float))]
+        ranks[r] = [x for x in recs if _is_num(x.get("step_time_s")) and isinstance(x.get("step"), int)]
         if r == 0:
             evals = [x for x in recs if "val_loss" in x]
     samples: dict[int, list[dict]] = {}
