@@ -176,9 +176,11 @@ def table_rows(result: dict, loaded: list[dict]) -> list[list[str]]:
     rows.append(row("final loss", lambda i, r: _fmt_loss(r["final_loss"])))
     heads, aligned = _aligned(loaded)
     rows += [[h] + vals for h, vals in zip(heads, aligned)]
-    rows.append(row("findings", lambda i, r: ", ".join(f"{f['id']} ({f['severity']})" for f in
-                                                        loaded[i]["diag"]["findings"]) or "none"))
     return rows
+
+
+def findings_of(x: dict) -> str:
+    return ", ".join(f"{f['id']} ({f['severity']})" for f in x["diag"]["findings"]) or "none"
 
 
 def notes(loaded: list[dict]) -> list[str]:
@@ -206,6 +208,7 @@ def format_compare(result: dict, loaded: list[dict]) -> str:
     for r in rows:
         lines.append("  " + r[0].ljust(widths[0]) + "  " + "  ".join(c.rjust(w) for c, w in zip(r[1:], widths[1:])))
     lines.append("")
+    lines += [f"  findings {lab[i]}: {findings_of(x)}" for i, x in enumerate(loaded)] + [""]
     if result["config_diff"]:
         lines.append(f"  config differences ({' | '.join(lab)}):")
         for k, v in result["config_diff"].items():
@@ -261,7 +264,8 @@ def build_compare_report(run_dirs: list[str | Path], out: str | Path | None = No
     e = html.escape
     heads = "".join(f"<p class='headline'>{e(h)}</p>" for h in headlines(result))
     runs = C.table([[lab[i], r["run_dir"]] for i, r in enumerate(result["runs"])], header=["run", "directory"])
-    figures = C.table(table_rows(result, loaded), header=[""] + lab, num_cols=range(1, len(lab) + 1))
+    figures = C.table(table_rows(result, loaded) + [["findings"] + [findings_of(x) for x in loaded]],
+                      header=[""] + lab, num_cols=range(1, len(lab) + 1))
     diff = (C.table([[k] + [_v(x) for x in v] for k, v in result["config_diff"].items()], header=["key"] + lab)
             if result["config_diff"] else "<p>None (run.dir aside).</p>")
     body = (f"<h1>trainperf compare: {e(', '.join(Path(r['run_dir']).name for r in result['runs']))}</h1>{heads}"

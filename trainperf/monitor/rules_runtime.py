@@ -132,7 +132,7 @@ def host_contention(s: dict) -> dict | None:
     spread = p90 / med if (med and p90 and n >= SPREAD_MIN_STEPS) else None
     if spread is not None and spread > SPREAD_WARN:
         crit = crit or spread > SPREAD_CRIT
-        ev.append(f"step times spread far beyond their median: p90 {p90:.3g} s = {spread:.1f}x the median "
+        ev.append(f"step times spread far beyond their median: p90 {p90:.3g} s = {spread:.2f}x the median "
                   f"{med:.3g} s (threshold {SPREAD_WARN}x), from {s['step_time_min_s']:.3g} to "
                   f"{s['step_time_max_s']:.3g} s over {n} steady steps")
     if not ev:
