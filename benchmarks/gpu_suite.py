@@ -68,7 +68,7 @@ def _close(trainer) -> None:
 def build(overrides: list[str]):
     from trainperf.config import load_config
     from trainperf.config.resolve import resolve
-    from trainperf.train.loop import build_trainer
+    from trainperf.train.build import build_trainer
 
     cfg = load_config(None, overrides)
     return build_trainer(resolve(cfg, world_size=1), verbose=False)
@@ -79,7 +79,7 @@ def estimate_bytes(trainer) -> int | None:
         from trainperf.memory.estimate import GPTShape, estimate_gpt, plan_of
     except ImportError:
         return None
-    cfg, model = trainer.cfg, trainer.eager_model
+    cfg, model = trainer.cfg, trainer.model
     if not hasattr(model, "cfg"):
         return None
     ac = cfg.memory.checkpointing
@@ -109,7 +109,7 @@ def time_row(overrides: list[str], *, warmup: int, steps: int, peak: float) -> d
             secs += res.step_time
         float(res.loss)  # host-device sync point: everything above has run
         tps = tokens / secs
-        fpt = formula_flops_per_token(trainer.eager_model, trainer.data.seq_len)
+        fpt = formula_flops_per_token(trainer.model, trainer.data.seq_len)
         return {"micro_batch": trainer.cfg.train.micro_batch, "tokens_per_s": tps, "step_ms": 1000 * secs / steps,
                 "mfu": tps * fpt / peak if fpt else None, "warmup_s": warm_s,
                 "peak_mem_bytes": torch.cuda.max_memory_allocated() if cuda else None,

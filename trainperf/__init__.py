@@ -21,7 +21,7 @@ _LAZY = {
     "load_config": ("trainperf.config.load", "load_config"),
     "Config": ("trainperf.config.schema", "Config"),
     "resolve": ("trainperf.config.resolve", "resolve"),
-    "optimize": ("trainperf.train.loop", "apply_optimizations"),
+    "optimize": ("trainperf.distributed.parallelize", "optimize"),
     "build_model": ("trainperf.models.build", "build_model"),
     "HybridLoader": ("trainperf.data.hybrid", "HybridLoader"),
     "Monitor": ("trainperf.monitor", "Monitor"),

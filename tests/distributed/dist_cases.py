@@ -2,9 +2,10 @@
 
 One process group per world size runs every case of that size (starting processes is the slow
 part here). Each case trains a tiny GPT (2 layers, hidden 64, 4 heads, seq 32, vocab 64, global
-batch 8, micro-batch 4, AdamW lr 3e-3, grad clip 1.0) for a few steps on fixed random global
-batches and returns, on rank 0, its per-step losses, the gathered full parameters and the
-one-process reference run on the same batches.
+batch 8, micro-batch 4, AdamW lr 3e-3 constant, grad clip 1.0) for a few steps on fixed random
+global batches with the real ``Trainer.train_step`` and returns, on rank 0, its per-step losses,
+the gathered full parameters and the one-process reference (the same Trainer, every degree 1)
+on the same batches.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ TWO = {
     "pp2_1f1b": {"parallelism.data": 1, "parallelism.pipeline": 2, "parallelism.pipeline_schedule": "1f1b"},
     "pp2_interleaved": {"parallelism.data": 1, "parallelism.pipeline": 2, "model.n_layer": 4,
                         "parallelism.pipeline_schedule": "interleaved_1f1b", "parallelism.interleave": 2},
+    # the balancer on (equal speeds: it watches, the shares stay even; the step takes the balanced path)
+    "data2_balance": {"parallelism.data": 2, "parallelism.balance.enabled": True},
 }
 # Compressed runs: 6 steps on one repeated batch at lr 3e-3 (the loss falls from 4.17 to 3.3, 2.6 at hidden 128).
 LEARN = {"optimizer.lr": 3e-3}
@@ -52,21 +55,20 @@ FOUR = {
 
 
 def _one(name, overrides, rank, world, steps, repeat=False, **kw):
-    from trainperf.distributed import ddp
+    from trainperf.train.knobs import Knobs
 
-    ddp.FORCE_BF16_GATHER = name.endswith("_gather")
     cfg = H.make_config(overrides)
     # repeat: the same global batch every step, so the loss falls (memorization) and a compressed
     # run's final loss says something; random tokens alone stay at ln(vocab).
     data = H.batches(cfg, 1) * steps if repeat else H.batches(cfg, steps)
     t0 = time.perf_counter()
-    got = H.run_layout(cfg, data, rank=rank, world=world, **kw)
-    ddp.FORCE_BF16_GATHER = False
+    got = H.run_trainer(cfg, data, rank=rank, world=world, knobs=Knobs(bf16_gather=name.endswith("_gather")), **kw)
     if rank != 0:
         return None
     ref = H.run_reference(cfg, data)
     return {"losses": got["losses"], "ref_losses": ref["losses"], "comm": got["comm"], "params": got["params"],
-            "ref_params": ref["params"], "seconds": time.perf_counter() - t0}
+            "ref_params": ref["params"], "seconds": time.perf_counter() - t0,
+            "shares": [e.get("balance/shares") for e in got["extras"]]}
 
 
 def two_process(rank: int, world: int) -> dict:
@@ -88,11 +90,11 @@ def four_process(rank: int, world: int, ckpt_dir: str) -> dict:
     # pipeline=2 x data=2, both from that checkpoint; compared with 4 one-process steps.
     cfg4 = H.make_config({"parallelism.data": 4})
     data = H.batches(cfg4, 4)
-    H.run_layout(cfg4, data[:2], rank=rank, world=world, gather=False, save_dir=ckpt_dir)
+    H.run_trainer(cfg4, data[:2], rank=rank, world=world, gather=False, save_dir=ckpt_dir)
     ref = H.run_reference(cfg4, data) if rank == 0 else None
     for name, ov in {"resume_data2_tensor2": {"parallelism.data": 2, "parallelism.tensor": 2},
                      "resume_pp2_data2": {"parallelism.data": 2, "parallelism.pipeline": 2}}.items():
-        got = H.run_layout(H.make_config(ov), data, rank=rank, world=world, load_dir=ckpt_dir)
+        got = H.run_trainer(H.make_config(ov), data, rank=rank, world=world, load_dir=ckpt_dir)
         if rank == 0:
             out[name] = {"losses": got["losses"], "ref_losses": ref["losses"][2:], "params": got["params"],
                          "ref_params": ref["params"], "comm": got["comm"]}

@@ -1,4 +1,5 @@
-"""Every layout matches one process (CPU, gloo, 2 and 4 processes, tiny GPT, 3 steps).
+"""Every layout matches one process (CPU, gloo, 2 and 4 processes, tiny GPT, 3 steps), driven
+through the real ``Trainer.train_step`` on both sides (trainperf.distributed.harness.run_trainer).
 
 Tolerances (fp32): per-step loss within a relative 1e-5 of the one-process loss of the same
 global batch, and every gathered parameter within an absolute 1e-4 after the steps (AdamW at
@@ -56,9 +57,14 @@ def _check(res, param_atol=PARAM_ATOL, loss_rtol=LOSS_RTOL):
 
 
 @pytest.mark.parametrize("case", ["data2", "fsdp2", "tensor2", "tensor2_sp", "pp2_gpipe", "pp2_1f1b",
-                                  "pp2_interleaved"])
+                                  "pp2_interleaved", "data2_balance"])
 def test_two_process_layout_matches_one_process(two, case):
     _check(two[case])
+
+
+def test_the_balancer_case_ran_the_balanced_step(two):
+    assert all(s == [4, 4] for s in two["data2_balance"]["shares"])  # per-rank shares of the global batch 8
+    assert all(s is None for s in two["data2"]["shares"])
 
 
 def test_ddp_bytes_are_counted_per_step(two):

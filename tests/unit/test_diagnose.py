@@ -15,7 +15,7 @@ from trainperf.cli import main
 from trainperf.config import load_config
 from trainperf.config.resolve import resolve
 from trainperf.monitor.diagnose import RULES, diagnose, format_findings, rules_markdown
-from trainperf.train.loop import build_trainer
+from trainperf.train.build import build_trainer
 from trainperf.train.run import fit
 
 BASE = TINY + ["data.source=synthetic", "checkpoint.at_end=false", "monitor.sample_every_s=0.1"]

@@ -268,7 +268,7 @@ sys.path.insert(0, {str(ROOT)!r})
 from tests.conftest import TINY
 from trainperf.config import load_config
 from trainperf.config.resolve import resolve
-from trainperf.train.loop import build_trainer
+from trainperf.train.build import build_trainer
 from trainperf.train.run import fit
 cfg = load_config(None, TINY + ["data.source=synthetic", "run.steps=50", "run.dir={run_dir}",
                                 "monitor.sample_every_s=0.05"])

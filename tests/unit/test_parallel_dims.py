@@ -164,8 +164,8 @@ def test_fp16_hook_the_backend_cannot_run_is_a_config_error(monkeypatch):
     dist.init_process_group("gloo", store=store, rank=0, world_size=1, timeout=datetime.timedelta(seconds=30))
     try:
         with pytest.raises(ConfigError, match="cannot all-reduce float16"):
-            ddp.apply_ddp(torch.nn.Linear(4, 4), dist.group.WORLD, compression="fp16")
+            ddp.apply_ddp(torch.nn.Linear(4, 4), dist.group.WORLD, counter=ddp.CommCounter(), compression="fp16")
         # bf16 falls back to all-gathering the 16-bit payloads instead of failing
-        ddp.apply_ddp(torch.nn.Linear(4, 4), dist.group.WORLD, compression="bf16")
+        ddp.apply_ddp(torch.nn.Linear(4, 4), dist.group.WORLD, counter=ddp.CommCounter(), compression="bf16")
     finally:
         dist.destroy_process_group()

@@ -17,8 +17,9 @@ import torch
 from tests.conftest import ROOT, run_cli
 from trainperf.config import load_config
 from trainperf.config.resolve import resolve
-from trainperf.train.checkpoint import FAULT_ENV, CheckpointManager
-from trainperf.train.loop import build_trainer
+from trainperf.train.checkpoint import CheckpointManager
+from trainperf.train.knobs import CKPT_KILL_ENV as FAULT_ENV
+from trainperf.train.build import build_trainer
 from trainperf.train.run import fit
 
 

@@ -17,7 +17,7 @@ from trainperf.config import load_config
 from trainperf.config.resolve import resolve
 from trainperf.monitor.diagnose import diagnose
 from trainperf.train.checkpoint import CheckpointManager
-from trainperf.train.loop import build_trainer
+from trainperf.train.build import build_trainer
 from trainperf.train.run import fit
 
 pytestmark = pytest.mark.xla

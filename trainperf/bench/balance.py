@@ -1,7 +1,8 @@
 """``trainperf bench balance``: the dynamic load balancer on a straggler, measured side by side.
 
 N gloo processes (1 thread each; ``--pin``: each on its own CPU) train a small per-token MLP
-with DDP on the same global batch. Rank ``--slow-rank`` does ``--slowdown`` x the work per
+with DDP on the same global batch, through the library's own ``Trainer.train_step`` (the balancer
+as in training: ``parallelism.balance``; the unbalanced blocks pass equal shares to the step). Rank ``--slow-rank`` does ``--slowdown`` x the work per
 sample: it computes the MLP and the loss again on its micro-batch (``F - 1`` extra times, the
 fractional part on part of the rows) and adds ``0 x`` that extra loss to the loss, so forward
 *and* backward really compute it while the loss and gradients stay those of the plain model.
@@ -42,47 +43,12 @@ import json
 import os
 import statistics
 import tempfile
-import time
-from contextlib import nullcontext
 from pathlib import Path
 
-from trainperf.cli._common import add_json_flag, print_json
 from trainperf.errors import UserError
 
 
-def register(subparsers) -> None:
-    p = subparsers.add_parser("balance", help="dynamic load balancer on a straggler rank", description=__doc__)
-    p.add_argument("--ranks", type=int, default=2, help="gloo processes (data-parallel ranks)")
-    p.add_argument("--slow-rank", type=int, default=1, help="the rank that does more work per sample")
-    p.add_argument("--slowdown", type=float, default=2.0, help="work per sample on the slow rank, x the others' (>= 1)")
-    p.add_argument("--steps", type=int, default=60, help="measured steps per arrangement (unbalanced, balanced)")
-    p.add_argument("--block", type=int, default=5, help="steps per block when alternating the two arrangements")
-    p.add_argument("--global-batch", type=int, default=64, help="samples per step over all ranks")
-    p.add_argument("--micro-steps", type=int, default=2, help="micro-steps per rank per step (uneven sizes)")
-    p.add_argument("--seq", type=int, default=256,
-                   help="tokens per sample (the default makes a step ~0.2 s, like a real training step, so the "
-                        "gradient all-reduce is a few percent of it)")
-    p.add_argument("--dim", type=int, default=128, help="MLP width (the hidden layer is 4x)")
-    p.add_argument("--window", type=int, default=60, help="balancer window (measurements kept)")
-    p.add_argument("--min-steps", type=int, default=30, help="balancer measurements before a judgement")
-    p.add_argument("--threshold", type=float, default=0.2, help="balancer trigger: CV of per-rank step compute time")
-    p.add_argument("--min-gain", type=float, default=0.02,
-                   help="balancer: smallest predicted cut of the step compute time worth a move")
-    p.add_argument("--sync-every", type=int, default=10,
-                   help="balancer: exchange the measurements (one all_gather) every this many steps")
-    p.add_argument("--settle-steps", type=int, default=150, help="at most this many steps for the balancer to settle")
-    p.add_argument("--control", action="store_true",
-                   help="also measure the noise floor: the same run with equal speeds and equal shares")
-    p.add_argument("--timeout-s", type=float, default=300.0,
-                   help="collective timeout: a rank that stops answering ends the bench with an error after this long")
-    p.add_argument("--pin", action=argparse.BooleanOptionalAction, default=True,
-                   help="pin each rank to its own CPU when there are at least --ranks usable CPUs (default; each "
-                        "rank's speed is then its own and steadier)")
-    add_json_flag(p)
-    p.set_defaults(func=balance_command)
-
-
-def _check(args) -> None:
+def check_args(args) -> None:
     if args.ranks < 2:
         raise UserError(f"--ranks {args.ranks}: a balancer needs at least 2 ranks")
     if not 0 <= args.slow_rank < args.ranks:
@@ -100,8 +66,9 @@ def _check(args) -> None:
     check_balance_args(window=args.window, threshold=args.threshold, min_gain=args.min_gain, min_steps=args.min_steps)
 
 
-def balance_command(args) -> int:
-    _check(args)
+def measure(args) -> dict:
+    """The bench (and, with ``args.control``, the noise floor) as one result."""
+    check_args(args)
     res = run_bench(args)
     if args.control:
         # The noise floor: the same run with every rank at the same speed and equal shares; its step
@@ -112,31 +79,7 @@ def balance_command(args) -> int:
                           "vs_ideal": ctl["balanced_vs_ideal"], "unbalanced_vs_ideal": ctl["unbalanced_vs_ideal"],
                           "slowest_compute_vs_ideal": ctl["balanced_slowest_compute_vs_ideal"],
                           "overhead_s": ctl["overhead_s"], "shares": ctl["shares"]}
-    if args.json:
-        print_json(res)
-    else:
-        print(f"balance bench: {args.ranks} gloo ranks, rank {args.slow_rank} does {args.slowdown}x work per sample, "
-              f"global batch {args.global_batch}, {args.steps} measured steps per arrangement")
-        print(f"  per-sample compute (ms): {', '.join(f'{1e3 * p:.2f}' for p in res['per_sample_s'])}")
-        print(f"  ideal step      {1e3 * res['ideal_step_s']:8.1f} ms  (global batch / summed speeds; compute only)")
-        print(f"  overhead        {1e3 * res['overhead_s']:8.1f} ms  (step wall - slowest compute: all-reduce, optimizer, "
-              "scheduling)")
-        print(f"  unbalanced step {1e3 * res['unbalanced_step_s']:8.1f} ms  {res['unbalanced_vs_ideal']:.2f}x ideal"
-              f"  shares {res['equal_shares']}")
-        print(f"  balanced step   {1e3 * res['balanced_step_s']:8.1f} ms  {res['balanced_vs_ideal']:.2f}x ideal"
-              f"  shares {res['shares']}  ({res['speedup']:.2f}x faster than unbalanced; "
-              f"{res['balanced_vs_ideal_plus_overhead']:.2f}x ideal + overhead)")
-        print(f"  slowest compute {1e3 * res['balanced_slowest_compute_s']:8.1f} ms  "
-              f"{res['balanced_slowest_compute_vs_ideal']:.2f}x ideal  (balanced steps: residual imbalance + jitter)")
-        if "control" in res:
-            c = res["control"]
-            print(f"  control         {1e3 * c['step_s']:8.1f} ms  {c['vs_ideal']:.2f}x its ideal  (equal speeds, equal "
-                  "shares: the noise floor)")
-        for d in res["decisions"]:
-            kind = "refinement" if d.get("refinement") else "trigger"
-            print(f"  decision at step {d['step']} ({kind}): imbalance {d['imbalance']:.2f}, "
-                  f"{d['old_shares']} -> {d['new_shares']}")
-    return 0
+    return res
 
 
 def run_bench(args) -> dict:
@@ -179,7 +122,7 @@ def _model(dim: int, slowdown: float):
         def sample_loss(self, x, y):
             return F.mse_loss(self.fc2(F.gelu(self.fc1(x))), y)  # mean over (n, T, dim)
 
-        def forward(self, x, y):
+        def forward(self, x, y):  # the trainer's model contract: (output, loss)
             loss = self.sample_loss(x, y)
             extra, burn = slowdown - 1.0, None
             while extra > 1e-9:
@@ -188,21 +131,61 @@ def _model(dim: int, slowdown: float):
                     b = self.sample_loss(x[:n], y[:n])
                     burn = b if burn is None else burn + b
                 extra -= 1.0
-            return loss if burn is None else loss + 0.0 * burn  # same value and gradient, real extra work
+            return None, (loss if burn is None else loss + 0.0 * burn)  # same value and gradient, real extra work
 
     torch.manual_seed(0)
     return StragglerMLP()
 
 
+class _Batches:
+    """In-memory samples as the trainer's data: this rank's share of each global batch (the sampler's split)."""
+
+    def __init__(self, x, y, sampler):
+        self.x, self.y, self.sampler = x, y, sampler
+
+    def next_batch(self, shares=None):
+        import torch
+
+        idx = torch.as_tensor(self.sampler.next_local(shares))
+        return self.x[idx], self.y[idx]
+
+    def state_dict(self) -> dict:
+        return self.sampler.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.sampler.load_state_dict(state)
+
+
+def bench_config(a: dict, world: int):
+    """The run as a config: DDP over ``world`` ranks, the balancer's settings, ``micro_steps`` per rank."""
+    from trainperf.config.schema import Config
+
+    cfg = Config()
+    cfg.run.device, cfg.run.threads, cfg.run.steps = "cpu", 1, 10**9
+    cfg.precision.dtype, cfg.optimizer.type, cfg.optimizer.impl, cfg.optimizer.lr = "fp32", "sgd", "foreach", 1e-3
+    cfg.optimizer.weight_decay = 0.0
+    cfg.schedule.type, cfg.schedule.warmup_steps = "constant", 0
+    cfg.train.global_batch, cfg.train.grad_clip = a["global_batch"], 0.0
+    cfg.train.micro_batch = max(1, a["global_batch"] // (world * a["micro_steps"]))
+    cfg.parallelism.data = world
+    b = cfg.parallelism.balance
+    b.enabled, b.window, b.min_steps, b.threshold, b.min_gain, b.sync_every = (
+        True, a["window"], a["min_steps"], a["threshold"], a["min_gain"], a["sync_every"])
+    cfg.distributed.timeout_s = a.get("timeout_s", 300.0)
+    return cfg
+
+
 def _worker(rank: int, world: int, init_method: str, a: dict, out: str) -> None:
     from datetime import timedelta
+    from types import SimpleNamespace
 
     import torch
     import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel as DDP
 
     from trainperf.data.sampler import GlobalBatchSampler
-    from trainperf.distributed.balance import ComputeClock, DynamicBalancer, equal_shares, micro_batch_sizes
+    from trainperf.distributed.balance import equal_shares
+    from trainperf.distributed.parallel_dims import ParallelDims
+    from trainperf.train.build import assemble
 
     torch.set_num_threads(1)
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
@@ -212,35 +195,21 @@ def _worker(rank: int, world: int, init_method: str, a: dict, out: str) -> None:
         os.sched_setaffinity(0, {cpus[rank]})
     dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world,
                             timeout=timedelta(seconds=a.get("timeout_s", 300.0)))
-    B, k = a["global_batch"], a["micro_steps"]
+    B = a["global_batch"]
+    cfg = bench_config(a, world)
     model = _model(a["dim"], a["slowdown"] if rank == a["slow_rank"] else 1.0)
-    ddp = DDP(model)  # the model has no buffers: nothing is broadcast in forward
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    clock = ComputeClock(model)
     g = torch.Generator().manual_seed(1)
     n_samples = 4 * B
     x = torch.randn(n_samples, a["seq"], a["dim"], generator=g)
     y = torch.randn(n_samples, a["seq"], a["dim"], generator=g)
     sampler = GlobalBatchSampler(n_samples, B, rank=rank, world=world, seed=0)
-    bal = DynamicBalancer(B, micro_steps=k, window=a["window"], min_steps=a["min_steps"], threshold=a["threshold"],
-                          min_gain=a["min_gain"], sync_every=a["sync_every"])
+    data = SimpleNamespace(train=_Batches(x, y, sampler), val=None, seq_len=a["seq"], vocab_size=0, meta={})
+    trainer = assemble(cfg, ParallelDims.from_config(cfg, world), model, data, rank=rank)
+    bal = trainer.balancer
 
-    def step(shares) -> tuple[float, float]:
-        idx = sampler.next_local(shares)
-        t0 = time.perf_counter()
-        clock.start()
-        start = 0
-        sizes = micro_batch_sizes(len(idx), k)
-        for i, n in enumerate(sizes):
-            part = torch.as_tensor(idx[start:start + n])
-            start += n
-            with nullcontext() if i == len(sizes) - 1 else ddp.no_sync():
-                loss = ddp(x[part], y[part])  # mean over the micro-batch
-                (loss * bal.loss_scale(n)).backward()  # exact global-batch gradient
-        compute = clock.stop()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return compute, time.perf_counter() - t0
+    def step(shares=None) -> tuple[float, float, bool]:
+        res = trainer.train_step(shares)  # shares given: this step runs them and the balancer is not fed
+        return res.extras["balance/compute_s"], res.step_time, "balance/new_shares" in res.extras
 
     equal = equal_shares(B, world)
     from tqdm import tqdm
@@ -261,11 +230,10 @@ def _worker(rank: int, world: int, init_method: str, a: dict, out: str) -> None:
     for s in range(a["settle_steps"]):  # phase 2: the balancer at work
         if s % a["block"] == 0:
             gc.collect()
-        compute, _ = step(bal.shares)
-        d = bal.step(s, compute)
+        _, _, moved = step()
         bar.update()
         settle_used = s + 1
-        quiet = 0 if d else quiet + 1
+        quiet = 0 if moved else quiet + 1
         if bal.decisions and not bal.policy.engaged and quiet >= a["min_steps"]:
             break
     settled = bal.shares
@@ -273,19 +241,13 @@ def _worker(rank: int, world: int, init_method: str, a: dict, out: str) -> None:
     # measurements (and may still move), and its exchange is part of the balanced step's time.
     rows = {"unbalanced": [], "balanced": []}  # (wall, compute, share) per measured step
     done = {"unbalanced": 0, "balanced": 0}
-    s = settle_used
     bar.total = 3 + settle_used + 2 * a["steps"]
     bar.set_description(f"{label}: measuring")
     while min(done.values()) < a["steps"]:
         for name in ("unbalanced", "balanced"):
             for _ in range(min(a["block"], a["steps"] - done[name])):
                 shares = equal if name == "unbalanced" else bal.shares
-                compute, wall = step(shares)
-                if name == "balanced":
-                    t0 = time.perf_counter()
-                    bal.step(s, compute)
-                    wall += time.perf_counter() - t0
-                    s += 1
+                compute, wall, _ = step(equal if name == "unbalanced" else None)
                 rows[name].append((wall, compute, shares[rank]))
                 done[name] += 1
                 bar.update()
@@ -295,46 +257,51 @@ def _worker(rank: int, world: int, init_method: str, a: dict, out: str) -> None:
     gathered = [None] * world
     dist.all_gather_object(gathered, rows)
     if rank == 0:
-        # A rank's speed = samples / compute seconds over all its measured steps (the throughput it
-        # sustains, the same statistic as the mean step time it is compared with).
-        per_sample = [sum(c for _, c, _ in r["unbalanced"] + r["balanced"]) /
-                      sum(n for _, _, n in r["unbalanced"] + r["balanced"]) for r in gathered]
-        ideal = B / sum(1 / p for p in per_sample)
-        per_sample_med = [statistics.median(c / n for _, c, n in r["unbalanced"] + r["balanced"]) for r in gathered]
-        ideal_med = B / sum(1 / p for p in per_sample_med)
-        per_step = list(zip(*(r["balanced"] for r in gathered)))  # the same steps on every rank
-        overhead = statistics.median(steps[0][0] - max(c for _, c, _ in steps) for steps in per_step)
-        # the slowest rank's compute per balanced step, averaged: above the ideal by the residual
-        # imbalance and by per-step jitter (each step waits for whichever rank is slow that step)
-        slowest = statistics.mean(max(c for _, c, _ in steps) for steps in per_step)
-        unb = statistics.mean(w for w, _, _ in gathered[0]["unbalanced"])
-        bald = statistics.mean(w for w, _, _ in gathered[0]["balanced"])
-        res = {
-            "ideal_step_s": ideal, "unbalanced_step_s": unb, "balanced_step_s": bald, "shares": bal.shares,
-            "settled_shares": settled,
-            "unbalanced_vs_ideal": unb / ideal, "balanced_vs_ideal": bald / ideal, "speedup": unb / bald,
-            "unbalanced_step_median_s": statistics.median(w for w, _, _ in gathered[0]["unbalanced"]),
-            "balanced_step_median_s": statistics.median(w for w, _, _ in gathered[0]["balanced"]),
-            "per_sample_s": per_sample,
-            # the same from the medians of per-step compute / share (lower when steps have slow outliers)
-            "per_sample_median_s": per_sample_med, "ideal_from_medians_step_s": ideal_med,
-            "balanced_vs_ideal_from_medians": bald / ideal_med,
-            # wall - slowest rank's compute, per balanced step: gradient all-reduce, optimizer, scheduling
-            "overhead_s": overhead, "ideal_plus_overhead_s": ideal + overhead,
-            "balanced_slowest_compute_s": slowest, "balanced_slowest_compute_vs_ideal": slowest / ideal,
-            "balanced_vs_ideal_plus_overhead": bald / (ideal + overhead),
-            "compute_s": {name: [statistics.median(c for _, c, _ in r[name]) for r in gathered]
-                          for name in ("unbalanced", "balanced")}, "equal_shares": equal, "settle_steps": settle_used,
-            "decisions": [d.as_dict() for d in bal.decisions],
-            "setup": {k2: a[k2] for k2 in ("ranks", "slow_rank", "slowdown", "steps", "block", "global_batch",
-                                           "micro_steps", "seq", "dim", "window", "min_steps", "threshold", "min_gain",
-                                           "sync_every", "pin")},
-        }
-        Path(out).write_text(json.dumps(res))
+        Path(out).write_text(json.dumps(summarize(gathered, B, bal, equal, settled, settle_used, a)))
     # Free DDP (its reducer holds the group and its last work) while the group is alive, and
     # leave together: torn down after destroy_process_group, gloo could wait forever at exit.
-    del ddp
+    del trainer, bal
     gc.unfreeze()
     gc.collect()
     dist.barrier()
     dist.destroy_process_group()
+
+
+def summarize(gathered: list[dict], B: int, bal, equal: list[int], settled: list[int], settle_used: int,
+              a: dict) -> dict:
+    """The figures, from every rank's (wall, compute, share) rows of the measured steps."""
+    # A rank's speed = samples / compute seconds over all its measured steps (the throughput it
+    # sustains, the same statistic as the mean step time it is compared with).
+    per_sample = [sum(c for _, c, _ in r["unbalanced"] + r["balanced"]) /
+                  sum(n for _, _, n in r["unbalanced"] + r["balanced"]) for r in gathered]
+    ideal = B / sum(1 / p for p in per_sample)
+    per_sample_med = [statistics.median(c / n for _, c, n in r["unbalanced"] + r["balanced"]) for r in gathered]
+    ideal_med = B / sum(1 / p for p in per_sample_med)
+    per_step = list(zip(*(r["balanced"] for r in gathered)))  # the same steps on every rank
+    overhead = statistics.median(steps[0][0] - max(c for _, c, _ in steps) for steps in per_step)
+    # the slowest rank's compute per balanced step, averaged: above the ideal by the residual
+    # imbalance and by per-step jitter (each step waits for whichever rank is slow that step)
+    slowest = statistics.mean(max(c for _, c, _ in steps) for steps in per_step)
+    unb = statistics.mean(w for w, _, _ in gathered[0]["unbalanced"])
+    bald = statistics.mean(w for w, _, _ in gathered[0]["balanced"])
+    return {
+        "ideal_step_s": ideal, "unbalanced_step_s": unb, "balanced_step_s": bald, "shares": bal.shares,
+        "settled_shares": settled,
+        "unbalanced_vs_ideal": unb / ideal, "balanced_vs_ideal": bald / ideal, "speedup": unb / bald,
+        "unbalanced_step_median_s": statistics.median(w for w, _, _ in gathered[0]["unbalanced"]),
+        "balanced_step_median_s": statistics.median(w for w, _, _ in gathered[0]["balanced"]),
+        "per_sample_s": per_sample,
+        # the same from the medians of per-step compute / share (lower when steps have slow outliers)
+        "per_sample_median_s": per_sample_med, "ideal_from_medians_step_s": ideal_med,
+        "balanced_vs_ideal_from_medians": bald / ideal_med,
+        # wall - slowest rank's compute, per balanced step: gradient all-reduce, optimizer, scheduling
+        "overhead_s": overhead, "ideal_plus_overhead_s": ideal + overhead,
+        "balanced_slowest_compute_s": slowest, "balanced_slowest_compute_vs_ideal": slowest / ideal,
+        "balanced_vs_ideal_plus_overhead": bald / (ideal + overhead),
+        "compute_s": {name: [statistics.median(c for _, c, _ in r[name]) for r in gathered]
+                      for name in ("unbalanced", "balanced")}, "equal_shares": equal, "settle_steps": settle_used,
+        "decisions": [d.as_dict() for d in bal.decisions],
+        "setup": {k2: a[k2] for k2 in ("ranks", "slow_rank", "slowdown", "steps", "block", "global_batch",
+                                       "micro_steps", "seq", "dim", "window", "min_steps", "threshold", "min_gain",
+                                       "sync_every", "pin")},
+    }

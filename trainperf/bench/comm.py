@@ -30,18 +30,6 @@ ROWS = [
 BENCH_MODEL = {"model.n_embd": 128, "model.n_head": 4}
 
 
-def register(subparsers) -> None:
-    from trainperf.cli._common import add_json_flag
-
-    p = subparsers.add_parser("comm", help="bytes and time per step for each parallel layout and compression",
-                              description=__doc__)
-    p.add_argument("--world", type=int, default=2, help="local gloo processes (default 2)")
-    p.add_argument("--steps", type=int, default=4, help="steps per row (PowerSGD compresses from step 3)")
-    p.add_argument("--rows", default=None, help="comma-separated row names to run (default: all)")
-    add_json_flag(p)
-    p.set_defaults(func=run)
-
-
 def formula_bytes(name: str, cfg, model_numel: int, matrices: list[tuple[int, int]], vectors: int, world: int) -> int:
     """Per-rank bytes sent per optimizer step, from REFERENCE.md's formulas (fp32 unless compressed)."""
     from trainperf.distributed.fsdp import fsdp_comm_bytes
@@ -79,7 +67,7 @@ def _work(rank: int, world: int, rows: list, steps: int):
     for name, overrides in rows:
         cfg = H.make_config({**BENCH_MODEL, **overrides})
         data = H.batches(cfg, steps)
-        res = H.run_layout(cfg, data, rank=rank, world=world, gather=False)
+        res = H.run_trainer(cfg, data, rank=rank, world=world, gather=False)
         if rank != 0:
             continue
         meta = build_model(cfg, device="cpu", materialize=False)
@@ -91,51 +79,34 @@ def _work(rank: int, world: int, rows: list, steps: int):
         row = {
             "layout": name,
             "world": world,
-            "measured_payload_bytes": last["comm_payload_bytes"] or None,
-            "measured_wire_bytes": last["comm_wire_bytes"] or None,
+            "measured_payload_bytes": last.get("comm_payload_bytes") or None,
+            "measured_wire_bytes": last.get("comm_wire_bytes") or None,
             "formula_wire_bytes": formula_bytes(name, cfg, numel, mats, vecs, world),
             "step_s": statistics.median(times),
             "final_loss": res["losses"][-1],
-            "how": "measured in DDP hooks" if last["comm_calls"] else "formula only (collectives not hooked)",
+            "how": "measured in DDP hooks" if last.get("comm_calls") else "formula only (collectives not hooked)",
         }
         out.append(row)
     return out
 
 
-def run(args) -> int:
-    from trainperf.cli._common import print_json
+def measure(row_names: list[str] | None = None, *, steps: int = 4, world: int = 2) -> dict:
+    """Run the rows (all, or those named) in ``world`` gloo processes; the result with per-row figures."""
     from trainperf.distributed.harness import spawn
     from trainperf.errors import UserError
 
     rows = ROWS
-    if args.rows:
-        wanted = [r.strip() for r in args.rows.split(",")]
-        unknown = [w for w in wanted if w not in dict(ROWS)]
+    if row_names:
+        unknown = [w for w in row_names if w not in dict(ROWS)]
         if unknown:
             raise UserError(f"unknown row(s) {unknown}; choose among {[n for n, _ in ROWS]}")
-        rows = [r for r in ROWS if r[0] in wanted]
-    if args.world != 2:
-        raise UserError("--world: the rows are written for 2 processes; use --world 2")
-    results = spawn(_work, args.world, rows, args.steps, timeout_s=120)
+        rows = [r for r in ROWS if r[0] in row_names]
+    if world != 2:
+        raise UserError(f"--world {world}: the rows are written for 2 processes; use --world 2")
+    results = spawn(_work, world, rows, steps, timeout_s=120)
     base = next((r for r in results if r["layout"] == "data=2"), None)
     for r in results:
         if base and r["measured_payload_bytes"] and base["measured_payload_bytes"]:
             r["reduction_vs_data2"] = round(base["measured_payload_bytes"] / r["measured_payload_bytes"], 2)
-    if args.json:
-        print_json({"model": "GPT 2 layers, hidden 128, heads 4, seq 32, vocab 64, global batch 8, micro 4, fp32",
-                    "backend": "gloo (CPU)", "per": "rank and optimizer step", "rows": results})
-        return 0
-    print("trainperf bench comm: tiny GPT (2 layers, hidden 128, seq 32, global batch 8), gloo on CPU, "
-          f"{args.world} processes; bytes per rank per optimizer step")
-    hdr = f"{'layout':<26}{'payload B':>12}{'wire B':>12}{'formula B':>12}{'x fewer':>9}{'step ms':>9}"
-    print(hdr)
-    print("-" * len(hdr))
-    for r in results:
-        fmt = lambda v: f"{v:,}" if v else "-"  # noqa: E731
-        red = r.get("reduction_vs_data2")
-        print(f"{r['layout']:<26}{fmt(r['measured_payload_bytes']):>12}{fmt(r['measured_wire_bytes']):>12}"
-              f"{r['formula_wire_bytes']:>12,}{(f'{red:.1f}' if red else '-'):>9}{r['step_s'] * 1000:>9.0f}")
-    print("payload/wire: measured in the DDP hooks (wire = ring estimate 2(n-1)/n x payload); formula: REFERENCE.md; "
-          "'-' = those collectives are not hooked (FSDP2, DTensor, pipeline p2p). Step times on a shared CPU are "
-          "indicative only.")
-    return 0
+    return {"model": "GPT 2 layers, hidden 128, heads 4, seq 32, vocab 64, global batch 8, micro 4, fp32",
+            "backend": "gloo (CPU)", "per": "rank and optimizer step", "world": world, "rows": results}

@@ -18,8 +18,6 @@ import copy
 import statistics
 import time
 
-from trainperf.cli._common import add_config_args, add_json_flag, print_json
-
 DEFAULT_OVERRIDES = ["model.preset=tiny", "data.source=synthetic", "run.eval_every=0", "run.sample_tokens=0"]
 
 VARIANTS = {
@@ -30,20 +28,9 @@ VARIANTS = {
 }
 
 
-def register(subparsers) -> None:
-    p = subparsers.add_parser("step", help="trainer step vs a plain PyTorch loop on the same model and data")
-    add_config_args(p, required=False)
-    p.add_argument("--rounds", type=int, default=6, help="interleaved rounds (default 6)")
-    p.add_argument("--steps", type=int, default=8, help="steps of each loop per round (default 8)")
-    p.add_argument("--warmup", type=int, default=3, help="untimed steps of each loop first (default 3)")
-    p.add_argument("--variants", nargs="*", default=None, metavar="NAME",
-                   help=f"extra rows: {', '.join(VARIANTS)} (no name: all that this device can run)")
-    add_json_flag(p)
-    p.set_defaults(func=run)
-
-
 def plain_loop_step(model, opt, source, rng, batch, device, clip):
-    """What a user writes by hand: sample, gather, forward, backward, clip, step."""
+    """The baseline this benchmark measures the Trainer against (not a step trainperf trains with):
+    what a user writes by hand: sample, gather, forward, backward, clip, step."""
     import torch
 
     idx = rng.integers(0, len(source), size=batch)
@@ -61,7 +48,7 @@ def plain_loop_step(model, opt, source, rng, batch, device, clip):
 def _trainer(cfg_path, overrides, steps_needed):
     from trainperf.config import load_config
     from trainperf.config.resolve import resolve
-    from trainperf.train.loop import build_trainer
+    from trainperf.train.build import build_trainer
 
     cfg = load_config(cfg_path, overrides)
     cfg.run.progress = False
@@ -99,7 +86,7 @@ def measure(cfg_path, overrides, *, rounds: int, steps: int, warmup: int, varian
         raise ConfigError("bench step compares one micro-batch per step; set train.global_batch = train.micro_batch")
     if c.precision.dtype not in ("fp32", "tf32"):
         raise ConfigError(f"bench step's plain loop runs fp32; set precision.dtype=fp32 (got {c.precision.dtype})")
-    plain_model = copy.deepcopy(trainer.eager_model)
+    plain_model = copy.deepcopy(trainer.model)
     plain_opt = build_optimizer(plain_model, c.optimizer)
     source = trainer.data.train.source
     rng = np.random.default_rng(c.run.seed)
@@ -152,23 +139,3 @@ def measure(cfg_path, overrides, *, rounds: int, steps: int, warmup: int, varian
         "device": str(trainer.device),
         "optimizer_impl": c.optimizer.impl,
     }
-
-
-def run(args) -> int:
-    res = measure(args.config, args.overrides, rounds=args.rounds, steps=args.steps, warmup=args.warmup,
-                  variants=args.variants, progress=not args.json)
-    if args.json:
-        print_json(res)
-        return 0
-    print("trainperf bench step: trainer vs hand-written loop, same model/data/optimizer")
-    print(f"  trainer step  {res['trainer_step_s'] * 1000:9.2f} ms (median, fp32 eager)")
-    print(f"  plain step    {res['plain_step_s'] * 1000:9.2f} ms (median)")
-    print(f"  overhead      {100 * res['overhead']:+8.2f} %   (trainer / plain - 1)")
-    for row in res["variants"]:
-        extra = f", first step (compile) {row['compile_s']:.1f} s" if row["compile_s"] and "compile" in row["name"] else ""
-        print(f"  {row['name']:<16}{row['step_s'] * 1000:9.2f} ms   x{row['speedup_vs_trainer_fp32']:.2f} vs fp32 eager{extra}")
-    for name, why in res["skipped"].items():
-        print(f"  {name:<16}skipped: {why}")
-    print(f"  ({res['method']}; {res['model_params'] / 1e6:.2f}M params, batch {res['micro_batch']} x "
-          f"{res['seq_len']}, {res['device']}, AdamW {res['optimizer_impl']})")
-    return 0

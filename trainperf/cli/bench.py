@@ -1,7 +1,7 @@
 """``trainperf bench KIND``: measured, side by side with the plain way.
 
-Each bench kind lives in ``trainperf/bench/<kind>.py`` and exposes
-``register(subparsers)`` (adding its parser and ``func``), like a subcommand.
+Each bench kind measures in ``trainperf/bench/<kind>.py`` (a library function returning its result)
+and is parsed and printed by ``trainperf/cli/bench_<kind>.py`` (``register(subparsers)``).
 """
 
 from __future__ import annotations
@@ -16,15 +16,13 @@ KINDS = {
 }
 
 
+CLI = {"step": "trainperf.cli.bench_step", "data": "trainperf.bench.data", "balance": "trainperf.cli.bench_balance",
+       "comm": "trainperf.cli.bench_comm"}
+
+
 def register(subparsers) -> None:
     parser = subparsers.add_parser("bench", help="run a benchmark side by side with the plain way",
                                    description=__doc__)
     sub = parser.add_subparsers(dest="bench_kind", metavar="KIND", required=True)
     for kind in KINDS:
-        try:
-            module = importlib.import_module(f"trainperf.bench.{kind}")
-        except ModuleNotFoundError as exc:
-            if exc.name == f"trainperf.bench.{kind}":
-                continue
-            raise
-        module.register(sub)
+        importlib.import_module(CLI[kind]).register(sub)

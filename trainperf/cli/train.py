@@ -16,20 +16,18 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
+    import os
+
     from trainperf.config import load_config
     from trainperf.config.resolve import resolve
-    from trainperf.train.loop import build_trainer
-    from trainperf.train.run import fit
+    from trainperf.train.build import train
+    from trainperf.train.knobs import from_environ
 
     cfg = load_config(args.config, args.overrides)
     resolved = resolve(cfg)
-    if resolved.world_size > 1:
-        from trainperf.distributed.entry import train_distributed  # torchrun: WORLD_SIZE > 1
-
-        summary = train_distributed(resolved, resume=args.resume, verbose=not args.json)
-    else:
-        trainer = build_trainer(resolved, verbose=not args.json)
-        summary = fit(trainer, resume=args.resume, verbose=not args.json)
+    # test and benchmark knobs (a slowed rank, injected faults) come from the environment here, at the
+    # edge, and are handed to the trainer as an object
+    summary = train(resolved, resume=args.resume, verbose=not args.json, knobs=from_environ(os.environ))
     if args.json and summary is not None:
         print_json(summary)
     return 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from typing import Any
 
 from trainperf.config.schema import Config
 from trainperf.errors import ConfigError
@@ -52,9 +53,14 @@ class DeviceFacts:
 
 @dataclass
 class Resolved:
+    """A config with every ``auto`` resolved, the reasons, and the validated layout (``dims``:
+    ParallelDims for this world size, checked against the model, compression and balancing once,
+    here, before any process group or work)."""
+
     cfg: Config
     notes: dict[str, str] = field(default_factory=dict)
     world_size: int = 1
+    dims: Any = None
 
 
 def world_size_from_env() -> int:
@@ -172,7 +178,8 @@ def resolve(cfg: Config, facts: DeviceFacts | None = None, world_size: int | Non
     # compression checks only when several processes run (one process ignores compression).
     from trainperf.distributed.parallel_dims import ParallelDims, check_compression
 
-    ParallelDims.from_config(cfg, world_size)
+    xla = cfg.run.device == "xla"  # XLA processes are data-parallel through torch_xla (the backend), no mesh
+    dims = ParallelDims.single() if xla else ParallelDims.from_config(cfg, world_size)
     # micro_batch is a memory knob, the global batch the contract: a micro-batch larger than a data
     # rank's share (e.g. gpt-tiny's 16 at data=2) trains as that share (no accumulation), the same
     # training. The field keeps its value (evaluation batches stay those of one process).
@@ -188,7 +195,9 @@ def resolve(cfg: Config, facts: DeviceFacts | None = None, world_size: int | Non
     else:
         check_batch(cfg)
     check_model_shape(cfg)
-    if world_size > 1 and cfg.run.device != "xla":
+    check_layout(cfg, dims)
+    _resolve_compile(cfg, dims, notes)
+    if world_size > 1 and not xla:
         check_compression(p.compression.type, dp_replicate=p.data, dp_shard=p.data_shard, tp=p.tensor, pp=p.pipeline)
     if p.compression.type != "none" and p.data_shard > 1:
         raise ConfigError(
@@ -198,7 +207,49 @@ def resolve(cfg: Config, facts: DeviceFacts | None = None, world_size: int | Non
     from trainperf.distributed.balance import check_balance_config
 
     check_balance_config(cfg, world_size)
-    return Resolved(cfg=cfg, notes=notes, world_size=world_size)
+    return Resolved(cfg=cfg, notes=notes, world_size=world_size, dims=dims)
+
+
+def check_layout(cfg: Config, dims) -> None:
+    """The degrees against the model: a reference GPT's heads, width and blocks; a user's model
+    (``model.entrypoint``) trains with data parallelism only."""
+    if cfg.model.entrypoint:
+        if dims.tp_enabled or dims.pp_enabled:
+            raise ConfigError(
+                f"model.entrypoint models train with data parallelism only (DDP: parallelism.data, FSDP2: "
+                f"parallelism.data_shard); got parallelism.tensor={dims.tp}, parallelism.pipeline={dims.pp}, which "
+                "need the reference GPT's blocks and attention projections; set both to 1 or use the reference model"
+            )
+        return
+    shape = model_shape(cfg)
+    dims.validate_model(n_head=shape["n_head"], n_layer=shape["n_layer"], n_embd=shape["n_embd"],
+                        interleave=cfg.parallelism.interleave if dims.pp_enabled else 1)
+
+
+def _resolve_compile(cfg: Config, dims, notes: dict) -> None:
+    """``compile.regional: auto``: the whole model in one process and under DDP, each block under
+    FSDP2, tensor or pipeline parallelism (whole-model graphs cannot span FSDP2's per-block hooks,
+    DTensor redistributions or stage boundaries; torchtitan compiles per block too)."""
+    c = cfg.compile
+    sharded = dims.fsdp_enabled or dims.tp_enabled or dims.pp_enabled
+    if c.regional == "auto":
+        c.regional = bool(sharded)
+        if c.enabled:
+            notes["compile.regional"] = ("FSDP2 / tensor / pipeline parallelism: each block compiled" if sharded
+                                         else "the whole model compiled in one graph")
+    elif c.enabled and sharded and c.regional is False:
+        raise ConfigError(
+            f"compile.regional=false (one graph for the whole model) cannot be used with {dims.describe()}: FSDP2's "
+            "per-block hooks, DTensor redistributions and pipeline stages split it; set compile.regional=true "
+            "(each block compiled) or auto"
+        )
+
+
+def seq_len_of(cfg: Config) -> int:
+    """Tokens per sample: the reference GPT's context, or ``model.block_size`` (default 128) for a user's model."""
+    if cfg.model.entrypoint:
+        return cfg.model.block_size or 128
+    return model_shape(cfg)["block_size"]
 
 
 def check_batch(cfg: Config) -> None:

@@ -235,8 +235,9 @@ class CompileConfig(Section):
     """Require one graph (no graph breaks)."""
     backend: str = "inductor"
     """torch.compile backend (inductor; openxla on XLA devices)."""
-    regional: bool = False
-    """Compile each repeated block separately (faster compile) instead of the whole model."""
+    regional: bool | Literal["auto"] = "auto"
+    """Compile each repeated block separately (faster compile) instead of the whole model; auto: the whole
+    model in one process and under DDP, each block under FSDP2, tensor or pipeline parallelism."""
 
 
 class CompressionConfig(Section):

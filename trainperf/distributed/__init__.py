@@ -2,6 +2,6 @@
 pipeline stages and schedules, gradient compression, sharded checkpoints, fail-fast.
 
 Entry points: :func:`trainperf.distributed.parallelize.parallelize` (library),
-:func:`trainperf.distributed.entry.train_distributed` (``trainperf train`` under torchrun).
+:func:`trainperf.train.build.train` (``trainperf train``, one process or under torchrun).
 Submodules import torch lazily where the CLI must stay light (parallel_dims has no torch import).
 """

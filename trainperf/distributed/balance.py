@@ -406,6 +406,16 @@ class ComputeClock:
         self._handles = []
 
 
+class ThreadCpuClock:
+    """A compute clock for FSDP2 on CPU: this thread's CPU seconds (collective waits left out)."""
+
+    def start(self) -> None:
+        self._t0 = time.thread_time()
+
+    def stop(self) -> float:
+        return time.thread_time() - self._t0
+
+
 class DynamicBalancer:
     """A data-parallel rank's handle on the shared :class:`BalancePolicy`.
 

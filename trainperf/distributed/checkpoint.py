@@ -115,7 +115,17 @@ def load(path: str | Path, modules: list, optimizers: list) -> dict:
         msd = {k: v for k, v in state["model"].items() if k in names}
         osd = {k: v for k, v in state["optim"].items() if _optim_key_fqn(k) in names}
         set_state_dict(m, o, model_state_dict=msd, optim_state_dict=osd, options=_options())
-    return torch.load(path / "trainer.pt", map_location="cpu", weights_only=False)
+    return read_extra(path)
+
+
+def read_extra(path: str | Path) -> dict:
+    """A checkpoint's ``trainer.pt`` (step, loader position, RNG, config), loaded with weights_only=True."""
+    f = Path(path) / "trainer.pt"
+    try:
+        return torch.load(f, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - unreadable or not a checkpoint
+        raise CheckpointError(f"{f}: cannot be loaded ({type(exc).__name__}: {str(exc)[:200]}); resume from an "
+                              "earlier checkpoint or start over with --resume never") from None
 
 
 def _fqns(module) -> set[str]:
@@ -128,3 +138,34 @@ def _optim_key_fqn(key: str) -> str:
     # flattened keys: "state.<fqn>.<exp_avg|exp_avg_sq|step>" and "param_groups.<fqn>.<option>"
     head, _, rest = key.partition(".")
     return rest.rsplit(".", 1)[0] if head in ("state", "param_groups") else key
+
+
+class DcpCheckpointer:
+    """Several processes: sharded DCP checkpoints, every rank writing its shards (resumable on another
+    layout). Collective: every rank calls :meth:`save` and :meth:`resume`."""
+
+    def __init__(self, directory: str | Path, keep: int = 3):
+        self.dir = Path(directory)
+        self.keep = keep
+
+    def save(self, trainer) -> Path:
+        return save(self.dir, trainer.step, trainer.pm.modules, trainer.optimizer.optimizers, trainer.extra_state(),
+                    keep=self.keep)
+
+    def resume(self, trainer, mode: str) -> int | None:
+        """``--resume auto | never | PATH`` (PATH: a step-XXXXXXXX directory saved on any layout)."""
+        from trainperf.train.checkpoint import check_resume_compatible
+
+        if mode == "never":
+            _barrier()
+            if _rank() == 0 and self.dir.exists():
+                shutil.rmtree(self.dir)
+            _barrier()
+            return None
+        path = latest(self.dir) if mode == "auto" else Path(mode)
+        if path is None:
+            return None
+        check_resume_compatible(read_extra(path).get("config", {}), trainer.cfg.model_dump(mode="json"))
+        extra = load(path, trainer.pm.modules, trainer.optimizer.optimizers)
+        trainer.load_extra_state(extra)
+        return trainer.step

@@ -12,9 +12,12 @@ Hooks (``parallelism.compression.type``):
   ``warmup_steps`` plain all-reduces first (at least 2: PyTorch's PowerSGD needs one uncompressed
   step to set up error feedback).
 
-Counting: every tensor handed to an all-reduce / all-gather by these hooks is added to
-:data:`COMM` (``payload_bytes``); ``wire_bytes`` is the ring estimate per rank,
-2 (n - 1) / n x payload for all-reduce and (n - 1) / n x gathered bytes for all-gather.
+Counting: every tensor handed to an all-reduce / all-gather by these hooks is added to the
+:class:`CommCounter` given to :func:`apply_ddp` (``payload_bytes``; the trainer owns one per run);
+``wire_bytes`` is the ring estimate per rank, 2 (n - 1) / n x payload for all-reduce and
+(n - 1) / n x gathered bytes for all-gather. PowerSGD's payload is read from PyTorch's own
+accounting (``PowerSGDState.total_numel_after_compression``: P and Q factors plus the tensors it
+leaves uncompressed), so nothing inside PyTorch is patched.
 """
 
 from __future__ import annotations
@@ -40,7 +43,9 @@ class CommCounter:
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def add_allreduce(self, t: torch.Tensor, n: int) -> None:
-        b = t.numel() * t.element_size()
+        self.add_allreduce_bytes(t.numel() * t.element_size(), n)
+
+    def add_allreduce_bytes(self, b: int, n: int) -> None:
         with self._lock:
             self.payload_bytes += b
             self.wire_bytes += 2 * (n - 1) / n * b
@@ -61,21 +66,18 @@ class CommCounter:
         return out
 
 
-COMM = CommCounter()
-# Tests: take the bf16 all-gather path even where the backend can all-reduce bf16.
-FORCE_BF16_GATHER = False
-
 
 # ---------------------------------------------------------------------- hooks
 @dataclass
 class HookState:
     group: object
+    counter: CommCounter
     dtype: torch.dtype | None = None  # None: no cast
     gather_fallback: bool = False  # bf16 on a backend without bf16 all-reduce
 
 
 def allreduce_hook(state: HookState, bucket):  # no return annotation: DDP checks it literally
-    """Average one bucket, optionally through a 16-bit payload; counted in :data:`COMM`."""
+    """Average one bucket, optionally through a 16-bit payload; counted in ``state.counter``."""
     group = state.group
     n = dist.get_world_size(group)
     buf = bucket.buffer()
@@ -84,8 +86,8 @@ def allreduce_hook(state: HookState, bucket):  # no return annotation: DDP check
     else:
         payload = buf.to(state.dtype).div_(n)
     if state.gather_fallback:
-        return _gather_sum(payload, buf, group, n)
-    COMM.add_allreduce(payload, n)
+        return _gather_sum(payload, buf, group, n, state.counter)
+    state.counter.add_allreduce(payload, n)
     fut = dist.all_reduce(payload, group=group, async_op=True).get_future()
 
     def done(f):
@@ -97,10 +99,10 @@ def allreduce_hook(state: HookState, bucket):  # no return annotation: DDP check
     return fut.then(done)
 
 
-def _gather_sum(payload: torch.Tensor, buf: torch.Tensor, group, n: int) -> torch.futures.Future:
+def _gather_sum(payload: torch.Tensor, buf: torch.Tensor, group, n: int, counter: CommCounter) -> torch.futures.Future:
     bits = payload.view(torch.uint8)  # all-gather moves bytes; no arithmetic on bf16 needed
     outs = [torch.empty_like(bits) for _ in range(n)]
-    COMM.add_allgather(bits, n)
+    counter.add_allgather(bits, n)
     fut = dist.all_gather(outs, bits, group=group, async_op=True).get_future()
 
     def done(_):
@@ -113,40 +115,20 @@ def _gather_sum(payload: torch.Tensor, buf: torch.Tensor, group, n: int) -> torc
     return fut.then(done)
 
 
-_counting_installed = False
-
-
-class _CountingDist:
-    """Stands in for ``torch.distributed`` inside PyTorch's PowerSGD module so that every
-    all-reduce it issues (the P and Q factors, the uncompressed vectors) is counted."""
-
-    def __init__(self, real):
-        self._real = real
-
-    def __getattr__(self, name):
-        return getattr(self._real, name)
-
-    def all_reduce(self, tensor, *args, group=None, **kwargs):
-        COMM.add_allreduce(tensor, self._real.get_world_size(group))
-        return self._real.all_reduce(tensor, *args, group=group, **kwargs)
-
-
-def _install_powersgd_counting() -> None:
-    global _counting_installed
-    if _counting_installed:
-        return
-    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as ps
-
-    ps.dist = _CountingDist(dist)
-    _counting_installed = True
-
-
 def _powersgd_counted(state, bucket):
+    """PyTorch's PowerSGD hook, with the elements it hands to all-reduce counted: the plain bucket
+    during warm-up, else the growth of PyTorch's own ``total_numel_after_compression``."""
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as ps
 
-    if state.iter < state.start_powerSGD_iter:  # warm-up: PyTorch does a plain all-reduce we count here
-        COMM.add_allreduce(bucket.buffer(), dist.get_world_size(state.process_group))
-    return ps.powerSGD_hook(state, bucket)
+    buf = bucket.buffer()
+    n = dist.get_world_size(state.process_group)
+    if state.iter < state.start_powerSGD_iter:
+        state.trainperf_counter.add_allreduce(buf, n)
+        return ps.powerSGD_hook(state, bucket)
+    before = state.total_numel_after_compression
+    fut = ps.powerSGD_hook(state, bucket)
+    state.trainperf_counter.add_allreduce_bytes((state.total_numel_after_compression - before) * buf.element_size(), n)
+    return fut
 
 
 # ---------------------------------------------------------------------- capability checks
@@ -161,10 +143,12 @@ def backend_supports_allreduce(group, dtype: torch.dtype, device: torch.device) 
 
 
 # ---------------------------------------------------------------------- apply
-def apply_ddp(model: nn.Module, dp_mesh, *, compression: str = "none", powersgd_rank: int = 4,
-              powersgd_warmup: int = 10, device: torch.device | None = None,
-              bucket_cap_mb: float = 25.0) -> nn.Module:
-    """Wrap ``model`` (materialized) in DDP over ``dp_mesh`` with the counting hook for ``compression``."""
+def apply_ddp(model: nn.Module, dp_mesh, *, counter: CommCounter, compression: str = "none",
+              powersgd_rank: int = 4, powersgd_warmup: int = 10, device: torch.device | None = None,
+              bucket_cap_mb: float = 25.0, bf16_gather: bool = False) -> nn.Module:
+    """Wrap ``model`` (materialized) in DDP over ``dp_mesh`` with the hook for ``compression``,
+    counting gradient bytes in ``counter``. ``bf16_gather`` takes the bf16 all-gather path even where
+    the backend can all-reduce bf16 (tests)."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     group = dp_mesh.get_group() if hasattr(dp_mesh, "get_group") else dp_mesh
@@ -174,7 +158,7 @@ def apply_ddp(model: nn.Module, dp_mesh, *, compression: str = "none", powersgd_
     if compression in ("none", "fp16", "bf16"):
         dtype = {"none": None, "fp16": torch.float16, "bf16": torch.bfloat16}[compression]
         fallback = False
-        if dtype == torch.bfloat16 and FORCE_BF16_GATHER:
+        if dtype == torch.bfloat16 and bf16_gather:
             fallback = True
         elif dtype is not None and not backend_supports_allreduce(group, dtype, device):
             if dtype == torch.bfloat16:
@@ -184,14 +168,17 @@ def apply_ddp(model: nn.Module, dp_mesh, *, compression: str = "none", powersgd_
                     f"parallelism.compression.type={compression!r}: the {dist.get_backend(group)} backend cannot "
                     "all-reduce float16 on this device; use compression.type=bf16 or none"
                 )
-        ddp.register_comm_hook(HookState(group, dtype, fallback), allreduce_hook)
+        ddp.register_comm_hook(HookState(group, counter, dtype, fallback), allreduce_hook)
     elif compression == "powersgd":
         from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState
 
-        _install_powersgd_counting()
-        state = PowerSGDState(process_group=group, matrix_approximation_rank=powersgd_rank,
-                              start_powerSGD_iter=max(2, powersgd_warmup), min_compression_rate=2,
-                              use_error_feedback=True, warm_start=True, random_seed=0)
+        class CountedPowerSGDState(PowerSGDState):
+            __slots__ = ("trainperf_counter",)
+
+        state = CountedPowerSGDState(process_group=group, matrix_approximation_rank=powersgd_rank,
+                                     start_powerSGD_iter=max(2, powersgd_warmup), min_compression_rate=2,
+                                     use_error_feedback=True, warm_start=True, random_seed=0)
+        state.trainperf_counter = counter
         ddp.register_comm_hook(state, _powersgd_counted)
     else:
         raise ConfigError(f"unknown parallelism.compression.type={compression!r}; use none, fp16, bf16 or powersgd")

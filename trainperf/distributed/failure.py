@@ -12,8 +12,9 @@ Three layers, from the bottom:
 3. A watchdog thread ends the process if no progress is made for ``2 x timeout_s + 60`` s
    (a hang outside any collective, e.g. in a data loader), with the same report.
 
-Fault injection for tests: ``TRAINPERF_FAULT=exit|hang``, ``TRAINPERF_FAULT_RANK``,
-``TRAINPERF_FAULT_STEP`` make that rank exit (code 17) or sleep forever at that step.
+Fault injection for tests: ``FailFast(..., fault=(kind, rank, step))`` (``Knobs.fault``; the CLI
+takes it from ``TRAINPERF_FAULT=exit|hang``, ``TRAINPERF_FAULT_RANK``, ``TRAINPERF_FAULT_STEP``) makes
+that rank exit (code 17) or sleep forever at that step.
 """
 
 from __future__ import annotations
@@ -47,8 +48,9 @@ class FailFast:
     """Heartbeats, failure reports and a watchdog for one rank."""
 
     def __init__(self, rank: int, world: int, timeout_s: float, *, store=None, watchdog: bool = True,
-                 out=None):
+                 out=None, fault: tuple[str, int, int] | None = None):
         self.rank, self.world, self.timeout_s = rank, world, timeout_s
+        self.fault = fault
         self.store = store if store is not None else _store()
         self.step = 0
         self.last_beat = time.monotonic()
@@ -73,7 +75,8 @@ class FailFast:
                 self.store.set(f"{_PREFIX}{self.rank}", f"{step} {time.time():.3f}")
             except Exception:  # noqa: BLE001 - the store host may be gone; the report will say so
                 pass
-        maybe_inject_fault(self.rank, step)
+        if self.fault is not None:
+            inject_fault(self.fault, self.rank, step)
 
     def _read(self, key: str):
         try:
@@ -195,11 +198,10 @@ class _Guard:
         return False
 
 
-def maybe_inject_fault(rank: int, step: int) -> None:
-    kind = os.environ.get("TRAINPERF_FAULT")
-    if not kind:
-        return
-    if int(os.environ.get("TRAINPERF_FAULT_RANK", "-1")) != rank or int(os.environ.get("TRAINPERF_FAULT_STEP", "-1")) != step:
+def inject_fault(fault: tuple[str, int, int], rank: int, step: int) -> None:
+    """``fault = (kind, rank, step)``: on that rank at that step, exit (kind "exit", code 17) or hang."""
+    kind, at_rank, at_step = fault
+    if at_rank != rank or at_step != step:
         return
     print(f"trainperf: injected fault {kind!r} on rank {rank} at step {step} (t={time.time():.3f})",
           file=sys.stderr, flush=True)

@@ -22,12 +22,14 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def apply_fsdp(model: nn.Module, dp_mesh, *, param_dtype: torch.dtype | None = None,
-               reduce_dtype: torch.dtype = torch.float32, reshard_after_forward: bool = True) -> nn.Module:
-    """Shard ``model`` in place: ``fully_shard`` on every block of ``model.layers``, then on the root."""
+               reduce_dtype: torch.dtype = torch.float32, reshard_after_forward: bool = True,
+               blocks: list[nn.Module] | None = None) -> nn.Module:
+    """Shard ``model`` in place: ``fully_shard`` on every repeated block (``blocks``, default: the
+    block finder's), then on the root."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
-    blocks = repeated_blocks(model)
+    blocks = repeated_blocks(model) if blocks is None else blocks
     for i, block in enumerate(blocks):
         # The last block is gathered again at once by the root's backward: keep it unsharded after forward.
         last = i == len(blocks) - 1
@@ -36,19 +38,19 @@ def apply_fsdp(model: nn.Module, dp_mesh, *, param_dtype: torch.dtype | None = N
     return model
 
 
-def apply_replicate(model: nn.Module, dp_mesh) -> nn.Module:
+def apply_replicate(model: nn.Module, dp_mesh, *, blocks: list[nn.Module] | None = None) -> nn.Module:
     """Pure data replication (DDP semantics) of a model whose parameters may be DTensors (tensor
     parallel): FSDP2's replicate, which all-reduces gradients across ``dp_mesh``."""
     try:
         from torch.distributed._composable.replicate_with_fsdp import replicate
     except ImportError:  # older torch: shard across the data ranks instead (same numerics, ZeRO-3 memory)
-        return apply_fsdp(model, dp_mesh)
+        return apply_fsdp(model, dp_mesh, blocks=blocks)
     import inspect
 
     if "mesh" not in inspect.signature(replicate).parameters:
         # torch 2.9: replicate(module, device_mesh=) wants a 2-D (replicate, shard) mesh: shard, as above
-        return apply_fsdp(model, dp_mesh)
-    for block in repeated_blocks(model):
+        return apply_fsdp(model, dp_mesh, blocks=blocks)
+    for block in repeated_blocks(model) if blocks is None else blocks:
         replicate(block, mesh=dp_mesh)
     replicate(model, mesh=dp_mesh)
     return model

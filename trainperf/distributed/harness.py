@@ -2,25 +2,27 @@
 
 :func:`spawn` starts ``world`` gloo processes on this machine (``OMP_NUM_THREADS=1``) that run
 a list of named cases one after another in the same process group, so the cost of starting
-processes is paid once. Each case is a set of config overrides; :func:`run_layout` trains it
-for a few steps on fixed random batches (the same global batches whatever the layout: the
-data-parallel rank takes its slice) and returns losses, bytes, step times and, on rank 0, the
-gathered full parameters. :func:`run_reference` is the one-process run to compare with.
+processes is paid once. Each case is a set of config overrides; :func:`run_trainer` trains it
+with the real Trainer (``Trainer.train_step``) for a few steps on fixed random batches (the same
+global batches whatever the layout: the data-parallel rank takes its slice) and returns losses,
+bytes, step times and, on rank 0, the gathered full parameters. :func:`run_reference` is the
+same Trainer in one process (every degree 1), to compare with.
 """
 
 from __future__ import annotations
 
 import os
 import socket
-import time
 import traceback
+from dataclasses import dataclass
 
 import torch
 
 TINY = {"model.n_layer": 2, "model.n_head": 4, "model.n_embd": 64, "model.block_size": 32,
         "model.vocab_size": 64, "model.dropout": 0.0, "run.device": "cpu", "precision.dtype": "fp32",
         "optimizer.impl": "foreach", "train.global_batch": 8, "train.micro_batch": 4,
-        "parallelism.microbatches": 2, "optimizer.lr": 3e-3, "parallelism.data": -1}
+        "parallelism.microbatches": 2, "optimizer.lr": 3e-3, "parallelism.data": -1,
+        "schedule.type": "constant", "schedule.warmup_steps": 0}
 
 
 def make_config(overrides: dict | None = None):
@@ -43,30 +45,63 @@ def batches(cfg, steps: int, seed: int = 0) -> list[torch.Tensor]:
     return [torch.randint(0, V, (B, T + 1), generator=g) for _ in range(steps)]
 
 
-def run_reference(cfg, data: list[torch.Tensor]) -> dict:
-    """One process, gradient accumulation over micro-batches: what every layout must reproduce."""
-    from trainperf.models.build import build_model
-    from trainperf.train.optim import build_optimizer
+class _FixedLoader:
+    """This data rank's slice of each fixed global batch, in order; ``shares`` as the sampler takes them."""
 
-    model = build_model(cfg, device="cpu", materialize=True)
-    model.train()
-    opt = build_optimizer(model, cfg.optimizer)
-    mb = cfg.train.micro_batch
-    losses = []
-    for batch in data:
-        x, y = batch[:, :-1], batch[:, 1:]
-        accum = x.shape[0] // mb
-        total = 0.0
-        for i in range(accum):
-            _, loss = model(x[i * mb:(i + 1) * mb], y[i * mb:(i + 1) * mb])
-            (loss / accum).backward()
-            total += loss.item() / accum
-        if cfg.train.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        losses.append(total)
-    return {"losses": losses, "params": {k: v.detach().clone() for k, v in model.state_dict().items()}}
+    def __init__(self, batches: list[torch.Tensor], dp_rank: int, dp_world: int):
+        self.batches, self.dp_rank, self.dp_world, self.pos = batches, dp_rank, dp_world, 0
+
+    def next_batch(self, shares: list[int] | None = None):
+        batch = self.batches[self.pos]
+        self.pos += 1
+        if shares is None:
+            n = batch.shape[0] // self.dp_world
+            shares = [n] * self.dp_world
+        start = sum(shares[:self.dp_rank])
+        local = batch[start:start + shares[self.dp_rank]]
+        return local[:, :-1].contiguous(), local[:, 1:].contiguous()
+
+    def state_dict(self) -> dict:
+        return {"pos": self.pos}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.pos = int(state["pos"])
+
+
+class _FixedVal:
+    def __init__(self, windows):
+        self.windows = windows.numpy()
+
+    def __len__(self) -> int:
+        return len(self.windows)
+
+    def gather(self, idx):
+        return self.windows[idx]
+
+
+@dataclass
+class FixedBatches:
+    """Fixed random global batches as the trainer's data (the same global batches whatever the layout)."""
+
+    train: _FixedLoader
+    val: _FixedVal
+    seq_len: int
+    vocab_size: int
+    meta: dict
+
+
+def fixed_data(cfg, batches: list[torch.Tensor], dp_rank: int = 0, dp_world: int = 1) -> FixedBatches:
+    return FixedBatches(_FixedLoader(batches, dp_rank, dp_world), _FixedVal(batches[0]), cfg.model.block_size,
+                        cfg.model.vocab_size, {"tokenizer": "synthetic"})
+
+
+def one_process(cfg):
+    """The same config with every parallel degree 1 (the reference every layout must reproduce)."""
+    cfg = cfg.model_copy(deep=True)
+    p = cfg.parallelism
+    p.data = p.data_shard = p.tensor = p.pipeline = 1
+    p.sequence_parallel, p.balance.enabled, p.compression.type = False, False, "none"
+    return cfg
 
 
 def full_params(pm) -> dict | None:
@@ -91,55 +126,43 @@ def full_params(pm) -> dict | None:
     return merged
 
 
-def build_optimizers(pm, cfg):
-    from trainperf.distributed.optim import MultiOptimizer, split_by_placement
-    from trainperf.train.optim import build_optimizer
-
-    return MultiOptimizer([split_by_placement(build_optimizer(m, cfg.optimizer)) for m in pm.modules])
-
-
-def run_layout(cfg, data: list[torch.Tensor], *, rank: int, world: int, gather: bool = True,
-               load_dir: str | None = None, save_dir: str | None = None) -> dict:
-    """Train ``cfg``'s layout on ``data`` (global batches). With ``load_dir``, resume from the latest
-    distributed checkpoint there (any layout) and continue at its step; with ``save_dir``, save at the end."""
-    from trainperf.distributed.ddp import COMM
-    from trainperf.distributed.parallel_dims import ParallelDims
-    from trainperf.distributed.parallelize import parallelize
+def run_trainer(cfg, data: list[torch.Tensor], *, rank: int = 0, world: int = 1, gather: bool = True,
+                load_dir: str | None = None, save_dir: str | None = None, knobs=None) -> dict:
+    """Train ``cfg``'s layout on ``data`` (global batches) with the real :class:`Trainer` and its
+    ``train_step``. With ``load_dir``, resume from the latest distributed checkpoint there (saved on
+    any layout) and continue at its step; with ``save_dir``, save at the end. ``world=1``: one process."""
+    from trainperf.config.resolve import DeviceFacts, resolve
+    from trainperf.distributed.checkpoint import DcpCheckpointer
     from trainperf.models.build import build_model
+    from trainperf.train.build import assemble
 
-    dims = ParallelDims.from_config(cfg, world)
-    meta = build_model(cfg, device="cpu", materialize=False)
-    pm = parallelize(meta, cfg, dims, rank=rank, device=torch.device("cpu"), seq_len=cfg.model.block_size)
-    opt = build_optimizers(pm, cfg)
-    dp_rank, dp = dims.dp_rank(rank), dims.dp
-    losses, comm, times = [], [], []
-    start = 0
+    resolved = resolve(cfg, facts=DeviceFacts(cpus=1), world_size=world)
+    cfg, dims = resolved.cfg, resolved.dims
+    model = build_model(cfg, device="cpu", materialize=False)
+    trainer = assemble(cfg, dims, model, fixed_data(cfg, data, dims.dp_rank(rank), dims.dp), rank=rank, knobs=knobs,
+                       checkpointer=DcpCheckpointer(load_dir or save_dir or ".unused"))
     if load_dir:
-        from trainperf.distributed import checkpoint as dcp_ckpt
-
-        extra = dcp_ckpt.load(dcp_ckpt.latest(load_dir), pm.modules, opt.optimizers)
-        start = extra["step"]
-    COMM.take()
-    for batch in data[start:]:
-        t0 = time.perf_counter()
-        share = batch.shape[0] // dp
-        local = batch[dp_rank * share:(dp_rank + 1) * share]
-        loss = pm.forward_backward(local[:, :-1], local[:, 1:], micro_batch=cfg.train.micro_batch)
-        if cfg.train.grad_clip > 0:
-            pm.clip_grad_norm_(cfg.train.grad_clip)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        losses.append(pm.global_loss(loss).item())
-        times.append(time.perf_counter() - t0)
-        comm.append(COMM.take())
+        trainer.resume("auto")
+    losses, comm, times, extras = [], [], [], []
+    while trainer.step < len(data):
+        res = trainer.train_step()
+        losses.append(res.loss.item())
+        times.append(res.step_time)
+        comm.append({k: v for k, v in res.extras.items() if k.startswith("comm_")})
+        extras.append(res.extras)
     if save_dir:
-        from trainperf.distributed import checkpoint as dcp_ckpt
-
-        dcp_ckpt.save(save_dir, len(data), pm.modules, opt.optimizers, {"step": len(data)})
-    out = {"losses": losses, "comm": comm, "step_s": times, "notes": pm.notes, "pm": pm, "opt": opt}
+        trainer.save_checkpoint()
+    out = {"losses": losses, "comm": comm, "step_s": times, "extras": extras, "notes": trainer.pm.notes,
+           "trainer": trainer}
     if gather:
-        out["params"] = full_params(pm)
+        out["params"] = full_params(trainer.pm)
     return out
+
+
+def run_reference(cfg, data: list[torch.Tensor]) -> dict:
+    """One process (every degree 1), the same Trainer: what every layout must reproduce."""
+    got = run_trainer(one_process(cfg), data)
+    return {"losses": got["losses"], "params": got["params"]}
 
 
 def compare(ref: dict, got: dict) -> dict:

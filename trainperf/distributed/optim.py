@@ -1,28 +1,8 @@
-"""One optimizer facade over several model parts (pipeline stages held by one rank)."""
+"""Optimizers over tensor-parallel parts: DTensor and plain parameters in separate groups."""
 
 from __future__ import annotations
 
 import torch
-
-
-class MultiOptimizer:
-    """Steps one optimizer per model part; ``param_groups`` lists all of them (setting a group's
-    ``lr`` works as for one optimizer)."""
-
-    def __init__(self, optimizers: list[torch.optim.Optimizer]):
-        self.optimizers = optimizers
-
-    @property
-    def param_groups(self) -> list[dict]:
-        return [g for o in self.optimizers for g in o.param_groups]
-
-    def step(self) -> None:
-        for o in self.optimizers:
-            o.step()
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        for o in self.optimizers:
-            o.zero_grad(set_to_none=set_to_none)
 
 
 def split_by_placement(opt: torch.optim.Optimizer) -> torch.optim.Optimizer:

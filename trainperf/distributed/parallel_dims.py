@@ -45,6 +45,11 @@ class ParallelDims:
 
     # ------------------------------------------------------------------ construction
     @classmethod
+    def single(cls) -> "ParallelDims":
+        """One process: every degree 1."""
+        return cls(dp_replicate=1, dp_shard=1, tp=1, pp=1, world_size=1)
+
+    @classmethod
     def from_config(cls, cfg, world_size: int) -> "ParallelDims":
         """Degrees from ``cfg.parallelism`` (``data=-1`` derived), validated against the world size."""
         p = cfg.parallelism

@@ -1,19 +1,29 @@
-"""``parallelize``: one config -> the model parts this rank runs, in the fixed order.
+"""``parallelize``: one model-preparation path for every world size, one process included.
 
-    build on meta -> [split into pipeline stages] -> per part:
-        tensor parallel (apply_tp) -> activation checkpointing (apply_ac) -> compile (per block)
-        -> FSDP2 (data_shard > 1) | FSDP2 replicate (data > 1 with tensor or pipeline > 1)
-        -> materialize -> DDP + compression hook (data > 1 alone)
-    -> [PipelineStage per part + schedule]
+    model (the reference GPT built on meta, or a user's materialized model)
+      -> [split into pipeline stages]              pipeline > 1 (reference GPT)
+      -> per part, in this fixed order:
+           tensor parallel (apply_tp)               tensor > 1 (reference GPT)
+           activation checkpointing (apply_ac)      memory.checkpointing
+           compile                                  compile.enabled: per block (regional) or the
+                                                    whole part in place; after AC wrapping, before FSDP
+           FSDP2 (data_shard > 1) | FSDP2 replicate (data > 1 with tensor or pipeline > 1)
+           materialize on the device                a model built on meta
+           DDP + compression hook                   data > 1 alone
+      -> [PipelineStage per part + schedule]
 
-Initial parameters equal one process's: the full model is initialized on this rank's device
-from ``run.seed`` (exactly as the single-process trainer does) and each part takes its slice of
-that full state dict (``set_model_state_dict(full_state_dict=True)``), never a rank-dependent
-random init. (This costs one full copy of the model per rank during set-up.)
+One process is the layout where every degree is 1: the same function, with nothing to shard.
+Every step names the repeated blocks through :func:`trainperf.models.blocks.find_blocks`.
 
-:class:`ParallelModel` then runs one optimizer step's forward/backward (gradient accumulation
-with sync only on the last micro-step, or the pipeline schedule), reduces the loss for logging,
-and clips the gradient norm across DTensor shards and pipeline stages.
+Initial parameters equal one process's: a model built on meta is initialized from ``run.seed``
+exactly as in one process and each part takes its slice of that full state dict
+(``set_model_state_dict(full_state_dict=True)``), never a rank-dependent random init (this costs
+one full copy of the model per rank during set-up). A user's model, already materialized, is
+broadcast from rank 0 (its builder may draw from other generators).
+
+:class:`ParallelModel` runs one optimizer step's forward/backward (gradient accumulation with
+sync only on the last micro-step, or the pipeline schedule), reduces the loss for logging and
+clips the gradient norm across DTensor shards and pipeline stages.
 """
 
 from __future__ import annotations
@@ -26,8 +36,10 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from trainperf.distributed.ddp import CommCounter
 from trainperf.distributed.parallel_dims import ParallelDims
 from trainperf.errors import ConfigError
+from trainperf.models.blocks import find_blocks
 
 
 @dataclass
@@ -44,6 +56,7 @@ class ParallelModel:
     autocast: object = None  # callable returning a context manager (precision policy)
     accum_hint: int = 1  # micro-steps per optimizer step (for the FSDP traffic estimate)
     fsdp_bytes: tuple = (4, 4)  # (all-gathered parameter, reduce-scattered gradient) bytes per element
+    counter: CommCounter = field(default_factory=CommCounter)  # DDP gradient bytes handed to collectives
 
     @property
     def pp_rank(self) -> int:
@@ -67,21 +80,24 @@ class ParallelModel:
 
     # ------------------------------------------------------------------ one step's forward/backward
     def forward_backward(self, x: torch.Tensor, y: torch.Tensor, *, micro_batch: int, backward=None,
-                         sizes: list[int] | None = None, loss_scale=None) -> torch.Tensor:
+                         sizes: list[int] | None = None, loss_scale=None, phase=None) -> torch.Tensor:
         """Run this rank's share (x, y: (local_batch, T)) of one global batch. Returns this rank's mean
         loss (detached; 0 on ranks without the last pipeline stage). Gradients are synchronized
         across data ranks only on the last micro-step.
 
+        ``backward(loss)`` replaces ``loss.backward()`` (loss scaling); ``phase(name)`` is told when
+        each micro-step's forward and backward begin (the phase timer).
         Load balancing: ``sizes`` (micro-batch sizes, the same count on every rank) and
         ``loss_scale(n)`` (factor for a micro-batch's mean loss, e.g. ``DynamicBalancer.loss_scale``)
         replace the equal split and ``1 / accum``; the return value is then the scaled sum."""
         if self.schedule is not None:
+            if phase:
+                phase("forward_backward")  # the schedule interleaves forwards and backwards
             return self._pipeline_step(x, y)
         model = self.parts[0]
-        n = x.shape[0]
-        accum = max(1, n // micro_batch)
         if sizes is None:
-            sizes = [micro_batch] * accum
+            sizes = [micro_batch] * max(1, x.shape[0] // micro_batch)
+        accum = len(sizes)
         total = torch.zeros((), device=self.device)
         autocast = self.autocast or contextlib.nullcontext
         start = 0
@@ -90,10 +106,14 @@ class ParallelModel:
             mx, my = x[start:start + m], y[start:start + m]
             start += m
             with self._sync(model, last):
+                if phase:
+                    phase("forward")
                 with autocast():
                     _, loss = model(mx, my)
                 # mean over the local batch, or the balancer's exact global-batch factor
                 loss = loss * loss_scale(m) if loss_scale is not None else loss / accum
+                if phase:
+                    phase("backward")
                 (backward or torch.Tensor.backward)(loss)
             total += loss.detach()
         return total
@@ -140,11 +160,13 @@ class ParallelModel:
             return torch.stack([l.detach().float() for l in losses]).mean()
         return torch.zeros((), device=self.device)
 
-    def comm_estimate(self, micro_batch: int = 0, seq_len: int = 0) -> dict:
-        """Per-rank wire bytes of one step for the collectives trainperf does not hook (FSDP2,
-        FSDP2 replicate), from the ring formulas of REFERENCE.md; DDP's are measured (COMM)."""
+    def comm_figures(self) -> dict:
+        """Gradient bytes of the step just run: DDP's counted by its hooks (then reset); FSDP2 and
+        FSDP2-replicate estimated from the ring formulas of REFERENCE.md (not hooked)."""
         from trainperf.distributed.fsdp import fsdp_comm_bytes
 
+        if self.kind == "ddp":
+            return self.counter.take()
         numel = sum(p.numel() for p in self.parameters()) // max(1, self.dims.tp)
         if self.kind == "fsdp":
             est = fsdp_comm_bytes(numel, self.dims.dp_shard, micro_steps=self.accum_hint,
@@ -171,6 +193,14 @@ class ParallelModel:
     # ------------------------------------------------------------------ gradient clipping
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
         return clip_grad_norm_(list(self.parameters()), max_norm, self.dims, self.device)
+
+    def uncompile(self) -> None:
+        """Undo ``Module.compile`` on every module (compile failed: continue eagerly). ``Module.compile``
+        keeps the compiled callable in ``_compiled_call_impl``; clearing it restores eager calls."""
+        for part in self.modules:
+            for m in part.modules():
+                if getattr(m, "_compiled_call_impl", None) is not None:
+                    m._compiled_call_impl = None
 
 
 def clip_grad_norm_(params, max_norm: float, dims: ParallelDims, device) -> torch.Tensor:
@@ -207,7 +237,11 @@ def clip_grad_norm_(params, max_norm: float, dims: ParallelDims, device) -> torc
     return norm
 
 
-# ---------------------------------------------------------------------- building
+# ---------------------------------------------------------------------- the steps of the fixed order
+def _on_meta(model: nn.Module) -> bool:
+    return any(t.is_meta for t in [*model.parameters(), *model.buffers()])
+
+
 def full_init_state(meta_model: nn.Module, device, seed: int) -> dict:
     """The state dict one process would start from (init_weights under ``seed`` on ``device``)."""
     from trainperf.models.build import materialize_model
@@ -226,136 +260,139 @@ def _load_full(part: nn.Module, full_sd: dict) -> None:
     set_model_state_dict(part, sub, options=StateDictOptions(full_state_dict=True, strict=False))
 
 
-def _apply_ac(part: nn.Module, cfg, seq_len: int) -> None:
+def _apply_ac(part: nn.Module, cfg, seq_len: int, block_path: str | None) -> str | None:
     ac = cfg.memory.checkpointing
     if ac.mode == "none":
-        return
-    from trainperf.memory.ac import apply_ac  # the memory issue's function
+        return None
+    from trainperf.memory.ac import apply_ac
 
     # blocks named explicitly: a pipeline stage may hold a single block (ratio/every_k count per stage)
-    apply_ac(part, ac, blocks=ac.blocks or "layers", micro_batch=cfg.train.micro_batch, seq_len=seq_len,
-             dtype=cfg.precision.dtype, optimizer=cfg.optimizer.type)
+    plan = apply_ac(part, ac, blocks=block_path, micro_batch=cfg.train.micro_batch, seq_len=seq_len,
+                    dtype=cfg.precision.dtype, optimizer=cfg.optimizer.type)
+    return f"{ac.mode}: {len(plan.full)} full, {len(plan.selective)} selective of {plan.n_blocks} blocks at {plan.block_path!r}"
 
 
-def _apply_compile(part: nn.Module, cfg) -> None:
-    if not cfg.compile.enabled:
-        return
-    # Per block, so FQNs stay those of the model (checkpoints move between layouts) and FSDP wraps
-    # compiled blocks; compile after AC wrapping and before FSDP. A model without repeated blocks
-    # (model.entrypoint) is compiled whole, in place (Module.compile: FQNs unchanged too).
-    from trainperf.models.blocks import repeated_blocks
+def _apply_compile(part: nn.Module, cfg, blocks: list) -> str | None:
+    """``Module.compile`` in place (FQNs and state_dict keys unchanged): each repeated block when
+    ``compile.regional`` (resolved: always under FSDP2, tensor or pipeline parallelism), else the
+    whole part. Compile after AC wrapping and before FSDP/DDP."""
+    c = cfg.compile
+    if not c.enabled:
+        return None
+    targets = blocks if (c.regional is True and blocks) else [part]
+    for m in targets:
+        m.compile(mode=c.mode, fullgraph=c.fullgraph, backend=c.backend)
+    return f"{c.backend}, {'per block' if targets is blocks else 'whole model'} ({len(targets)} region(s))"
 
-    for block in repeated_blocks(part) or [part]:
-        block.compile(mode=cfg.compile.mode, fullgraph=cfg.compile.fullgraph, backend=cfg.compile.backend)
+
+def tensor_parallel_plan(model: nn.Module):
+    """The tensor-parallel function for ``model``'s architecture, or a ConfigError naming what is supported."""
+    from trainperf.models.gpt import GPT
+
+    if isinstance(model, GPT):
+        from trainperf.distributed.tensor_parallel import apply_tp
+
+        return apply_tp
+    raise ConfigError(
+        f"parallelism.tensor > 1 needs a tensor-parallel plan for {type(model).__name__}; trainperf has one for the "
+        "reference GPT (model.preset); train this model with data parallelism (parallelism.data / data_shard)"
+    )
 
 
-def parallelize_data_parallel(model: nn.Module, cfg, dims: ParallelDims, *, rank: int, device: torch.device,
-                              seq_len: int) -> ParallelModel:
-    """Data parallelism (DDP, FSDP2, or both: HSDP) for a user's model (``model.entrypoint``),
-    built and initialized on ``device``. Tensor and pipeline parallelism need the reference GPT's
-    structure and are rejected before this (see :func:`check_entrypoint_layout`). Collective."""
-    from trainperf.distributed.ddp import apply_ddp
-    from trainperf.distributed.fsdp import DTYPES, apply_fsdp
+def _kind(dims: ParallelDims) -> str:
+    if dims.fsdp_enabled:
+        return "fsdp"
+    if dims.dp_replicate_enabled and (dims.tp_enabled or dims.pp_enabled):
+        # DDP's reducer breaks under several pipeline forwards before a backward, and DDP cannot bucket
+        # DTensors: replicas of tensor/pipeline-parallel parts use FSDP2's replicate.
+        return "replicate"
+    return "ddp" if dims.dp_replicate_enabled else "single"
 
-    check_entrypoint_layout(dims)
+
+def _split_stages(model: nn.Module, dims: ParallelDims, cfg, rank: int, seq_len: int, notes: dict):
+    from trainperf.distributed.pipeline import block_costs, make_stage_module, split_layers, stage_ids
+    from trainperf.models.gpt import GPT
+
     p = cfg.parallelism
-    dims.build_mesh(device.type)
-    # Every rank built the model with the same seed; rank 0's values are made everyone's anyway
-    # (the user's function may draw from other generators): FSDP2 shards what each rank holds.
+    if not isinstance(model, GPT):
+        raise ConfigError(f"parallelism.pipeline > 1 needs the reference GPT's blocks; {type(model).__name__} "
+                          "trains with data parallelism (parallelism.data / data_shard)")
+    gc = model.cfg
+    n_stages = dims.pp * (p.interleave if p.pipeline_schedule == "interleaved_1f1b" else 1)
+    costs, first_extra, last_extra = block_costs(gc.n_layer, gc.n_embd, seq_len, gc.vocab_size)
+    split = split_layers(costs, n_stages, first_extra=first_extra, last_extra=last_extra)
+    ids = stage_ids(dims.coords(rank)["pp"], dims.pp, n_stages // dims.pp)
+    notes["pipeline_split"] = [len(s) for s in split]
+    return n_stages, ids, [make_stage_module(model, split[s], first=s == 0, last=s == n_stages - 1) for s in ids]
+
+
+def parallelize(model: nn.Module, dims: ParallelDims, cfg, *, rank: int = 0, device: torch.device | None = None,
+                seq_len: int, bf16_gather: bool = False) -> ParallelModel:
+    """Apply the configured layout to ``model`` (see the module docstring). Collective when
+    ``dims.distributed``: every rank calls. ``bf16_gather``: a test knob (see :mod:`trainperf.train.knobs`)."""
+    from trainperf.distributed.ddp import apply_ddp
+    from trainperf.distributed.fsdp import DTYPES, apply_fsdp, apply_replicate
+
+    device = torch.device(device or "cpu")
+    p = cfg.parallelism
+    from trainperf.models.gpt import GPT
+
+    # the reference GPT names its blocks (a pipeline stage may hold one); other models: the largest list
+    block_path = cfg.memory.checkpointing.blocks or ("layers" if isinstance(model, GPT) else None)
+    notes: dict = {"layout": dims.describe()}
     if dims.distributed:
+        dims.build_mesh(device.type)
+    meta = _on_meta(model)
+    seed = cfg.run.seed
+    full_sd = full_init_state(model, device, seed) if (meta and dims.distributed) else None
+    if not meta and dims.distributed:
+        # a user's model: every rank built it, rank 0's values are made everyone's before sharding
         with torch.no_grad():
             for t in [*model.parameters(), *model.buffers()]:
                 dist.broadcast(t.data, src=0)
-    kind = "fsdp" if dims.fsdp_enabled else "ddp" if dims.dp_replicate_enabled else "single"
-    _apply_ac(model, cfg, seq_len)
-    _apply_compile(model, cfg)
-    if kind == "fsdp":
-        param_dtype = torch.bfloat16 if cfg.precision.dtype == "bf16" else None
-        apply_fsdp(model, dims.fsdp_mesh(), param_dtype=param_dtype, reduce_dtype=DTYPES[p.fsdp_reduce_dtype])
-        part = model
-    elif kind == "ddp":
-        part = apply_ddp(model, dims.mesh("dp_replicate"), compression=p.compression.type,
-                         powersgd_rank=p.compression.rank, powersgd_warmup=p.compression.warmup_steps, device=device)
-    else:
-        part = model
-    part.train()
-    fsdp_bytes = (2 if cfg.precision.dtype == "bf16" else 4, DTYPES[p.fsdp_reduce_dtype].itemsize)
-    return ParallelModel(dims=dims, rank=rank, device=device, parts=[part], modules=[model], kind=kind,
-                         schedule=None, stage_ids=[0], notes={"layout": dims.describe(), "model": "model.entrypoint"},
-                         fsdp_bytes=fsdp_bytes)
+    tp_apply = tensor_parallel_plan(model) if dims.tp_enabled else None
 
-
-def check_entrypoint_layout(dims: ParallelDims) -> None:
-    """A ``model.entrypoint`` model trains with data parallelism only; say so before any work."""
-    if dims.tp_enabled or dims.pp_enabled:
-        raise ConfigError(
-            f"model.entrypoint models train with data parallelism only (DDP: parallelism.data, FSDP2: "
-            f"parallelism.data_shard); got parallelism.tensor={dims.tp}, parallelism.pipeline={dims.pp}, which need "
-            "the reference GPT's blocks and attention projections; set both to 1 or use the reference model"
-        )
-
-
-def parallelize(meta_model: nn.Module, cfg, dims: ParallelDims, *, rank: int, device: torch.device,
-                seq_len: int) -> ParallelModel:
-    """Apply the configured layout to ``meta_model`` (a reference GPT on meta). Collective: every rank calls."""
-    from trainperf.distributed.ddp import apply_ddp, check_compression
-    from trainperf.distributed.fsdp import DTYPES, apply_fsdp, apply_replicate
-    from trainperf.distributed.pipeline import (block_costs, build_schedule, make_stage_module,
-                                                split_layers, stage_ids)
-    from trainperf.distributed.tensor_parallel import apply_tp
-
-    p = cfg.parallelism
-    gc = meta_model.cfg
-    dims.validate_model(n_head=gc.n_head, n_layer=gc.n_layer, interleave=p.interleave if dims.pp_enabled else 1,
-                        n_embd=gc.n_embd)
-    check_compression(p.compression.type, dp_replicate=dims.dp_replicate, dp_shard=dims.dp_shard, tp=dims.tp,
-                      pp=dims.pp)
-    dims.build_mesh(device.type)
-    full_sd = full_init_state(meta_model, device, cfg.run.seed)
-    notes: dict = {"layout": dims.describe()}
-
-    # ---- pipeline split
     if dims.pp_enabled:
-        n_stages = dims.pp * (p.interleave if p.pipeline_schedule == "interleaved_1f1b" else 1)
-        costs, first_extra, last_extra = block_costs(gc.n_layer, gc.n_embd, seq_len, gc.vocab_size)
-        split = split_layers(costs, n_stages, first_extra=first_extra, last_extra=last_extra)
-        ids = stage_ids(dims.coords(rank)["pp"], dims.pp, n_stages // dims.pp)
-        modules = [make_stage_module(meta_model, split[s], first=s == 0, last=s == n_stages - 1) for s in ids]
-        notes["pipeline_split"] = [len(s) for s in split]
+        n_stages, ids, modules = _split_stages(model, dims, cfg, rank, seq_len, notes)
     else:
-        n_stages, ids, modules = 1, [0], [meta_model]
+        n_stages, ids, modules = 1, [0], [model]
 
-    # ---- the fixed order, per part
-    if dims.fsdp_enabled:
-        kind = "fsdp"
-    elif dims.dp_replicate_enabled and (dims.tp_enabled or dims.pp_enabled):
-        # DDP's reducer breaks under several pipeline forwards before a backward, and DDP cannot bucket
-        # DTensors: replicas of tensor/pipeline-parallel parts use FSDP2's replicate.
-        kind = "replicate"
-    elif dims.dp_replicate_enabled:
-        kind = "ddp"
-    else:
-        kind = "single"
+    kind = _kind(dims)
+    counter = CommCounter()
     parts = []
     for m in modules:
-        if dims.tp_enabled:
-            apply_tp(m, dims.mesh("tp"), sequence_parallel=p.sequence_parallel)
-        _apply_ac(m, cfg, seq_len)
-        _apply_compile(m, cfg)
+        path, blocks = find_blocks(m, block_path)
+        if tp_apply is not None:
+            tp_apply(m, dims.mesh("tp"), sequence_parallel=p.sequence_parallel)
+        ac_note = _apply_ac(m, cfg, seq_len, path)
+        compile_note = _apply_compile(m, cfg, blocks)
         if kind == "fsdp":
             param_dtype = torch.bfloat16 if cfg.precision.dtype == "bf16" else None
             apply_fsdp(m, dims.fsdp_mesh(), param_dtype=param_dtype, reduce_dtype=DTYPES[p.fsdp_reduce_dtype],
-                       reshard_after_forward=not dims.pp_enabled)
+                       reshard_after_forward=not dims.pp_enabled, blocks=blocks)
         elif kind == "replicate":
-            apply_replicate(m, dims.mesh("dp_replicate"))
-        m.to_empty(device=device)
-        _load_full(m, full_sd)
+            apply_replicate(m, dims.mesh("dp_replicate"), blocks=blocks)
+        if meta and full_sd is not None:
+            m.to_empty(device=device)
+            _load_full(m, full_sd)
+        elif meta:  # one process: initialize in place, exactly as full_init_state would
+            from trainperf.models.build import materialize_model
+
+            materialize_model(m, device, seed)
         if kind == "ddp":
-            parts.append(apply_ddp(m, dims.mesh("dp_replicate"), compression=p.compression.type,
+            parts.append(apply_ddp(m, dims.mesh("dp_replicate"), counter=counter, compression=p.compression.type,
                                    powersgd_rank=p.compression.rank, powersgd_warmup=p.compression.warmup_steps,
-                                   device=device))
+                                   device=device, bf16_gather=bf16_gather))
         else:
             parts.append(m)
+        wrap = {"fsdp": "FSDP2 fully_shard", "replicate": "FSDP2 replicate", "ddp": "DDP"}.get(kind)
+        if wrap:
+            notes["wrapping"] = (f"{wrap} per block at {path!r} ({len(blocks)} blocks) + root" if blocks and kind != "ddp"
+                                 else f"{wrap} of the whole model" + ("" if blocks else " (no repeated blocks found)"))
+        if ac_note:
+            notes["checkpointing"] = ac_note
+        if compile_note:
+            notes["compile"] = compile_note
     del full_sd
     for m in parts:
         m.train()
@@ -364,9 +401,18 @@ def parallelize(meta_model: nn.Module, cfg, dims: ParallelDims, *, rank: int, de
     if dims.pp_enabled:
         from torch.distributed.pipelining import PipelineStage
 
+        from trainperf.distributed.pipeline import build_schedule
+
         pp_group = dims.mesh("pp").get_group()
         stages = [PipelineStage(part, s, n_stages, device, group=pp_group) for part, s in zip(parts, ids)]
         schedule = build_schedule(stages, schedule=p.pipeline_schedule, microbatches=p.microbatches)
     fsdp_bytes = (2 if cfg.precision.dtype == "bf16" else 4, DTYPES[p.fsdp_reduce_dtype].itemsize)
     return ParallelModel(dims=dims, rank=rank, device=device, parts=parts, modules=modules, kind=kind,
-                         schedule=schedule, stage_ids=ids, notes=notes, fsdp_bytes=fsdp_bytes)
+                         schedule=schedule, stage_ids=ids, notes=notes, fsdp_bytes=fsdp_bytes, counter=counter)
+
+
+def optimize(model: nn.Module, cfg) -> nn.Module:
+    """For a user's own loop, in one process: activation checkpointing then compile, in place, in the
+    order ``trainer`` uses (``tp.optimize``). Returns ``model`` (parameter names unchanged)."""
+    seq_len = getattr(getattr(model, "cfg", None), "block_size", None) or cfg.model.block_size or 128
+    return parallelize(model, ParallelDims.single(), cfg, seq_len=seq_len).parts[0]

@@ -1,7 +1,8 @@
 """Make one rank slow in a real run, for tests and demos of the load balancer (diagnosis knob).
 
-    TRAINPERF_SLOW_RANK=R:F   rank R (global rank, as torchrun's RANK) does F x the model compute
-                              per sample (F >= 1; 2 = twice as slow, 1.5 = half as much again)
+    Knobs(slow_rank=(R, F))   rank R (global rank, as torchrun's RANK) does F x the model compute
+                              per sample (F >= 1; 2 = twice as slow, 1.5 = half as much again);
+                              the CLI takes it from TRAINPERF_SLOW_RANK=R:F
 
 The slowed rank holds a plain copy of the model (same config, not wrapped, not trained) and,
 each step, runs it forward and backward on its own share of the batch ``F - 1`` more times
@@ -14,27 +15,7 @@ does not look at it. It costs one extra model copy (and its activations) on rank
 
 from __future__ import annotations
 
-import os
-
 import torch
-
-from trainperf.errors import ConfigError
-
-ENV = "TRAINPERF_SLOW_RANK"
-
-
-def parse_slow_rank(value: str | None) -> tuple[int, float] | None:
-    """``"R:F"`` -> ``(R, F)``; None or "" -> None; ConfigError on anything else."""
-    if not value:
-        return None
-    try:
-        r, f = value.split(":")
-        rank, factor = int(r), float(f)
-    except ValueError:
-        raise ConfigError(f"{ENV}={value!r} must be RANK:FACTOR, e.g. 1:2 (rank 1 does 2x the compute per sample)") from None
-    if rank < 0 or not factor >= 1:
-        raise ConfigError(f"{ENV}={value!r}: the rank must be >= 0 and the factor >= 1 (work per sample, x the others')")
-    return rank, factor
 
 
 class SlowRank:
@@ -45,8 +26,9 @@ class SlowRank:
         self.autocast = autocast
 
     @classmethod
-    def from_env(cls, rank: int, cfg, *, data_vocab: int, device, chunk: int, autocast=None) -> "SlowRank | None":
-        spec = parse_slow_rank(os.environ.get(ENV))
+    def build(cls, spec: tuple[int, float] | None, rank: int, cfg, *, data_vocab: int, device, chunk: int,
+              autocast=None) -> "SlowRank | None":
+        """The slow copy for ``spec = (rank, factor)`` when it names this rank; None otherwise."""
         if spec is None or spec[0] != rank or spec[1] <= 1:
             return None
         from trainperf.models.build import build_model

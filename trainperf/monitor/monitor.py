@@ -133,12 +133,12 @@ class Monitor:
     def setup_flops(self, trainer) -> None:
         from trainperf.monitor import flops as F
 
-        cfg, model = trainer.cfg, trainer.eager_model
+        cfg, model = trainer.cfg, trainer.model
         fpt = F.formula_flops_per_token(model, trainer.data.seq_len)
         extra, note = F.recompute_flops_per_token(model, trainer.data.seq_len, cfg.memory.checkpointing)
         if self.world > 1:  # DDP/FSDP hooks would run (and could collect gradients) on an extra pass
             counted, cnote = None, "not counted in distributed runs; HFU uses the formula with recompute"
-        elif trainer.device.type == "xla":  # an extra pass would trace and compile one more XLA graph
+        elif not trainer.backend.counts_flops:  # XLA: an extra pass would trace and compile one more graph
             counted, cnote = None, "not counted on XLA devices"
         else:
             counted, cnote = F.count_flops_per_token(

@@ -20,6 +20,7 @@ import io
 import json
 import os
 import re
+import shutil
 import signal
 import warnings
 from pathlib import Path
@@ -30,9 +31,8 @@ import torch
 from trainperf.errors import CheckpointError
 
 _NAME = re.compile(r"^step-(\d{8})\.json$")
-# Fault injection for the crash-consistency test: kill -9 this process half-way through
-# writing the checkpoint of the given step.
-FAULT_ENV = "TRAINPERF_FAULT_KILL_IN_CHECKPOINT"
+# Sections whose change makes a checkpoint meaningless for this run.
+RESUME_KEYS = ("model", "data.source", "data.path", "train.global_batch")
 
 
 def _fsync_dir(path: Path) -> None:
@@ -63,9 +63,13 @@ def atomic_write(path: Path, data: bytes, *, kill_midway: bool = False) -> None:
 
 
 class CheckpointManager:
-    def __init__(self, directory: str | os.PathLike, keep: int = 3):
+    """Single-file checkpoints in a directory. ``kill_step``: a test knob (``Knobs.checkpoint_kill_step``)
+    that SIGKILLs this process half-way through writing that step's file (crash consistency)."""
+
+    def __init__(self, directory: str | os.PathLike, keep: int = 3, *, kill_step: int | None = None):
         self.dir = Path(directory)
         self.keep = keep
+        self.kill_step = kill_step
 
     # ------------------------------------------------------------------ write
     def save(self, step: int, state: dict[str, Any]) -> Path:
@@ -74,8 +78,7 @@ class CheckpointManager:
         torch.save(state, buf)
         data = buf.getvalue()
         path = self.dir / f"step-{step:08d}.pt"
-        kill = os.environ.get(FAULT_ENV) == str(step)
-        atomic_write(path, data, kill_midway=kill)
+        atomic_write(path, data, kill_midway=self.kill_step == step)
         manifest = {"step": step, "file": path.name, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
         atomic_write(self.dir / f"step-{step:08d}.json", json.dumps(manifest).encode())
         self.prune()
@@ -151,3 +154,57 @@ class CheckpointManager:
             return torch.load(p, map_location=map_location, weights_only=True)
         except Exception as exc:  # noqa: BLE001
             raise CheckpointError(f"{path}: cannot be loaded as a checkpoint ({type(exc).__name__}: {exc})") from None
+
+
+# ---------------------------------------------------------------------- the trainer's checkpointer (one process)
+def _get(d: dict, dotted: str):
+    for part in dotted.split("."):
+        d = d.get(part, {}) if isinstance(d, dict) else {}
+    return d
+
+
+def check_resume_compatible(saved: dict, current: dict) -> None:
+    """Refuse a checkpoint whose model, data or global batch differ from this run's config."""
+    for key in RESUME_KEYS:
+        if _get(saved, key) != _get(current, key):
+            raise CheckpointError(
+                f"the checkpoint was written with {key}={_get(saved, key)!r} but this run has {_get(current, key)!r}; "
+                "resume with the same setting, or start over with --resume never (or another run.dir)"
+            )
+
+
+class FileCheckpointer:
+    """One process: the whole training state in one atomic, sha256-verified file per checkpoint
+    (model, optimizer and the trainer's extra state: step, loader position, RNG, scaler, config)."""
+
+    def __init__(self, directory: str | os.PathLike, keep: int = 3, *, kill_step: int | None = None):
+        self.manager = CheckpointManager(directory, keep, kill_step=kill_step)
+        self.dir = self.manager.dir
+
+    def save(self, trainer) -> Path | None:
+        if not trainer.is_main:
+            return None
+        (model,), (optimizer,) = trainer.pm.modules, trainer.optimizer.optimizers
+        state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), **trainer.extra_state()}
+        return self.manager.save(trainer.step, trainer.backend.to_host(state))
+
+    def resume(self, trainer, mode: str) -> int | None:
+        """``--resume auto | never | PATH``. Returns the step resumed from, or None for a fresh start."""
+        if mode == "never":
+            if self.dir.exists():
+                shutil.rmtree(self.dir)
+            return None
+        where = trainer.backend.map_location
+        if mode == "auto":
+            found = self.manager.load_latest(map_location=where)
+            if found is None:
+                return None
+            state = found[1]
+        else:
+            state = self.manager.load_file(mode, map_location=where)
+        check_resume_compatible(state.get("config", {}), trainer.cfg.model_dump(mode="json"))
+        (model,), (optimizer,) = trainer.pm.modules, trainer.optimizer.optimizers
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        trainer.load_extra_state(state)
+        return trainer.step

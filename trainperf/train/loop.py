@@ -1,9 +1,17 @@
-"""The training loop: a straight line of small named steps.
+"""The trainer: one step body for every world size and backend.
 
-    setup:  resolve config -> seed -> data -> model (meta -> materialize) -> optimizations
-            (activation checkpointing -> compile) -> optimizer, precision -> resume
-    step:   data wait | forward | backward (x accumulation) | optimizer      (timed per phase)
-    around: log every k steps, evaluate, checkpoint (atomic), summary.json at the end
+    train_step:  set the LR (a pure function of the step) | take this rank's share of the global
+                 batch (the balancer's share when balancing) | forward/backward over the
+                 ParallelModel (accumulation, or the pipeline schedule; loss scaling) | reduce
+                 gradients the backend's way | clip | optimizer step | mean loss of the global batch
+    evaluate:    mean loss over fixed validation batches (collective when distributed)
+    state:       extra_state / load_extra_state (step, loader position, RNG, scaler, balancer);
+                 the Checkpointer adds model and optimizer states
+
+What differs per run was chosen when the trainer was built (:func:`trainperf.train.build.build_trainer`)
+and is passed in as objects: the ParallelModel (one process is the layout where every degree is 1),
+the Backend (eager CPU/CUDA or XLA), the Checkpointer (one file, or sharded DCP), the heartbeat
+(fail-fast reports when distributed) and the test knobs (a slowed rank).
 """
 
 from __future__ import annotations
@@ -11,93 +19,175 @@ from __future__ import annotations
 import time
 import warnings
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
 import torch
-import torch.nn as nn
 
-from trainperf.config.resolve import Resolved
-from trainperf.config.schema import Config
-from trainperf.errors import CheckpointError, ConfigError
+from trainperf.errors import ConfigError
 from trainperf.monitor.phases import PhaseTimer
 from trainperf.train.optim import build_optimizer, lr_at
 from trainperf.train.precision import build_precision
-from trainperf.train.state import rng_state, seed_everything, set_rng_state
-
-# Sections whose change makes a checkpoint meaningless for this run.
-_RESUME_KEYS = ("model", "data.source", "data.path", "train.global_batch")
+from trainperf.train.state import rng_state, set_rng_state
 
 
 @dataclass
 class StepResult:
-    loss: torch.Tensor  # mean loss of the global batch on this rank (not yet synced to host)
+    loss: torch.Tensor  # mean loss of the global batch (not yet synced to host)
     grad_norm: torch.Tensor | None
     phases: dict[str, float]
     step_time: float
     tokens: int
-    extras: dict = field(default_factory=dict)  # backend figures for metrics.jsonl (XLA: compilations, shape)
+    lr: float = 0.0  # the learning rate this step used
+    extras: dict = field(default_factory=dict)  # figures for metrics.jsonl (bytes on the wire, balancer, XLA)
 
 
-@dataclass
+class NoHeartbeat:
+    """One process: nobody to report to."""
+
+    def beat(self, step: int) -> None:
+        pass
+
+    def touch(self) -> None:
+        pass
+
+
+class OptimizerSet:
+    """One optimizer per model part (pipeline stages held by one rank); ``param_groups`` lists all of
+    them, so setting a group's ``lr`` works as for one optimizer."""
+
+    def __init__(self, optimizers: list[torch.optim.Optimizer]):
+        self.optimizers = optimizers
+
+    @property
+    def param_groups(self) -> list[dict]:
+        return [g for o in self.optimizers for g in o.param_groups]
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for o in self.optimizers:
+            o.zero_grad(set_to_none=set_to_none)
+
+
 class Trainer:
-    cfg: Config
-    model: nn.Module  # what runs forward (possibly compiled)
-    eager_model: nn.Module  # the plain module: state_dict, eval, generation
-    data: Any
-    device: torch.device
-    notes: dict[str, str] = field(default_factory=dict)
-    dp_rank: int = 0
-    dp_world: int = 1
-    is_main: bool = True
+    def __init__(self, cfg, pm, data, backend, checkpointer, *, notes: dict | None = None, heartbeat=None,
+                 slow=None):
+        from trainperf.distributed.optim import split_by_placement
 
-    def __post_init__(self):
-        c = self.cfg
-        self.optimizer = build_optimizer(self.eager_model, c.optimizer)
+        c = self.cfg = cfg
+        self.pm, self.data, self.backend, self.checkpointer = pm, data, backend, checkpointer
+        self.notes = dict(notes or {})
+        self.heartbeat = heartbeat or NoHeartbeat()
+        self.slow = slow  # trainperf.distributed.slow.SlowRank (a test/benchmark knob) or None
+        self.dp_rank, self.dp_world = backend.data_parallel(pm.dims, pm.rank)
+        self.is_main = pm.rank == 0 and self.dp_rank == 0
+        self.optimizer = OptimizerSet([split_by_placement(build_optimizer(m, c.optimizer)) for m in pm.modules])
         self.precision = build_precision(c.precision.dtype, self.device.type, c.precision.init_scale)
+        if self.precision.scaler is not None and pm.dims.distributed:
+            raise ConfigError("precision.dtype='fp16' (loss scaling) is not supported in distributed runs yet; "
+                              "use precision.dtype=bf16 or fp32")
+        pm.autocast = self.precision.autocast
+        if slow is not None:
+            slow.autocast = self.precision.autocast
         self.local_batch = c.train.global_batch // self.dp_world
-        if self.local_batch % c.train.micro_batch:
-            raise ConfigError(
-                f"per-rank batch {self.local_batch} is not divisible by train.micro_batch={c.train.micro_batch}"
-            )
-        self.accum = self.local_batch // c.train.micro_batch
+        # a micro-batch above this rank's share trains as the share (resolve() notes it)
+        self.micro_batch = min(c.train.micro_batch, self.local_batch)
+        if self.local_batch % self.micro_batch:
+            raise ConfigError(f"per-rank batch {self.local_batch} is not divisible by train.micro_batch="
+                              f"{self.micro_batch}; see `trainperf config show` for the batch arithmetic")
+        self.accum = 1 if pm.schedule is not None else self.local_batch // self.micro_batch
+        pm.accum_hint = self.accum
         self.timer = PhaseTimer(self.device.type)
         self.step = 0  # optimizer steps done
-        self._compile_checked = not c.compile.enabled
-        self.tokens_per_step = c.train.global_batch * self.data.seq_len
+        self.tokens_per_step = c.train.global_batch * data.seq_len
+        self._compile_pending = bool(c.compile.enabled)  # the first step compiles (its own phase)
+        self.balancer = self.clock = None
+        self._window: list = []  # this rank's (compute, cpu) seconds per step since the last exchange
+        if pm.dims.distributed and self.dp_world > 1:
+            self._build_clock()
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def device(self) -> torch.device:
+        return self.pm.device
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The plain module (full model's FQNs): state dicts, evaluation, generation, FLOP counting."""
+        return self.pm.modules[0]
+
+    @property
+    def can_sample(self) -> bool:
+        return not self.pm.dims.distributed  # generation would need every rank of a sharded model
+
+    def _build_clock(self) -> None:
+        """This rank's compute clock: forward+backward without waiting for the others (the balancer's
+        input and the straggler diagnosis's evidence)."""
+        from trainperf.distributed.balance import ComputeClock, DynamicBalancer, ThreadCpuClock
+
+        pm, c = self.pm, self.cfg
+        # FSDP2's all-gathers inside forward wait for slower ranks, which ComputeClock would count;
+        # on CPU this thread's CPU time leaves those waits out (gloo waits without spinning).
+        cpu_fsdp = pm.kind == "fsdp" and self.device.type == "cpu"
+        self.clock = ThreadCpuClock() if cpu_fsdp else ComputeClock(pm.modules[0], self.device.type)
+        self.clock_name = "thread_cpu" if cpu_fsdp else ("cuda_events" if self.device.type == "cuda" else "wall_to_last_grad")
+        if c.parallelism.balance.enabled:  # parallelism.balance: per-rank shares of the global batch
+            self.balancer = DynamicBalancer.from_config(
+                c.parallelism.balance, c.train.global_batch, micro_steps=self.accum, world=self.dp_world,
+                rank=self.dp_rank, gather=dp_gather(pm.dims, self.device), device=self.device)
 
     # ------------------------------------------------------------------ one step
-    def train_step(self) -> StepResult:
-        c, timer = self.cfg, self.timer
+    def train_step(self, shares: list[int] | None = None) -> StepResult:
+        """One optimizer step. ``shares`` (per data rank samples) overrides the balancer's for this
+        step and is not fed to it (the balance benchmark's unbalanced blocks)."""
+        c, timer, pm, bal = self.cfg, self.timer, self.pm, self.balancer
         t0 = time.perf_counter()
+        self.heartbeat.beat(self.step)
         timer.start_step()
+        self.backend.begin_step()
         lr = lr_at(self.step, peak=c.optimizer.lr, total_steps=c.run.steps, sched=c.schedule)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
 
         timer.phase("data")
-        x, y = self.data.train.next_batch()  # (local_batch, T) each
-        loss_sum = torch.zeros((), device=self.device)
-        for i in range(self.accum):
-            mx = x[i * c.train.micro_batch:(i + 1) * c.train.micro_batch]
-            my = y[i * c.train.micro_batch:(i + 1) * c.train.micro_batch]
-            if not self._compile_checked:
-                loss = self._first_compiled_micro_step(mx, my)
-            else:
-                timer.phase("forward")
-                with self.precision.autocast():
-                    _, loss = self.model(mx, my)
-                loss = loss / self.accum  # mean over the local batch
-                timer.phase("backward")
-                self._backward(loss)
-            loss_sum += loss.detach()
+        forced = shares is not None
+        if bal is not None and not forced:
+            shares = bal.shares
+        x, y = self.data.train.next_batch(shares=shares) if shares else self.data.train.next_batch()  # (local, T)
+
+        compiling, self._compile_pending = self._compile_pending, False
+        timer.phase("compile" if compiling else "forward")
+        if self.clock is not None:
+            self.clock.start()
+            cpu0 = time.process_time()
+        if self.slow is not None:
+            self.slow.burn(x, y)
+        kw = {"micro_batch": self.micro_batch, "backward": self._backward,
+              "phase": None if compiling else timer.phase}
+        if shares and bal is not None:  # same micro-step count on every rank; loss x n x world / global_batch
+            from trainperf.distributed.balance import micro_batch_sizes
+
+            kw.update(sizes=micro_batch_sizes(x.shape[0], bal.policy.micro_steps), loss_scale=bal.loss_scale)
+        local = self._compiled_first(x, y, kw) if compiling else pm.forward_backward(x, y, **kw)
+        compute = cpu = None
+        if self.clock is not None:
+            compute, cpu = self.clock.stop(), time.process_time() - cpu0
+            self._window.append((compute, cpu))
 
         timer.phase("optimizer")
+        self.backend.reduce_gradients(self.optimizer)
         grad_norm = self._optimizer_step()
+        timer.phase("comm")
+        loss = pm.global_loss(local)  # mean loss of the global batch (one all-reduce when distributed)
+        decision = bal.step(self.step + 1, compute) if (bal is not None and not forced) else None  # collective
+        extras = self.backend.end_step(self.data)
         phases = timer.end_step()
         self.step += 1
-        return StepResult(loss=loss_sum, grad_norm=grad_norm, phases=phases,
-                          step_time=time.perf_counter() - t0, tokens=self.tokens_per_step)
+        extras.update(pm.comm_figures())
+        if bal is not None:
+            extras["balance/shares"] = shares  # the shares this step ran with
+            extras["balance/compute_s"] = compute  # this (the logging) rank's compute clock
+            if decision is not None:
+                extras.update(decision.as_metrics())  # speeds, step times, old -> new shares (from next step)
+        return StepResult(loss=loss, grad_norm=grad_norm, phases=phases, step_time=time.perf_counter() - t0,
+                          tokens=self.tokens_per_step, lr=lr, extras=extras)
 
     def _backward(self, loss: torch.Tensor) -> None:
         scaler = self.precision.scaler
@@ -106,42 +196,46 @@ class Trainer:
     def _optimizer_step(self) -> torch.Tensor | None:
         scaler, clip = self.precision.scaler, self.cfg.train.grad_clip
         if scaler:
-            scaler.unscale_(self.optimizer)
-        grad_norm = None
-        if clip > 0:
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.eager_model.parameters(), clip)
+            for o in self.optimizer.optimizers:
+                scaler.unscale_(o)
+        grad_norm = self.pm.clip_grad_norm_(clip) if clip > 0 else None
+        for o in self.optimizer.optimizers:
+            scaler.step(o) if scaler else o.step()
         if scaler:
-            scaler.step(self.optimizer)
             scaler.update()
-        else:
-            self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return grad_norm
 
-    def _first_compiled_micro_step(self, mx, my) -> torch.Tensor:
-        """Run the first micro-step compiled; on a compile failure warn and continue eagerly."""
-        self._compile_checked = True
+    def _compiled_first(self, x, y, kw) -> torch.Tensor:
+        """The first step runs compiled (booked as the ``compile`` phase); on a compile failure warn and
+        continue eagerly."""
         t0 = time.perf_counter()
         try:
-            with self.precision.autocast():
-                _, loss = self.model(mx, my)
-            loss = loss / self.accum
-            self._backward(loss)
+            local = self.pm.forward_backward(x, y, **kw)
             self.notes["compile"] = f"compiled; first step took {time.perf_counter() - t0:.1f}s"
-            return loss
+            return local
         except Exception as exc:  # noqa: BLE001 - any compiler failure falls back
             reason = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
             warnings.warn(f"torch.compile failed ({reason}); continuing in eager mode", stacklevel=2)
             self.notes["compile"] = f"fell back to eager: {reason}"
             self.optimizer.zero_grad(set_to_none=True)
-            self.model = self.eager_model
-            with self.precision.autocast():
-                _, loss = self.model(mx, my)
-            loss = loss / self.accum
-            self._backward(loss)
-            return loss
+            self.pm.uncompile()
+            return self.pm.forward_backward(x, y, **kw)
 
-    # ------------------------------------------------------------------ evaluation
+    # ------------------------------------------------------------------ per-rank compute (straggler evidence)
+    def rank_compute(self) -> dict | None:
+        """Each data rank's mean compute and CPU seconds per step since the last call. Collective
+        when distributed (every rank calls at the same steps); None in one process."""
+        if self.clock is None:
+            return None
+        n = max(1, len(self._window))
+        mine = [sum(w[0] for w in self._window) / n, sum(w[1] for w in self._window) / n]
+        self._window = []
+        rows = dp_gather(self.pm.dims, self.device)(mine)
+        return {"rank_compute_s": [r[0] for r in rows], "rank_cpu_s": [r[1] for r in rows],
+                "rank_clock": self.clock_name}
+
+    # ------------------------------------------------------------------ evaluation (collective when distributed)
     @torch.no_grad()
     def evaluate(self) -> float:
         """Mean loss over ``run.eval_batches`` fixed validation micro-batches (evenly spaced windows)."""
@@ -149,115 +243,69 @@ class Trainer:
 
         from trainperf.data.loader import windows_to_batch
 
-        model, c = self.eager_model, self.cfg
-        was_training = model.training
-        model.eval()
+        pm, c = self.pm, self.cfg
+        self.heartbeat.touch()
+        pm.train(False)
         n = len(self.data.val)
         per = c.train.micro_batch
+        if pm.schedule is not None:  # the schedule splits each batch into `microbatches` equal chunks
+            m = c.parallelism.microbatches
+            per = -(-per // m) * m
         total = min(n, per * c.run.eval_batches)
         idx = np.linspace(0, n - 1, total).astype(np.int64)
         losses = []
         for i in range(0, total, per):
             x, y = windows_to_batch(self.data.val.gather(idx[i:i + per]), self.device)
-            with self.precision.autocast():
-                _, loss = model(x, y)
-            losses.append(loss.float())
-        model.train(was_training)
-        return torch.stack(losses).mean().item()  # host-device sync point
+            losses.append(pm.eval_loss(x, y))
+        pm.train(True)
+        self.heartbeat.touch()
+        return pm.global_loss(torch.stack(losses).mean()).item()  # host-device sync point
 
-    # ------------------------------------------------------------------ state
-    def state_dict(self) -> dict:
-        return {
-            "step": self.step,
-            "model": self.eager_model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "scaler": self.precision.scaler.state_dict() if self.precision.scaler else None,
-            "schedule": {"step": self.step, "type": self.cfg.schedule.type},
-            "data": self.data.train.state_dict(),
-            "rng": rng_state(),
-            "config": self.cfg.model_dump(mode="json"),
-        }
+    # ------------------------------------------------------------------ checkpoints (the Checkpointer's)
+    def save_checkpoint(self):
+        self.heartbeat.touch()
+        return self.checkpointer.save(self)
 
-    def load_state_dict(self, state: dict) -> None:
-        _check_resume_compatible(state.get("config", {}), self.cfg.model_dump(mode="json"))
-        self.eager_model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+    def resume(self, mode: str) -> int | None:
+        """``--resume auto | never | PATH``: the step resumed from, or None for a fresh start."""
+        return self.checkpointer.resume(self, mode)
+
+    def extra_state(self) -> dict:
+        """Everything but the model and optimizer states (those are the Checkpointer's)."""
+        rng = rng_state()
+        rng.update(self.backend.rng_extra())
+        return {"step": self.step, "schedule": {"step": self.step, "type": self.cfg.schedule.type},
+                "scaler": self.precision.scaler.state_dict() if self.precision.scaler else None,
+                "data": self.data.train.state_dict(), "rng": rng, "config": self.cfg.model_dump(mode="json"),
+                "layout": self.pm.dims.describe(),
+                "balance": self.balancer.state_dict() if self.balancer else None}
+
+    def load_extra_state(self, state: dict) -> None:
         if self.precision.scaler and state.get("scaler"):
             self.precision.scaler.load_state_dict(state["scaler"])
         self.data.train.load_state_dict(state["data"])
+        if self.balancer and state.get("balance"):
+            self.balancer.load_state_dict(state["balance"])  # same global batch and ranks: keep the shares
         set_rng_state(state["rng"])
+        self.backend.load_rng_extra(state["rng"])
         self.step = int(state["step"])
+        self.backend.after_load()
 
 
-def _get(d: dict, dotted: str):
-    for part in dotted.split("."):
-        d = d.get(part, {}) if isinstance(d, dict) else {}
-    return d
+def dp_gather(dims, device):
+    """An exchange over the whole world reduced to one row per data-parallel rank (the slowest of its
+    tensor/pipeline ranks), so every rank, whatever its data-parallel group, sees the same rows."""
+    import torch.distributed as dist
 
+    def gather(values: list[float]) -> list[list[float]]:
+        world = dist.get_world_size()
+        local = torch.tensor(values, dtype=torch.float64, device=device)
+        out = [torch.empty_like(local) for _ in range(world)]
+        dist.all_gather(out, local)
+        rows: list = [None] * dims.dp
+        for r, t in enumerate(out):
+            row, d = t.tolist(), dims.dp_rank(r)
+            rows[d] = row if rows[d] is None else [max(a, b) for a, b in zip(rows[d], row)]
+        return rows
 
-def _check_resume_compatible(saved: dict, current: dict) -> None:
-    for key in _RESUME_KEYS:
-        if _get(saved, key) != _get(current, key):
-            raise CheckpointError(
-                f"the checkpoint was written with {key}={_get(saved, key)!r} but this run has {_get(current, key)!r}; "
-                "resume with the same setting, or start over with --resume never (or another run.dir)"
-            )
-
-
-# ---------------------------------------------------------------------- setup
-def build_trainer(resolved: Resolved, *, verbose: bool = True) -> Trainer:
-    from trainperf.data.loader import build_data
-    from trainperf.models.build import build_model
-
-    cfg = resolved.cfg
-    if cfg.run.device == "xla":  # XLA device, one graph per step, torch_xla collectives: trainperf/train/xla.py
-        from trainperf.train.xla import build_xla_trainer
-
-        return build_xla_trainer(resolved, verbose=verbose)
-    torch.set_num_threads(int(cfg.run.threads))
-    seed_everything(cfg.run.seed)
-    device = torch.device(cfg.run.device)
-    seq_len = _seq_len(cfg)
-    data = build_data(cfg, seq_len=seq_len, device=device, verbose=verbose)
-    model = build_model(cfg, data_vocab=data.vocab_size, device=device)
-    model.train()
-    eager = model
-    model = apply_optimizations(model, cfg)
-    return Trainer(cfg=cfg, model=model, eager_model=eager, data=data, device=device, notes=dict(resolved.notes))
-
-
-def _seq_len(cfg: Config) -> int:
-    from trainperf.config.resolve import model_shape
-
-    if cfg.model.entrypoint:
-        return cfg.model.block_size or 128
-    return model_shape(cfg)["block_size"]
-
-
-def apply_optimizations(model: nn.Module, cfg: Config) -> nn.Module:
-    """In this fixed order: activation checkpointing -> compile. (Parallelism wraps around these.)
-    Returns the module that runs forward; parameters are shared with ``model``."""
-    ac = cfg.memory.checkpointing
-    if ac.mode != "none":
-        from trainperf.memory.ac import apply_ac
-
-        apply_ac(model, ac, micro_batch=cfg.train.micro_batch, seq_len=_seq_len(cfg), dtype=cfg.precision.dtype,
-                 optimizer=cfg.optimizer.type)
-    if cfg.compile.enabled:
-        if cfg.compile.regional:
-            for name, block in _blocks(model):
-                block.compile(mode=cfg.compile.mode, fullgraph=cfg.compile.fullgraph, backend=cfg.compile.backend)
-            return model
-        return torch.compile(model, mode=cfg.compile.mode, fullgraph=cfg.compile.fullgraph, backend=cfg.compile.backend)
-    return model
-
-
-def _blocks(model: nn.Module):
-    layers = getattr(model, "layers", None)
-    if isinstance(layers, (nn.ModuleDict, nn.ModuleList)):
-        return list(layers.named_children())
-    return []
-
-
-def run_dir_of(cfg: Config) -> Path:
-    return Path(cfg.run_dir())
+    return gather

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -14,7 +13,6 @@ import torch
 from trainperf.config.load import dump_yaml
 from trainperf.monitor.monitor import Monitor
 from trainperf.monitor.sinks import JSONLSink
-from trainperf.train.checkpoint import CheckpointManager
 from trainperf.train.loop import Trainer
 
 
@@ -25,38 +23,14 @@ def _progress(total: int, initial: int, enabled: bool):
                 disable=not (enabled and sys.stderr.isatty()))
 
 
-def resume_state(trainer: Trainer, ckpts: CheckpointManager, resume: str, run_dir: Path) -> int | None:
-    """Apply ``--resume`` (auto | never | PATH). Returns the step resumed from, or None for a fresh start."""
-    if hasattr(trainer, "resume"):  # distributed: sharded DCP checkpoints, collective (trainperf.distributed.entry)
-        return trainer.resume(resume, ckpts.dir)
-    if resume == "never":
-        if ckpts.dir.exists():
-            shutil.rmtree(ckpts.dir)
-        return None
-    if resume == "auto":
-        found = ckpts.load_latest(map_location=_map_location(trainer))
-        if found is None:
-            return None
-        step, state = found
-    else:
-        state = ckpts.load_file(resume, map_location=_map_location(trainer))
-        step = int(state.get("step", 0))
-    trainer.load_state_dict(state)
-    return step
-
-
-def _map_location(trainer: Trainer):
-    # torch.load cannot restore storages onto an XLA device: load to CPU, load_state_dict copies them over
-    return "cpu" if trainer.device.type == "xla" else trainer.device
-
-
 def fit(trainer: Trainer, *, resume: str = "auto", verbose: bool = True) -> dict:
     cfg = trainer.cfg
     run_dir = Path(cfg.run_dir())
     main = trainer.is_main
-    ckpts = CheckpointManager(cfg.checkpoint.dir or run_dir / "checkpoints", keep=cfg.checkpoint.keep)
-    resumed_from = resume_state(trainer, ckpts, resume, run_dir)
+    resumed_from = trainer.resume(resume)  # the trainer's Checkpointer: one file, or sharded DCP (collective)
     say = print if (verbose and main) else (lambda *a, **k: None)
+    if resumed_from is not None and resumed_from >= cfg.run.steps:
+        return _already_finished(trainer, run_dir, resumed_from, say)
     if main:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(dump_yaml(cfg))
@@ -66,7 +40,7 @@ def fit(trainer: Trainer, *, resume: str = "auto", verbose: bool = True) -> dict
     if resumed_from is not None:
         say(f"resume: continuing from the checkpoint of step {resumed_from}")
 
-    n_params = sum(p.numel() for p in trainer.eager_model.parameters())
+    n_params = sum(p.numel() for p in trainer.pm.parameters())  # this rank's parts (the whole model in one process)
     say(f"train: {n_params / 1e6:.2f}M parameters | device {trainer.device} | precision {cfg.precision.dtype} | "
         f"global batch {cfg.train.global_batch} x {trainer.data.seq_len} tokens | accumulation {trainer.accum} | "
         f"{cfg.run.steps} steps -> {run_dir}")
@@ -101,15 +75,14 @@ def fit(trainer: Trainer, *, resume: str = "auto", verbose: bool = True) -> dict
             if sink:
                 sink.write({"step": trainer.step, "val_loss": val_loss})
         if cfg.checkpoint.every and trainer.step % cfg.checkpoint.every == 0 and not done:
-            _save(trainer, ckpts)
+            trainer.save_checkpoint()
     bar.close()
     elapsed = time.perf_counter() - t_start
     if trainer.step > start_step or val_loss is None:
         val_loss = trainer.evaluate()
     if cfg.checkpoint.at_end and trainer.step > start_step:
-        _save(trainer, ckpts)
-    can_sample = getattr(trainer, "can_sample", True)  # not with a sharded (distributed) model
-    sample = generate_sample(trainer) if (main and cfg.run.sample_tokens and can_sample) else None
+        trainer.save_checkpoint()
+    sample = generate_sample(trainer) if (main and cfg.run.sample_tokens and trainer.can_sample) else None
     phase_totals = dict(trainer.timer.totals)
     summary = {
         "final_loss": last_loss,
@@ -123,7 +96,7 @@ def fit(trainer: Trainer, *, resume: str = "auto", verbose: bool = True) -> dict
         "elapsed_s": elapsed,
         "train_time_s": train_time,
         "params": n_params,
-        "phase_seconds": phase_totals,
+        "phase_seconds": phase_totals,  # "compile": the first step of a compiled model, kept apart
         "device": str(trainer.device),
         "precision": cfg.precision.dtype,
         "notes": trainer.notes,
@@ -141,18 +114,22 @@ def fit(trainer: Trainer, *, resume: str = "auto", verbose: bool = True) -> dict
 
 
 def _flush(pending, sink, trainer: Trainer, bar, say) -> float:
-    """Bring the pending losses to the host (one sync for several steps) and log them."""
+    """Bring the pending losses to the host (one sync for several steps) and log them; when
+    distributed, each data rank's compute over the window goes into the last record (collective)."""
     losses = torch.stack([r.loss for _, r in pending]).float().cpu().tolist()  # host-device sync point
+    ranks = trainer.rank_compute()  # None in one process
     for (step, res), loss in zip(pending, losses):
         if not math.isfinite(loss):
             raise FloatingPointError(f"loss became {loss} at step {step}; lower optimizer.lr or use precision fp32/bf16")
         if sink:
-            rec = {"step": step, "loss": loss, "lr": trainer.optimizer.param_groups[0]["lr"],
+            rec = {"step": step, "loss": loss, "lr": res.lr,
                    "step_time_s": res.step_time, "tokens_per_s": res.tokens / res.step_time,
                    "phases_s": res.phases}
             if res.grad_norm is not None:
                 rec["grad_norm"] = float(res.grad_norm)
-            rec.update(getattr(res, "extras", None) or {})  # e.g. gradient bytes on the wire (distributed)
+            rec.update(res.extras)  # e.g. gradient bytes on the wire (distributed), XLA figures
+            if ranks and step == pending[-1][0]:
+                rec.update(ranks)  # rank_compute_s / rank_cpu_s: mean per step over the window, per data rank
             sink.write(rec)
     step, res = pending[-1]
     bar.set_postfix(loss=f"{losses[-1]:.3f}", tok_s=f"{res.tokens / res.step_time:,.0f}")
@@ -162,31 +139,44 @@ def _flush(pending, sink, trainer: Trainer, bar, say) -> float:
     return losses[-1]
 
 
-def _save(trainer: Trainer, ckpts: CheckpointManager) -> None:
-    if hasattr(trainer, "save_checkpoint"):  # distributed: every rank writes its shards (DCP)
-        trainer.save_checkpoint(ckpts.dir)
-        return
-    if trainer.is_main:
-        ckpts.save(trainer.step, trainer.state_dict())
-
-
 def _write_json(path: Path, obj) -> None:
+    """Atomically, as strict JSON (NaN and infinities become null)."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, default=str))
+    tmp.write_text(json.dumps(_strict(obj), indent=2, default=str, allow_nan=False))
     tmp.replace(path)
 
 
+def _strict(obj):
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _strict(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_strict(v) for v in obj]
+    return obj
+
+
+def _already_finished(trainer: Trainer, run_dir: Path, step: int, say) -> dict:
+    """Running a finished run again: nothing to train; the summary on disk stays as it is."""
+    path = run_dir / "summary.json"
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, ValueError):
+        summary = {"steps": step, "final_loss": None}
+    summary["already_finished"] = True
+    say(f"train: {run_dir} already finished ({step} of run.steps={trainer.cfg.run.steps} steps, checkpoint at step "
+        f"{step}); nothing to do. Raise run.steps to train further, or start over with --resume never")
+    return summary
+
+
 def generate_sample(trainer: Trainer, prompt: str = "def ") -> str | None:
-    meta = trainer.data.meta
-    if meta.get("tokenizer") != "bytes" or not hasattr(trainer.eager_model, "generate"):
+    from trainperf.models.gpt import GPT
+
+    if trainer.data.meta.get("tokenizer") != "bytes" or not isinstance(trainer.model, GPT):
         return None
     from trainperf.data.prepare import decode, encode
 
-    model, device = trainer.eager_model, trainer.device
-    if device.type == "xla":  # each generated length would compile its own XLA graph: sample from a CPU copy
-        from trainperf.train.xla import cpu_model
-
-        model, device = cpu_model(trainer), torch.device("cpu")
+    model, device = trainer.backend.sampling_model(trainer.model)  # XLA: a CPU copy (each length would compile)
     was_training = model.training
     model.eval()
     idx = torch.from_numpy(encode(prompt.encode()).astype("int64"))[None].to(device)
@@ -209,10 +199,14 @@ def print_report(summary: dict, run_dir: Path) -> None:
         ("elapsed", f"{fmt(summary['elapsed_s'], '.1f')} s"),
         ("device / precision", f"{summary['device']} / {summary['precision']}"),
     ]
-    phases = summary.get("phase_seconds") or {}
+    phases = dict(summary.get("phase_seconds") or {})
+    compile_s = phases.pop("compile", None)  # the first, compiling step: not steady state
     total = sum(phases.values())
     if total:
-        rows.append(("time by phase", ", ".join(f"{k} {100 * v / total:.0f}%" for k, v in phases.items())))
+        rows.append(("time by phase", ", ".join(f"{k} {100 * v / total:.0f}%" for k, v in phases.items())
+                     + (" (steady state; first-step compilation apart)" if compile_s else "")))
+    if compile_s:
+        rows.append(("compilation", f"{compile_s:.1f} s (first step)"))
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         print(f"  {k:<{width}}  {v}")

@@ -5,6 +5,6 @@
     loader.py   batches moved to the device by torch_xla's ParallelLoader, with an exact data position
 
 torch_xla is imported only inside these modules' functions, so trainperf imports without it.
-The trainer itself is ``trainperf.train.xla``; the metrics and the ``xla_recompile`` rule are
+The trainer's backend is ``trainperf.xla.backend``; the metrics and the ``xla_recompile`` rule are
 ``trainperf.monitor.xla``.
 """

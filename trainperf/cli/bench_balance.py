@@ -1,0 +1,74 @@
+"""``trainperf bench balance``: argument parsing and printing (the measurement: trainperf.bench.balance)."""
+
+from __future__ import annotations
+
+import argparse
+
+from trainperf.cli._common import add_json_flag, print_json
+
+
+def register(subparsers) -> None:
+    import trainperf.bench.balance as bench
+
+    p = subparsers.add_parser("balance", help="dynamic load balancer on a straggler rank", description=bench.__doc__)
+    p.add_argument("--ranks", type=int, default=2, help="gloo processes (data-parallel ranks)")
+    p.add_argument("--slow-rank", type=int, default=1, help="the rank that does more work per sample")
+    p.add_argument("--slowdown", type=float, default=2.0, help="work per sample on the slow rank, x the others' (>= 1)")
+    p.add_argument("--steps", type=int, default=60, help="measured steps per arrangement (unbalanced, balanced)")
+    p.add_argument("--block", type=int, default=5, help="steps per block when alternating the two arrangements")
+    p.add_argument("--global-batch", type=int, default=64, help="samples per step over all ranks")
+    p.add_argument("--micro-steps", type=int, default=2, help="micro-steps per rank per step (uneven sizes)")
+    p.add_argument("--seq", type=int, default=256,
+                   help="tokens per sample (the default makes a step ~0.2 s, like a real training step, so the "
+                        "gradient all-reduce is a few percent of it)")
+    p.add_argument("--dim", type=int, default=128, help="MLP width (the hidden layer is 4x)")
+    p.add_argument("--window", type=int, default=60, help="balancer window (measurements kept)")
+    p.add_argument("--min-steps", type=int, default=30, help="balancer measurements before a judgement")
+    p.add_argument("--threshold", type=float, default=0.2, help="balancer trigger: CV of per-rank step compute time")
+    p.add_argument("--min-gain", type=float, default=0.02,
+                   help="balancer: smallest predicted cut of the step compute time worth a move")
+    p.add_argument("--sync-every", type=int, default=10,
+                   help="balancer: exchange the measurements (one all_gather) every this many steps")
+    p.add_argument("--settle-steps", type=int, default=150, help="at most this many steps for the balancer to settle")
+    p.add_argument("--control", action="store_true",
+                   help="also measure the noise floor: the same run with equal speeds and equal shares")
+    p.add_argument("--timeout-s", type=float, default=300.0,
+                   help="collective timeout: a rank that stops answering ends the bench with an error after this long")
+    p.add_argument("--pin", action=argparse.BooleanOptionalAction, default=True,
+                   help="pin each rank to its own CPU when there are at least --ranks usable CPUs (default; each "
+                        "rank's speed is then its own and steadier)")
+    add_json_flag(p)
+    p.set_defaults(func=balance_command)
+
+
+def balance_command(args) -> int:
+    from trainperf.bench.balance import measure
+
+    res = measure(args)
+    if args.json:
+        print_json(res)
+    else:
+        print(f"balance bench: {args.ranks} gloo ranks, rank {args.slow_rank} does {args.slowdown}x work per sample, "
+              f"global batch {args.global_batch}, {args.steps} measured steps per arrangement")
+        print(f"  per-sample compute (ms): {', '.join(f'{1e3 * p:.2f}' for p in res['per_sample_s'])}")
+        print(f"  ideal step      {1e3 * res['ideal_step_s']:8.1f} ms  (global batch / summed speeds; compute only)")
+        print(f"  overhead        {1e3 * res['overhead_s']:8.1f} ms  (step wall - slowest compute: all-reduce, optimizer, "
+              "scheduling)")
+        print(f"  unbalanced step {1e3 * res['unbalanced_step_s']:8.1f} ms  {res['unbalanced_vs_ideal']:.2f}x ideal"
+              f"  shares {res['equal_shares']}")
+        print(f"  balanced step   {1e3 * res['balanced_step_s']:8.1f} ms  {res['balanced_vs_ideal']:.2f}x ideal"
+              f"  shares {res['shares']}  ({res['speedup']:.2f}x faster than unbalanced; "
+              f"{res['balanced_vs_ideal_plus_overhead']:.2f}x ideal + overhead)")
+        print(f"  slowest compute {1e3 * res['balanced_slowest_compute_s']:8.1f} ms  "
+              f"{res['balanced_slowest_compute_vs_ideal']:.2f}x ideal  (balanced steps: residual imbalance + jitter)")
+        if "control" in res:
+            c = res["control"]
+            print(f"  control         {1e3 * c['step_s']:8.1f} ms  {c['vs_ideal']:.2f}x its ideal  (equal speeds, equal "
+                  "shares: the noise floor)")
+        for d in res["decisions"]:
+            kind = "refinement" if d.get("refinement") else "trigger"
+            print(f"  decision at step {d['step']} ({kind}): imbalance {d['imbalance']:.2f}, "
+                  f"{d['old_shares']} -> {d['new_shares']}")
+    return 0
+
+

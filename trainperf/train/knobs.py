@@ -1,0 +1,72 @@
+"""Test and benchmark instruments, passed in explicitly (never read from the environment inside
+the library): the CLI builds one from its flags and environment (:func:`from_environ`), tests
+construct one directly.
+
+    slow_rank            (rank, factor): that global rank does ``factor`` x the model compute per
+                         sample (:mod:`trainperf.distributed.slow`), a straggler for the balancer
+                         and the diagnosis
+    fault                (kind, rank, step): that rank exits (code 17) or hangs at that step
+                         (:mod:`trainperf.distributed.failure`)
+    checkpoint_kill_step the process SIGKILLs itself midway through writing that step's checkpoint
+                         (exact-resume tests)
+    bf16_gather          DDP bf16 compression through the all-gather fallback even where the
+                         backend can all-reduce bf16
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+from trainperf.errors import ConfigError
+
+SLOW_ENV = "TRAINPERF_SLOW_RANK"  # R:F
+FAULT_ENV = ("TRAINPERF_FAULT", "TRAINPERF_FAULT_RANK", "TRAINPERF_FAULT_STEP")  # exit|hang, rank, step
+CKPT_KILL_ENV = "TRAINPERF_FAULT_KILL_IN_CHECKPOINT"  # step
+
+
+@dataclass(frozen=True)
+class Knobs:
+    slow_rank: tuple[int, float] | None = None
+    fault: tuple[str, int, int] | None = None
+    checkpoint_kill_step: int | None = None
+    bf16_gather: bool = False
+
+
+def parse_slow_rank(value: str | None) -> tuple[int, float] | None:
+    """``"R:F"`` -> ``(R, F)``; None or "" -> None; ConfigError on anything else."""
+    if not value:
+        return None
+    try:
+        r, f = value.split(":")
+        rank, factor = int(r), float(f)
+    except ValueError:
+        raise ConfigError(f"{SLOW_ENV}={value!r} must be RANK:FACTOR, e.g. 1:2 (rank 1 does 2x the compute per "
+                          "sample)") from None
+    if rank < 0 or not factor >= 1:
+        raise ConfigError(f"{SLOW_ENV}={value!r}: the rank must be >= 0 and the factor >= 1 (work per sample, "
+                          "x the others')")
+    return rank, factor
+
+
+def _int(environ: Mapping[str, str], name: str) -> int | None:
+    val = environ.get(name)
+    if val in (None, ""):
+        return None
+    try:
+        return int(val)
+    except ValueError:
+        raise ConfigError(f"{name}={val!r} must be an integer") from None
+
+
+def from_environ(environ: Mapping[str, str]) -> Knobs:
+    """The knobs the CLI takes from its environment (documented in the README's distributed and
+    balance sections; unset: none)."""
+    fault = None
+    kind = environ.get(FAULT_ENV[0])
+    if kind:
+        if kind not in ("exit", "hang"):
+            raise ConfigError(f"{FAULT_ENV[0]}={kind!r} must be 'exit' or 'hang'")
+        fault = (kind, _int(environ, FAULT_ENV[1]) or 0, _int(environ, FAULT_ENV[2]) or 0)
+    return Knobs(slow_rank=parse_slow_rank(environ.get(SLOW_ENV)), fault=fault,
+                 checkpoint_kill_step=_int(environ, CKPT_KILL_ENV))
