@@ -72,7 +72,8 @@ class _Frame:
                  y2: tuple[float, str] | None = None, xcats: Sequence[str] | None = None):
         self.xt = nice_ticks(*xr) if xcats is None else None
         self.yt = nice_ticks(*yr)
-        self.x0, self.x1 = (self.xt[0], self.xt[-1]) if self.xt else (-0.5, len(xcats) - 0.5)
+        # categories: room on the right for the legend, so it never covers a bar
+        self.x0, self.x1 = (self.xt[0], self.xt[-1]) if self.xt else (-0.5, 1.3 * len(xcats) - 0.2)
         self.y0, self.y1 = self.yt[0], self.yt[-1]
         self.parts = [f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {W} {H}" width="{W}" height="{H}" '
                       f'role="img" aria-label="{_esc(title)}" class="chart"><title>{_esc(title)}</title>',

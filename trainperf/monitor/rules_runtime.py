@@ -20,7 +20,8 @@ HOST_CRIT_SHARE = 0.4
 SPREAD_WARN, SPREAD_CRIT, SPREAD_MIN_STEPS = 1.5, 3.0, 10  # p90 / median step time, over >= 10 steady steps
 
 CLOCKS = {"thread_cpu": "thread CPU time of forward+backward, no collective waits",
-          "cuda_events": "CUDA events on the compute stream, no collective waits"}
+          "cuda_events": "CUDA events on the compute stream, no collective waits",
+          "wall_to_last_grad": "wall time to this rank's last gradient, before it waits for the all-reduce"}
 
 
 def pct(x: float) -> str:
