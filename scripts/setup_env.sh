@@ -11,7 +11,7 @@
 set -euo pipefail
 VENV=${1:-.venv}
 PY=${PYTHON:-python3}
-EXTRAS=${EXTRAS:-test,plot}
+EXTRAS=${EXTRAS:-test}
 TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
 
 if [ ! -x "$VENV/bin/python" ]; then

@@ -23,6 +23,7 @@ COMMANDS = [
     "launch",
     "diagnose",
     "report",
+    "compare",
     "bench",
 ]
 

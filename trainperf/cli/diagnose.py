@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trainperf.cli._common import add_json_flag, print_json
+from trainperf.cli._common import add_json_flag
 
 
 def register(subparsers) -> None:
@@ -14,10 +14,11 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     from trainperf.monitor.diagnose import diagnose, format_findings
+    from trainperf.monitor.rundir import dumps_strict
 
     result = diagnose(args.run_dir)
     if args.json:
-        print_json(result)
+        print(dumps_strict(result))  # strict JSON: null, never NaN
     else:
         print(format_findings(result).lstrip("\n"))
     return 0

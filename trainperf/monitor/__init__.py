@@ -1,4 +1,4 @@
-"""Monitoring: phase timer, FLOPs/MFU, device sampler, sinks, profiler, diagnosis, report.
+"""Monitoring: phase timer, FLOPs/MFU, device sampler, sinks, profiler, diagnosis, report, compare.
 
 For your own loop (what ``fit`` does for ``trainperf train``)::
 
@@ -25,6 +25,7 @@ _LAZY = {
     "PhaseTimer": ("trainperf.monitor.phases", "PhaseTimer"),
     "diagnose": ("trainperf.monitor.diagnose", "diagnose"),
     "build_report": ("trainperf.monitor.report", "build_report"),
+    "compare_runs": ("trainperf.monitor.compare", "compare_runs"),
 }
 
 __all__ = list(_LAZY)

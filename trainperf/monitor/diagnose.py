@@ -8,19 +8,24 @@ summary.json and config.yaml; a crashed run without summary.json works too) and 
      "missing": ["what could not be checked, and why"]}
 
 The first 10% of the steps (at least one, when there are three or more) are left out of every
-figure: they hold compilation, allocator growth and cold caches. ``RULES`` is the table; the
+figure: they hold compilation, allocator growth and cold caches. The ``compile`` phase (the
+trainer books first-step compilation under it) is never part of the steady-state fractions; its
+total is ``summary.compile_s``. MFU/HFU are over the same steady steps as tokens/s (``mfu_run`` /
+``hfu_run``: summary.json's whole-run figures). ``RULES`` is the table; the
 README's troubleshooting table is generated from it (``rules_markdown()``).
 """
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from trainperf.monitor.rules_runtime import COMPILE_PHASE, RUNTIME_RULES, _num, rank_compute_windows
+from trainperf.monitor.rules_runtime import pct as _pct
+from trainperf.monitor.rundir import load_run, rank_of
 from trainperf.monitor.xla import XLA_RECOMPILE_RULE
 
 SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
@@ -29,7 +34,6 @@ SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
 DATA_WARN, DATA_CRIT = 0.20, 0.40
 COMM_WARN, COMM_CRIT = 0.15, 0.30
 IO_CPU_RATIO = 0.3  # CPU seconds per second of data wait (relative to the CPU the process gets) below this: IO
-STRAGGLER_RATIO = 1.15
 LOW_MFU_CATALOG = 0.30  # against a GPU's dense catalog peak
 LAUNCH_BUSY_PCT = 70.0
 MEMORY_USED_FRAC = 0.5
@@ -47,71 +51,7 @@ class Rule:
 
 
 # ---------------------------------------------------------------------- loading
-def _read_jsonl(path: Path) -> list[dict]:
-    out = []
-    if not path.exists():
-        return out
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line cut by a crash
-        if isinstance(rec, dict):
-            out.append(rec)
-    return out
-
-
-def _rank_of(path: Path) -> int:
-    parts = path.name.split(".")
-    for p in parts:
-        if p.startswith("rank") and p[4:].isdigit():
-            return int(p[4:])
-    return 0
-
-
-def load_run(run_dir: str | Path) -> dict[str, Any]:
-    """Everything the rules and the report need, from one run directory."""
-    from trainperf.errors import UserError
-
-    d = Path(run_dir)
-    if not d.is_dir():
-        raise UserError(f"run directory {str(d)!r} does not exist; pass the run.dir of a `trainperf train` run")
-    metric_files = sorted(d.glob("metrics*.jsonl"))
-    if not metric_files and not (d / "summary.json").exists():
-        raise UserError(f"{d} holds no metrics.jsonl or summary.json; is it a trainperf run directory?")
-    ranks: dict[int, list[dict]] = {}
-    evals: list[dict] = []
-    for f in metric_files:
-        recs = _read_jsonl(f)
-        r = _rank_of(f)
-        ranks[r] = [x for x in recs if "step_time_s" in x]
-        if r == 0:
-            evals = [x for x in recs if "val_loss" in x]
-    samples: dict[int, list[dict]] = {}
-    sample_meta: dict[int, dict] = {}
-    for f in sorted(d.glob("samples*.jsonl")):
-        recs = _read_jsonl(f)
-        r = _rank_of(f)
-        samples[r] = [x for x in recs if "meta" not in x]
-        metas = [x["meta"] for x in recs if "meta" in x]
-        if metas:
-            sample_meta[r] = metas[-1]
-    summary = {}
-    if (d / "summary.json").exists():
-        try:
-            summary = json.loads((d / "summary.json").read_text())
-        except (OSError, json.JSONDecodeError):
-            summary = {}
-    config = {}
-    if (d / "config.yaml").exists():
-        try:
-            import yaml
-
-            config = yaml.safe_load((d / "config.yaml").read_text()) or {}
-        except Exception:  # noqa: BLE001 - the config only improves the fixes' wording
-            config = {}
-    return {"dir": d, "ranks": ranks, "evals": evals, "samples": samples, "sample_meta": sample_meta,
-            "summary": summary, "config": config, "crashed": not (d / "summary.json").exists()}
+_rank_of = rank_of  # the name monitor.py imports
 
 
 def _steady(recs: list[dict]) -> list[dict]:
@@ -122,7 +62,7 @@ def _steady(recs: list[dict]) -> list[dict]:
 
 
 def _mean(xs):
-    xs = [x for x in xs if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)]
+    xs = [x for x in (_num(v) for v in xs) if x is not None]
     return sum(xs) / len(xs) if xs else None
 
 
@@ -135,53 +75,97 @@ def _cfg(run: dict, dotted: str, default=None):
     return d
 
 
+def _phases(rec: dict, key: str = "phases_s") -> dict[str, float]:
+    d = rec.get(key)
+    if not isinstance(d, dict):
+        return {}
+    return {k: float(v) for k, v in d.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+            and math.isfinite(v)}
+
+
+def _percentile(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    pos = q * (len(xs) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
 def compute_summary(run: dict) -> dict[str, Any]:
-    """Figures the rules look at (over the steady steps)."""
+    """Figures the rules look at (over the steady steps). The ``compile`` phase (first-step
+    compilation, booked apart by the trainer) is never part of the steady-state fractions: its
+    total over the whole run is ``compile_s``."""
     s: dict[str, Any] = {}
     ranks = run["ranks"]
-    main = _steady(ranks.get(0) or (next(iter(ranks.values())) if ranks else []))
+    recs0 = ranks.get(0) or (next(iter(ranks.values())) if ranks else [])
+    main = _steady(recs0)
     s["steps_recorded"] = len(ranks.get(0, []))
     s["steps_used"] = len(main)
     phase_tot: dict[str, float] = {}
     cpu_tot: dict[str, float] = {}
     for r in main:
-        for k, v in (r.get("phases_s") or {}).items():
-            phase_tot[k] = phase_tot.get(k, 0.0) + v
-        for k, v in (r.get("phases_cpu_s") or {}).items():
-            cpu_tot[k] = cpu_tot.get(k, 0.0) + v
+        for k, v in _phases(r).items():
+            if k != COMPILE_PHASE:
+                phase_tot[k] = phase_tot.get(k, 0.0) + v
+        for k, v in _phases(r, "phases_cpu_s").items():
+            if k != COMPILE_PHASE:
+                cpu_tot[k] = cpu_tot.get(k, 0.0) + v
     total = sum(phase_tot.values())
     s["phase_fractions"] = {k: v / total for k, v in phase_tot.items()} if total else {}
     s["phase_mean_s"] = {k: v / len(main) for k, v in phase_tot.items()} if main else {}
     s["phase_cpu_ratio"] = {k: cpu_tot[k] / phase_tot[k] for k in cpu_tot if phase_tot.get(k)}
-    s["step_time_s"] = statistics.median([r["step_time_s"] for r in main]) if main else None
-    s["tokens_per_s"] = statistics.median([r["tokens_per_s"] for r in main if r.get("tokens_per_s")]) \
-        if any(r.get("tokens_per_s") for r in main) else None
+    comp = [_phases(r).get(COMPILE_PHASE) for r in recs0]
     summ = run["summary"]
-    s["mfu"] = summ.get("mfu")
-    if s["mfu"] is None:  # a crashed run: the per-step figure
-        s["mfu"] = _mean([r.get("mfu") for r in main])
-    s["hfu"] = summ.get("hfu")
+    booked = _phases(summ, "phase_seconds").get(COMPILE_PHASE)
+    s["compile_s"] = sum(c for c in comp if c) or booked or 0.0
+    s["train_time_s"] = summ.get("train_time_s") or (sum(r["step_time_s"] for r in recs0) if recs0 else None)
+    times = [r["step_time_s"] for r in main]
+    s["step_time_s"] = statistics.median(times) if times else None
+    s["step_time_p90_s"] = _percentile(times, 0.9) if times else None
+    s["step_time_min_s"], s["step_time_max_s"] = (min(times), max(times)) if times else (None, None)
+    tps = [r["tokens_per_s"] for r in main if _num(r.get("tokens_per_s"))]
+    s["tokens_per_s"] = statistics.median(tps) if tps else None
+    # MFU/HFU over the same steady steps as tokens/s (median of the per-step MFU, which is linear in
+    # tokens/s); HFU keeps summary.json's HFU/MFU ratio (counted / formula FLOPs). Whole-run figures
+    # (summary.json: every step, wall clock) are kept as mfu_run / hfu_run.
+    s["mfu_run"], s["hfu_run"] = _num(summ.get("mfu")), _num(summ.get("hfu"))
+    step_mfu = [m for m in (_num(r.get("mfu")) for r in main) if m is not None]
+    s["mfu"] = statistics.median(step_mfu) if step_mfu else s["mfu_run"]
+    s["hfu"] = s["hfu_run"]
+    if step_mfu and s["mfu_run"] and s["hfu_run"]:
+        s["hfu"] = s["mfu"] * s["hfu_run"] / s["mfu_run"]
     s["peak_source"] = summ.get("peak_source")
     s["mfu_convention"] = summ.get("mfu_convention")
     s["device"] = summ.get("device") or _cfg(run, "run.device")
-    mem = [r.get("mem_peak_bytes") for r in main if r.get("mem_peak_bytes")]
+    threads = _cfg(run, "run.threads")
+    s["threads"] = threads if isinstance(threads, int) and not isinstance(threads, bool) and threads > 0 else None
+    mem = [r.get("mem_peak_bytes") for r in main if _num(r.get("mem_peak_bytes"))]
     s["mem_peak_bytes"] = summ.get("mem_peak_bytes") or (max(mem) if mem else None)
     s["mem_capacity_bytes"] = summ.get("mem_capacity_bytes")
-    # per rank
+    # CPU time the process got per wall second in its compute phases (CPU runs: what its threads got)
+    wall = cpu = 0.0
+    for r in main:
+        w, c = _phases(r), _phases(r, "phases_cpu_s")
+        for k in ("forward", "backward", "optimizer"):
+            if k in w and k in c:
+                wall, cpu = wall + w[k], cpu + c[k]
+    s["cpu_cores_got"] = cpu / wall if wall > 0 and str(s["device"] or "").startswith("cpu") else None
+    # per rank, from each rank's own file (wall clock)
     per_rank = {}
     for rank, recs in sorted(ranks.items()):
         st = _steady(recs)
         if not st:
             continue
-        comp = [sum(v for k, v in (r.get("phases_s") or {}).items() if k != "comm") for r in st]
-        comm = [(r.get("phases_s") or {}).get("comm", 0.0) for r in st]
+        comp = [sum(v for k, v in _phases(r).items() if k not in ("comm", COMPILE_PHASE)) for r in st]
+        comm = [_phases(r).get("comm", 0.0) for r in st]
         total = sum(comp) + sum(comm)
         per_rank[rank] = {"step_time_s": _mean([r["step_time_s"] for r in st]), "compute_s": _mean(comp),
                           "comm_s": _mean(comm), "comm_fraction": sum(comm) / total if total else 0.0}
     s["ranks"] = per_rank
+    s["rank_compute"] = rank_compute_windows(recs0)
     # device samples over the steady part of the run
     first_step = main[0]["step"] if main else 0
-    sm = [x for recs in run["samples"].values() for x in recs if (x.get("step") or 0) >= first_step]
+    sm = [x for recs in run["samples"].values() for x in recs if (_num(x.get("step")) or 0) >= first_step]
     for key in ("gpu_kernel_busy_pct", "gpu_sm_active_pct", "gpu_tensor_active_pct", "gpu_mem_copy_util_pct",
                 "gpu_power_w", "cpu_pct", "proc_cpu_pct"):
         s[key] = _mean([x.get(key) for x in sm])
@@ -191,10 +175,6 @@ def compute_summary(run: dict) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------- rules
-def _pct(x: float) -> str:
-    return f"{100 * x:.0f}%"
-
-
 def _cpu_share(s: dict) -> float | None:
     """On a CPU-device run: CPU seconds per wall second the process got in its compute phases (capped
     at one core). On a busy machine this is below 1, and a decoding loader gets no more than it."""
@@ -249,24 +229,6 @@ def _comm_bound(s: dict) -> dict | None:
                      "or a slow link",
             "fix": "parallelism.compression.type=bf16 (or powersgd); raise train.global_batch (more accumulation "
                    "per all-reduce); FSDP: parallelism.fsdp_reduce_dtype=bf16; check links with `trainperf doctor`"}
-
-
-def _straggler(s: dict) -> dict | None:
-    ranks = {r: v for r, v in s["ranks"].items() if v.get("compute_s")}
-    if len(ranks) < 2:
-        return None
-    med = statistics.median(v["compute_s"] for v in ranks.values())
-    worst = max(ranks, key=lambda r: ranks[r]["compute_s"])
-    ratio = ranks[worst]["compute_s"] / med if med else 0.0
-    if ratio <= STRAGGLER_RATIO:
-        return None
-    return {"severity": "critical" if ratio > 1.5 else "warning", "rank": worst,
-            "evidence": f"rank {worst} computes {ranks[worst]['compute_s'] * 1000:.0f} ms per step, "
-                        f"{ratio:.2f}x the median {med * 1000:.0f} ms (threshold {STRAGGLER_RATIO}x)",
-            "cause": "one rank is slower (throttled clocks, a shared or slower device, a busy host) and every "
-                     "collective waits for it",
-            "fix": f"parallelism.balance.enabled=true; check rank {worst}'s clocks, temperature and host load "
-                   "(samples.jsonl)"}
 
 
 def _launch_bound(s: dict) -> dict | None:
@@ -332,9 +294,7 @@ RULES: list[Rule] = [
     Rule("comm_bound", "ranks wait on collectives", f"exposed comm phase > {_pct(COMM_WARN)} of step time "
          f"on the rank that waits most (critical > {_pct(COMM_CRIT)})", "collectives not overlapped with backward; slow links",
          "parallelism.compression.type=bf16/powersgd; larger global batch; fsdp_reduce_dtype=bf16", _comm_bound),
-    Rule("straggler", "one rank is slower than the others", f"a rank's compute time > {STRAGGLER_RATIO}x "
-         "the median rank's", "throttled or shared device, busy host", "parallelism.balance.enabled=true; "
-         "inspect that rank's clocks and host", _straggler),
+    *(Rule(**r) for r in RUNTIME_RULES),  # trainperf/monitor/rules_runtime.py
     Rule("launch_bound", "GPU idle between small kernels (host-bound)", f"NVML kernel-busy < {LAUNCH_BUSY_PCT:.0f}% "
          "with data + comm < 15% of step time", "Python/launch overhead, many small kernels",
          "compile.enabled=true (mode reduce-overhead); larger micro-batch", _launch_bound),
@@ -372,13 +332,17 @@ def _missing(run: dict, s: dict) -> list[str]:
         out.append("MFU (no FLOPs or peak recorded: monitor.mfu=false, or the run crashed before the end)")
     if s.get("mem_capacity_bytes") is None:
         out.append("device memory use (memory_bound needs a CUDA run)")
-    if len(s["ranks"]) < 2:
+    if len(s["ranks"]) < 2 and not s.get("rank_compute"):
         out.append("per-rank comparison (straggler needs two or more ranks)")
     return out
 
 
 def diagnose(run_dir: str | Path) -> dict[str, Any]:
-    run = load_run(run_dir)
+    return diagnose_run(load_run(run_dir))
+
+
+def diagnose_run(run: dict) -> dict[str, Any]:
+    """The diagnosis of a run already loaded by :func:`load_run`."""
     s = compute_summary(run)
     findings = []
     for rule in RULES:
@@ -404,6 +368,9 @@ def format_findings(result: dict) -> str:
     if fr:
         lines.append("  time by phase: " + ", ".join(f"{k} {100 * v:.0f}%" for k, v in fr.items())
                      + f" (over {s['steps_used']} steps after warm-up)")
+    if s.get("compile_s"):
+        lines.append(f"  compilation: {s['compile_s']:.1f} s (phase '{COMPILE_PHASE}', left out of the "
+                     "steady-state fractions)")
     if s.get("mfu") is not None:
         hfu = f", HFU {100 * s['hfu']:.1f}%" if s.get("hfu") is not None else ""
         lines.append(f"  MFU {100 * s['mfu']:.1f}%{hfu} against {s.get('peak_source') or 'the recorded peak'}")
