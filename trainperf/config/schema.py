@@ -171,6 +171,10 @@ class TrainConfig(Section):
     """Sequences per forward/backward on one rank; accumulation = global / (micro * data ranks)."""
     grad_clip: float = Field(1.0, ge=0)
     """Clip the global gradient norm to this value (0: no clipping)."""
+    on_oom: Literal["error", "halve_micro_batch"] = "error"
+    """Out of device memory in a step: error (stop), or halve_micro_batch (free the step, halve the
+    micro-batch, double the accumulation so the global batch stays, and run the same step again;
+    every rank agrees on the new size)."""
 
 
 class OptimizerConfig(Section):

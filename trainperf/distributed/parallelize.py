@@ -42,6 +42,18 @@ from trainperf.errors import ConfigError
 from trainperf.models.blocks import find_blocks
 
 
+class StepOOM(Exception):
+    """A micro-step ran out of device memory on this rank or, agreed through ``oom_agree``, on another."""
+
+
+def is_oom(exc: BaseException) -> bool:
+    """An out-of-memory error: torch's (CUDA and other accelerators) or the CPU allocator's."""
+    if isinstance(exc, torch.OutOfMemoryError):
+        return True
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)
+
+
 @dataclass
 class ParallelModel:
     dims: ParallelDims
@@ -57,6 +69,8 @@ class ParallelModel:
     accum_hint: int = 1  # micro-steps per optimizer step (for the FSDP traffic estimate)
     fsdp_bytes: tuple = (4, 4)  # (all-gathered parameter, reduce-scattered gradient) bytes per element
     counter: CommCounter = field(default_factory=CommCounter)  # DDP gradient bytes handed to collectives
+    oom_agree: object = None  # callable(local_failed: bool) -> any rank failed (collective); None: do not catch
+    oom_above: int | None = None  # test knob: a micro-batch above this many samples raises OutOfMemoryError
 
     @property
     def pp_rank(self) -> int:
@@ -99,24 +113,43 @@ class ParallelModel:
             sizes = [micro_batch] * max(1, x.shape[0] // micro_batch)
         accum = len(sizes)
         total = torch.zeros((), device=self.device)
-        autocast = self.autocast or contextlib.nullcontext
         start = 0
         for i, m in enumerate(sizes):
             last = i == len(sizes) - 1
             mx, my = x[start:start + m], y[start:start + m]
             start += m
-            with self._sync(model, last):
-                if phase:
-                    phase("forward")
-                with autocast():
-                    _, loss = model(mx, my)
-                # mean over the local batch, or the balancer's exact global-batch factor
-                loss = loss * loss_scale(m) if loss_scale is not None else loss / accum
-                if phase:
-                    phase("backward")
-                (backward or torch.Tensor.backward)(loss)
-            total += loss.detach()
+            if self.oom_agree is None or last:
+                # the synchronized (last) micro-step: an OOM inside its gradient collectives cannot be agreed
+                # on; in one process it is caught by the trainer, distributed the collective timeout ends the job
+                total += self._micro_step(model, mx, my, m, last, accum, loss_scale, backward, phase)
+                continue
+            # OOM recovery: every rank agrees at the boundary after each earlier micro-step (no gradient
+            # collective runs before the last one), so all abandon the step together or none does.
+            failed = None
+            try:
+                total += self._micro_step(model, mx, my, m, last, accum, loss_scale, backward, phase)
+            except Exception as exc:  # noqa: BLE001 - only out-of-memory errors are agreed on
+                if not is_oom(exc):
+                    raise
+                failed = exc
+            if self.oom_agree(failed is not None):  # collective: one flag per micro-step boundary
+                raise StepOOM(str(failed) if failed else "another rank ran out of memory") from failed
         return total
+
+    def _micro_step(self, model, mx, my, m, last, accum, loss_scale, backward, phase) -> torch.Tensor:
+        with self._sync(model, last):
+            if phase:
+                phase("forward")
+            if self.oom_above is not None and m > self.oom_above:
+                raise torch.OutOfMemoryError(f"injected: micro-batch of {m} > {self.oom_above} samples (test knob)")
+            with (self.autocast or contextlib.nullcontext)():
+                _, loss = model(mx, my)
+            # mean over the local batch, or the balancer's exact global-batch factor
+            loss = loss * loss_scale(m) if loss_scale is not None else loss / accum
+            if phase:
+                phase("backward")
+            (backward or torch.Tensor.backward)(loss)
+        return loss.detach()
 
     def _sync(self, model, enabled: bool):
         if self.kind == "ddp" and not enabled:

@@ -66,6 +66,8 @@ def assemble(cfg, dims, model, data, *, backend=None, rank: int = 0, knobs: Knob
     backend = backend or make_backend(cfg)
     pm = parallelize(model, dims, cfg, rank=rank, device=backend.build_device, seq_len=data.seq_len,
                      bf16_gather=knobs.bf16_gather)
+    if knobs.oom_above is not None and knobs.oom_above[0] in (-1, rank):
+        pm.oom_above = knobs.oom_above[1]
     backend.place(pm)
     notes = {**(notes or {}), **{k: str(v) for k, v in pm.notes.items()}, **backend.notes}
     dp_world = backend.data_parallel(dims, rank)[1]

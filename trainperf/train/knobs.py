@@ -11,6 +11,8 @@ construct one directly.
                          (exact-resume tests)
     bf16_gather          DDP bf16 compression through the all-gather fallback even where the
                          backend can all-reduce bf16
+    oom_above            (rank, n): on that rank (-1: every rank) a micro-batch of more than n samples
+                         raises torch.OutOfMemoryError before its forward (OOM recovery tests on CPU)
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from trainperf.errors import ConfigError
 SLOW_ENV = "TRAINPERF_SLOW_RANK"  # R:F
 FAULT_ENV = ("TRAINPERF_FAULT", "TRAINPERF_FAULT_RANK", "TRAINPERF_FAULT_STEP")  # exit|hang, rank, step
 CKPT_KILL_ENV = "TRAINPERF_FAULT_KILL_IN_CHECKPOINT"  # step
+OOM_ENV = "TRAINPERF_OOM_ABOVE"  # RANK:N (RANK -1: every rank)
 
 
 @dataclass(frozen=True)
@@ -31,6 +34,7 @@ class Knobs:
     fault: tuple[str, int, int] | None = None
     checkpoint_kill_step: int | None = None
     bf16_gather: bool = False
+    oom_above: tuple[int, int] | None = None
 
 
 def parse_slow_rank(value: str | None) -> tuple[int, float] | None:
@@ -68,5 +72,13 @@ def from_environ(environ: Mapping[str, str]) -> Knobs:
         if kind not in ("exit", "hang"):
             raise ConfigError(f"{FAULT_ENV[0]}={kind!r} must be 'exit' or 'hang'")
         fault = (kind, _int(environ, FAULT_ENV[1]) or 0, _int(environ, FAULT_ENV[2]) or 0)
+    oom = None
+    if environ.get(OOM_ENV):
+        try:
+            r, n = environ[OOM_ENV].split(":")
+            oom = (int(r), int(n))
+        except ValueError:
+            raise ConfigError(f"{OOM_ENV}={environ[OOM_ENV]!r} must be RANK:N, e.g. 1:4 (rank 1 fails micro-batches "
+                              "above 4 samples; rank -1: every rank)") from None
     return Knobs(slow_rank=parse_slow_rank(environ.get(SLOW_ENV)), fault=fault,
-                 checkpoint_kill_step=_int(environ, CKPT_KILL_ENV))
+                 checkpoint_kill_step=_int(environ, CKPT_KILL_ENV), oom_above=oom)

@@ -102,6 +102,14 @@ class Trainer:
         self._window: list = []  # this rank's (compute, cpu) seconds per step since the last exchange
         if pm.dims.distributed and self.dp_world > 1:
             self._build_clock()
+        self._oom_events: list[dict] = []
+        if c.train.on_oom == "halve_micro_batch":
+            if pm.schedule is not None:
+                raise ConfigError("train.on_oom=halve_micro_batch does not apply to pipeline parallelism (the schedule "
+                                  "splits each batch into parallelism.microbatches); lower train.micro_batch or raise "
+                                  "parallelism.microbatches instead")
+            if pm.dims.distributed:
+                pm.oom_agree = oom_agreement(self.device)
 
     # ------------------------------------------------------------------ properties
     @property
@@ -165,7 +173,7 @@ class Trainer:
             from trainperf.distributed.balance import micro_batch_sizes
 
             kw.update(sizes=micro_batch_sizes(x.shape[0], bal.policy.micro_steps), loss_scale=bal.loss_scale)
-        local = self._compiled_first(x, y, kw) if compiling else pm.forward_backward(x, y, **kw)
+        local = self._forward_backward(x, y, kw, compiling)
         compute = cpu = None
         if self.clock is not None:
             compute, cpu = self.clock.stop(), time.process_time() - cpu0
@@ -181,6 +189,8 @@ class Trainer:
         phases = timer.end_step()
         self.step += 1
         extras.update(pm.comm_figures())
+        if self._oom_events:
+            extras.update(self._oom_events.pop())  # oom/*: the micro-batch change this step made
         if bal is not None:
             extras["balance/shares"] = shares  # the shares this step ran with
             extras["balance/compute_s"] = compute  # this (the logging) rank's compute clock
@@ -188,6 +198,51 @@ class Trainer:
                 extras.update(decision.as_metrics())  # speeds, step times, old -> new shares (from next step)
         return StepResult(loss=loss, grad_norm=grad_norm, phases=phases, step_time=time.perf_counter() - t0,
                           tokens=self.tokens_per_step, lr=lr, extras=extras)
+
+    def _forward_backward(self, x, y, kw: dict, compiling: bool) -> torch.Tensor:
+        """The step's forward/backward; with ``train.on_oom: halve_micro_batch`` an out-of-memory step is
+        freed and run again on the same batch with half the micro-batch (twice the accumulation)."""
+        from trainperf.distributed.parallelize import StepOOM, is_oom
+
+        while True:
+            try:
+                if compiling:
+                    return self._compiled_first(x, y, kw)
+                return self.pm.forward_backward(x, y, **kw)
+            except Exception as exc:  # noqa: BLE001 - only out-of-memory errors are recovered
+                if not (isinstance(exc, StepOOM) or is_oom(exc)) or self.cfg.train.on_oom != "halve_micro_batch":
+                    raise
+                self._shrink(exc, kw)
+
+    def _shrink(self, exc: BaseException, kw: dict) -> None:
+        """Free what the failed step held, halve the micro-batch (every rank took the same decision: the
+        agreement in ParallelModel.forward_backward), double the accumulation; the global batch stays."""
+        import gc
+
+        old = self.micro_batch
+        if old <= 1 or self.local_batch % (old // 2):
+            raise exc  # nothing smaller keeps the global batch: the original error stands
+        self.optimizer.zero_grad(set_to_none=True)  # gradients of the abandoned micro-steps
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        self.micro_batch = old // 2
+        self.accum = self.local_batch // self.micro_batch
+        self.pm.accum_hint = self.accum
+        kw["micro_batch"] = self.micro_batch
+        if "sizes" in kw:  # balancing: the same number of micro-steps on every rank, twice as many
+            from trainperf.distributed.balance import micro_batch_sizes
+
+            self.balancer.policy.micro_steps *= 2
+            kw["sizes"] = micro_batch_sizes(sum(kw["sizes"]), self.balancer.policy.micro_steps)
+        reason = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+        event = {"oom/step": self.step, "oom/old_micro_batch": old, "oom/new_micro_batch": self.micro_batch,
+                 "oom/accumulation": self.accum, "oom/reason": reason}
+        self._oom_events.append(event)
+        self.notes["on_oom"] = (f"out of memory at step {self.step} with micro-batch {old}: continued with "
+                                f"{self.micro_batch} x {self.accum} accumulation (global batch unchanged)")
+        warnings.warn(f"step {self.step}: out of memory with micro-batch {old} ({reason}); retrying the step with "
+                      f"micro-batch {self.micro_batch} and accumulation {self.accum}", stacklevel=3)
 
     def _backward(self, loss: torch.Tensor) -> None:
         scaler = self.precision.scaler
@@ -309,3 +364,15 @@ def dp_gather(dims, device):
         return rows
 
     return gather
+
+
+def oom_agreement(device):
+    """``agree(local_failed) -> any rank failed``: one all-reduce (max) of a flag over the world."""
+    import torch.distributed as dist
+
+    def agree(failed: bool) -> bool:
+        flag = torch.tensor([1.0 if failed else 0.0], device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())  # host sync: only with train.on_oom=halve_micro_batch
+
+    return agree
