@@ -92,14 +92,14 @@ def _run_dir(tmp_path, summary: dict):
 
 
 def test_calibrate_from_tokens_per_s(tmp_path, capsys):
-    # A run measured at half the default model's speed must lower the GEMM efficiency.
+    # A run measured at half the default model's speed must lower the stack efficiency.
     base = _json(capsys, "--model", "gpt-22b", "--gpus", "8", "--tp", "8", "--pp", "1", "--microbatch", "4",
                  "--recompute", "selective", "--sequence-parallel", "--global-batch", "4")["best"]["step_time_s"]
     run = _run_dir(tmp_path, {"tokens_per_s": 4 * 2048 / (2 * base), "gpu_name": "NVIDIA A100-SXM4-80GB"})
     out = _json(capsys, "--model", "gpt-22b", "--gpus", "8", "--calibrate", str(run))
-    cal = out["calibration"]["matmul_peak_fraction"]
+    cal = out["calibration"]["stack_efficiency"]
     assert cal["calibrated"] < 0.6 * cal["default"]
-    assert out["constants"]["matmul_peak_fraction"] == cal["calibrated"]
+    assert out["constants"]["stack_efficiency"] == cal["calibrated"]
 
 
 def test_calibrate_without_measurements_exits_2(tmp_path, capsys):

@@ -244,7 +244,7 @@ def _entry_from_yaml(key: str, entry, catalog: dict[str, GPUSpec], path: str) ->
             values[name] = str(entry[name])
     if base_key is not None:
         return replace(catalog[base_key], key=key, **values)
-    missing = sorted(_NUMERIC - {"sms"} - set(values))
+    missing = sorted(_NUMERIC - {"sms", "gemm_fraction"} - set(values))
     if missing:
         raise UserError(
             f"catalog file {path!r}: new entry gpus.{key} lacks {', '.join(missing)}; give them or set 'base:' to an existing key"

@@ -44,12 +44,12 @@ def _number(summary: dict, key: str) -> float | None:
     return float(val)
 
 
-def _run_shape_and_layout(cfg: dict) -> tuple[ModelSpec, Layout, int, str]:
+def _run_shape_and_layout(cfg: dict, source: str = "config.yaml") -> tuple[ModelSpec, Layout, int, str]:
     """Model, layout and global batch of the run from its config.yaml (a dict)."""
     from trainperf.config.load import build_config
     from trainperf.config.resolve import model_shape
 
-    config = build_config(cfg, source="config.yaml")
+    config = build_config(cfg, source=source)
     shape = model_shape(config)
     vocab = shape["vocab_size"] if isinstance(shape["vocab_size"], int) else 50304
     model = ModelSpec(  # trainperf's GPT (trainperf.memory.estimate.GPTShape.spec): untied head, biases, SDPA
@@ -98,7 +98,7 @@ def calibrate(run_dir: str, gpu: GPUSpec | None = None, catalog: dict | None = N
     from trainperf.hardware.catalog import read_yaml_mapping
 
     cfg = read_yaml_mapping(cfg_path, "calibration file", "the run's resolved trainperf config (a mapping)")
-    model, layout, global_batch, note = _run_shape_and_layout(cfg)
+    model, layout, global_batch, note = _run_shape_and_layout(cfg, cfg_path)
 
     run_gpu = None
     for key in GPU_NAME_KEYS:
