@@ -159,16 +159,20 @@ def plan_command(args) -> int:
     if args.measured is not None:
         from trainperf.planner.calibrate import calibrate_measured
 
-        before = plan
-        measured_layout = before.best.layout
+        measured_layout = plan.best.layout
         calibration = calibrate_measured(args.measured, model, gpu, measured_layout, batch, constants)
         calibration.report["run_dir"] = f"--measured {args.measured:g} s of {measured_layout.short()}"
         if not _fully_fixed(fixed):
             calibration.report["notes"].append(
                 f"the layout was not fully fixed: took the predicted best, {measured_layout.short()}, as the one "
                 "measured; fix --tp/--pp/--dp/--microbatch/--recompute/--zero to name the layout you ran")
+        # every layout, before and after: the fixed parts named the measured run, not the search
+        free = Fixed(max_micro_batch=args.max_microbatch, cp=args.cp)
+        before = search(model, gpu, args.gpus, batch, free, constants)
         constants = calibration.constants
-        plan = search(model, gpu, args.gpus, batch, fixed, constants)
+        t0 = time.perf_counter()
+        plan = search(model, gpu, args.gpus, batch, free, constants)
+        elapsed += time.perf_counter() - t0
         moves = _moves(before, plan, args.top)
 
     base_degrees, base_source = _baseline(args, model, args.gpus)
