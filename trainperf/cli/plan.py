@@ -52,6 +52,8 @@ def register(subparsers) -> None:
     f.add_argument("--sequence-parallel", action=argparse_bool(), default=None, help="sequence parallelism (with TP)")
     f.add_argument("--zero", type=int, choices=[0, 1, 2, 3], help="ZeRO stage (3 = FSDP full shard)")
     f.add_argument("--cp", type=int, help="context-parallel degree (default 1)")
+    f.add_argument("--hsdp-shard", type=int, metavar="N", help="HSDP: shard ZeRO states within groups of N "
+                   "data-parallel ranks, replicate across groups (e.g. 8: one node)")
     o = p.add_argument_group("output and model")
     o.add_argument("--top", type=int, default=10, help="candidates shown / in --json (default 10)")
     o.add_argument("--baseline", metavar="TP,PP,DP", help="show where this layout ranks and why the best beats it "
@@ -151,7 +153,7 @@ def plan_command(args) -> int:
     else:
         batch, batch_note = default_global_batch(model, args.gpus)
     fixed = Fixed(args.tp, args.pp, args.dp, args.microbatch, args.interleave, args.recompute,
-                  args.sequence_parallel, args.zero, args.max_microbatch, args.cp)
+                  args.sequence_parallel, args.zero, args.max_microbatch, args.cp, args.hsdp_shard)
     t0 = time.perf_counter()
     plan = search(model, gpu, args.gpus, batch, fixed, constants)
     elapsed = time.perf_counter() - t0
@@ -167,7 +169,7 @@ def plan_command(args) -> int:
                 f"the layout was not fully fixed: took the predicted best, {measured_layout.short()}, as the one "
                 "measured; fix --tp/--pp/--dp/--microbatch/--recompute/--zero to name the layout you ran")
         # every layout, before and after: the fixed parts named the measured run, not the search
-        free = Fixed(max_micro_batch=args.max_microbatch, cp=args.cp)
+        free = Fixed(max_micro_batch=args.max_microbatch, cp=args.cp, shard=args.hsdp_shard)
         before = search(model, gpu, args.gpus, batch, free, constants)
         constants = calibration.constants
         t0 = time.perf_counter()

@@ -115,7 +115,7 @@ class Constants:
                 raise UserError(f"--set-constant {name}={raw!r}: the value must be a number") from None
             if value < 0:
                 raise UserError(f"--set-constant {name}={value}: must be >= 0")
-            if name.endswith(("_fraction", "_overlap")) and value > 1:
+            if (name.endswith(("_fraction", "_overlap")) or name in ("attention_efficiency", "comm_contention")) and value > 1:
                 raise UserError(f"--set-constant {name}={value}: a fraction must be between 0 and 1")
             values[name] = value
         return replace(self, **values)

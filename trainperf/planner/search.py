@@ -35,6 +35,8 @@ class Fixed:
     max_micro_batch: int = 16
     cp: int | None = None
     """Context-parallel degree (not searched: 1 unless given)."""
+    shard: int | None = None
+    """HSDP: shard the ZeRO states within groups of this many data-parallel ranks (not searched)."""
 
 
 @dataclass
@@ -101,6 +103,8 @@ def check_fixed(model: ModelSpec, gpus: int, fx: Fixed) -> None:
         raise UserError(f"--zero {fx.zero}: choose 0, 1, 2 or 3")
     if fx.micro_batch is not None and fx.micro_batch < 1:
         raise UserError(f"--microbatch {fx.micro_batch}: must be at least 1")
+    if fx.shard is not None and fx.shard < 1:
+        raise UserError(f"--hsdp-shard {fx.shard}: must be at least 1 (the ranks one copy of the states is sharded over)")
     if fx.cp is not None and (fx.cp < 1 or gpus % fx.cp or model.seq % fx.cp):
         raise UserError(f"--cp {fx.cp} must divide --gpus {gpus} and the sequence length {model.seq}")
 
@@ -209,7 +213,8 @@ def _variants(model: ModelSpec, tp: int, pp: int, dp: int, global_batch: int, fx
                     for z in zeros:
                         if z >= 2 and pp > 1:
                             continue  # ZeRO-2/3 do not combine with pipeline parallelism
-                        yield Layout(tp, pp, dp, b, v, rc, sp, z, cp)
+                        shard = fx.shard if fx.shard and z >= 1 and dp % fx.shard == 0 else 0
+                        yield Layout(tp, pp, dp, b, v, rc, sp, z, cp, shard)
 
 
 def _nothing_fits(model, gpu, gpus, global_batch, closest, rejected, fx: Fixed, c: Constants) -> str:
@@ -263,6 +268,7 @@ def _loosen(fx: Fixed) -> Fixed:
         zero=fx.zero,
         max_micro_batch=1,
         cp=fx.cp,
+        shard=fx.shard,
     )
 
 
