@@ -208,13 +208,17 @@ def _variants(model: ModelSpec, tp: int, pp: int, dp: int, global_batch: int, fx
         for v in vs:
             if v > 1 and (pp == 1 or layers_per_stage % v or m % pp):
                 continue  # Megatron's interleaved schedule needs micro-batches divisible by pp
-            for rc in recomputes:
+            # full recompute of every layer, or of half the stage's layers (Megatron's block method)
+            rcs = [(rc, 0) for rc in recomputes]
+            if "full" in recomputes and layers_per_stage >= 4:
+                rcs.append(("full", layers_per_stage // 2))
+            for rc, k in rcs:
                 for sp in sps:
                     for z in zeros:
                         if z >= 2 and pp > 1:
                             continue  # ZeRO-2/3 do not combine with pipeline parallelism
                         shard = fx.shard if fx.shard and z >= 1 and dp % fx.shard == 0 else 0
-                        yield Layout(tp, pp, dp, b, v, rc, sp, z, cp, shard)
+                        yield Layout(tp, pp, dp, b, v, rc, sp, z, cp, shard, k)
 
 
 def _nothing_fits(model, gpu, gpus, global_batch, closest, rejected, fx: Fixed, c: Constants) -> str:
