@@ -255,11 +255,10 @@ def layer_cost(model: TransformerSpec, gpu: GPUSpec, c: Constants, tp: int, b: i
     else:
         re_compute, re_comm = 0.0, 0.0
 
-    terms = layer_terms(model, b, sl, BF16, dropout=False)
+    # Megatron 2022 (eager attention) trains with dropout; FlashAttention stacks without. Under CP
+    # the eager scores would span every key: layer_terms counts the local ones (CP runs flash).
+    terms = layer_terms(model, b, sl, BF16, dropout=model.attention == "eager")
     kind = {"none": "none", "selective": "attention", "full": "full"}[recompute]
-    if model.attention == "eager":
-        terms = layer_terms(model, b, sl, BF16, dropout=True)  # Megatron 2022 trains with dropout
-        # eager scores span the full (not only local) keys under CP: layer_terms uses sl for both
     return {
         "compute": fwd + bwd + re_compute,
         "fwd": fwd,
