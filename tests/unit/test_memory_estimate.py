@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import types
+
 import pytest
 import torch
 
 from trainperf.errors import ConfigError
 from trainperf.memory.ac import apply_ac, plan_kinds
-from trainperf.memory.estimate import (GPTShape, Plan, Sharding, choose_plan, estimate_gpt, max_micro_batch,
-                                       plan_for_budget, plan_of)
+from trainperf.memory.budget import apply_checkpointing, choose_plan, max_micro_batch, plan_for_budget
+from trainperf.memory.estimate import GPTShape, Sharding, estimate_gpt
 from trainperf.memory.measure import measure_activations, measure_states
+from trainperf.memory.plan import Plan, plan_of
 from trainperf.memory.trace import estimate_traced, trace_profile
 from trainperf.models.gpt import GPT, GPTConfig
 from tests.unit.test_memory_ac import UserModel
@@ -119,8 +122,12 @@ def test_budget_picks_least_recompute_that_fits():
     mid = choose_plan(at, 4, (none + full) // 2)
     assert 0 < mid.n_full + mid.n_selective and at(Plan(mid.n_full, mid.n_selective)).total <= (none + full) // 2
     model = GPT(cfg)
-    plan = apply_ac(model, mode="budget", budget_bytes=(none + full) // 2, micro_batch=4, seq_len=16)
-    assert (len(plan.full), len(plan.selective)) == (mid.n_full, mid.n_selective)
+    ac_cfg = types.SimpleNamespace(mode="budget", budget_gb=((none + full) // 2) / 1e9, blocks=None,
+                                   ratio=0.25, every_k=4)
+    plan = apply_checkpointing(model, ac_cfg, micro_batch=4, seq_len=16)
+    assert plan.mode == "budget" and (len(plan.full), len(plan.selective)) == (mid.n_full, mid.n_selective)
+    with pytest.raises(ConfigError, match="apply_checkpointing"):  # the mechanism alone cannot choose
+        apply_ac(model, mode="budget")
     with pytest.raises(ConfigError, match=r"below the minimum possible.*mode=full.*micro_batch to \d+"):
         plan_for_budget(model, budget_bytes=full - 1, micro_batch=4, seq_len=16)
 

@@ -11,7 +11,7 @@ from trainperf.hardware.catalog import CATALOG, get_gpu, load_catalog, lookup_gp
 from trainperf.planner import DEFAULTS, Layout, ModelSpec, estimate, from_preset
 
 A100 = get_gpu("a100-80gb")
-M175 = from_preset("gpt3-175b")
+M175 = from_preset("gpt3-175b", attention="eager")  # Megatron 2022: the s x s scores are kept
 
 
 def test_params_match_narayanan_formula():
@@ -26,9 +26,12 @@ def test_model_flops_match_korthikanti_formula():
     m = M175
     h, l, V, s = m.hidden, m.layers, m.vocab, m.seq
     formula = 72 * s * l * h * h * (1 + s / (6 * h) + V / (12 * h * l))
-    assert m.model_flops_per_sequence() == pytest.approx(formula, rel=1e-9)
+    assert s * m.model_flops_per_token() == pytest.approx(formula, rel=1e-9)
     full = 96 * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h))  # Narayanan 2021
-    assert m.hardware_flops_per_sequence("full") == pytest.approx(full, rel=1e-9)
+    assert s * m.hardware_flops_per_token(n_full=l) == pytest.approx(full, rel=1e-9)
+    # FlashAttention's backward recomputes QK^T: + 2*a*d*s per layer and token in hardware FLOPs
+    flash = replace(m, attention="flash")
+    assert flash.hardware_flops_per_token() - flash.model_flops_per_token() == pytest.approx(l * 2 * h * s)
 
 
 def _est(**kw):
@@ -52,9 +55,10 @@ def test_recompute_costs_time():
 def test_zero_stages_shrink_model_states():
     model = from_preset("gpt3-13b")
     g = get_gpu("a100-80gb")
-    states = [estimate(model, g, Layout(1, 1, 64, 1, zero=z), 512).memory["model_states_layers"] for z in range(4)]
+    states = [estimate(model, g, Layout(1, 1, 64, 1, zero=z), 512).memory["model_states"] for z in range(4)]
     assert states[0] > states[1] > states[2] > states[3]
-    assert states[0] / states[3] == pytest.approx(64, rel=1e-6)
+    # Megatron 18 B/param replicated vs FSDP's sharded fp32 master: 16 B/param over 64 ranks
+    assert states[0] / states[3] == pytest.approx(18 / (16 / 64), rel=1e-6)
 
 
 def test_interleaving_shrinks_bubble():
@@ -65,7 +69,8 @@ def test_tp_across_nodes_is_slower():
     m = from_preset("gpt-22b")
     inside = estimate(m, A100, Layout(8, 1, 2, 1), 64)
     across = estimate(m, A100, Layout(16, 1, 1, 1), 64)
-    assert across.time["tp_comm"] > 3 * inside.time["tp_comm"]
+    # across two nodes the all-reduce runs over 8 NICs per node (20 GB/s each) instead of NVLink (240 GB/s)
+    assert across.time["tp_comm"] > 1.4 * inside.time["tp_comm"]
 
 
 def test_faster_gpu_is_faster_and_bigger_gpu_holds_more():

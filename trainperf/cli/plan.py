@@ -8,7 +8,8 @@ from trainperf.cli._common import add_json_flag, print_json
 from trainperf.errors import UserError
 
 FLOP_CONVENTION = (
-    "model FLOPs, Korthikanti et al. 2022: 72*B*s*l*h^2*(1 + s/(6h) + V/(12*h*l)) per step "
+    "model FLOPs (trainperf.analytic): 6*(l*W_layer + V*h) + 12*l*a*d*s per token, full (non-causal) "
+    "attention; for a GPT layer Korthikanti et al. 2022's 72*B*s*l*h^2*(1 + s/(6h) + V/(12*h*l)) per step "
     "(recompute not counted)"
 )
 
@@ -30,6 +31,11 @@ def register(subparsers) -> None:
     m.add_argument("--vocab", type=int, help="vocabulary size V (default: the preset's, else 51200)")
     m.add_argument("--ffn-hidden", type=int, help="MLP width (default 4h); with --gated for SwiGLU")
     m.add_argument("--gated", action="store_true", help="SwiGLU MLP (three matrices)")
+    m.add_argument("--kv-heads", type=int, help="key/value heads (GQA; default: as many as --heads)")
+    m.add_argument("--hf-config", metavar="PATH", help="a Hugging Face config.json (or its directory): Llama GQA, "
+                   "SwiGLU, tied output, vocab; GPT-2 n_embd/n_layer/n_head/n_positions")
+    m.add_argument("--attention", choices=["flash", "eager"], help="attention kernel (default flash: "
+                   "FlashAttention / SDPA; eager keeps the s x s scores as Megatron 2022 did)")
     c = p.add_argument_group("cluster")
     c.add_argument("--gpus", type=int, default=8, help="number of GPUs (default 8)")
     c.add_argument("--gpu", default="a100-80gb", help="catalog key or NVML name (default a100-80gb)")
@@ -45,6 +51,9 @@ def register(subparsers) -> None:
     f.add_argument("--recompute", choices=["none", "selective", "full"], help="activation recompute")
     f.add_argument("--sequence-parallel", action=argparse_bool(), default=None, help="sequence parallelism (with TP)")
     f.add_argument("--zero", type=int, choices=[0, 1, 2, 3], help="ZeRO stage (3 = FSDP full shard)")
+    f.add_argument("--cp", type=int, help="context-parallel degree (default 1)")
+    f.add_argument("--hsdp-shard", type=int, metavar="N", help="HSDP: shard ZeRO states within groups of N "
+                   "data-parallel ranks, replicate across groups (e.g. 8: one node)")
     o = p.add_argument_group("output and model")
     o.add_argument("--top", type=int, default=10, help="candidates shown / in --json (default 10)")
     o.add_argument("--baseline", metavar="TP,PP,DP", help="show where this layout ranks and why the best beats it "
@@ -53,7 +62,11 @@ def register(subparsers) -> None:
     o.add_argument("--set-constant", action="append", default=[], metavar="NAME=VALUE",
                    help="override a cost-model constant (repeatable; see --constants)")
     o.add_argument("--constants", action="store_true", help="list the cost-model constants and exit")
-    o.add_argument("--calibrate", metavar="RUN_DIR", help="fit the GEMM efficiency to a finished trainperf run")
+    o.add_argument("--calibrate", metavar="RUN_DIR", help="fit the stack efficiency to a finished trainperf run")
+    o.add_argument("--measured", type=float, metavar="STEP_TIME_S",
+                   help="fit the stack efficiency to one measured step of the layout you ran (fix it with "
+                        "--tp/--pp/--dp/--microbatch/--recompute/--zero; else the best layout is taken as the one "
+                        "measured) and show how every layout's prediction moves")
     add_json_flag(p)
     p.set_defaults(func=plan_command)
 
@@ -65,30 +78,44 @@ def argparse_bool():
 
 
 def _model_from_args(args):
+    from dataclasses import replace
+
     from trainperf.planner.model import ModelSpec, from_preset
 
     explicit = {"hidden": args.hidden, "layers": args.layers, "heads": args.heads}
-    if args.model:
-        base = from_preset(args.model)
-        kw = {k: v for k, v in explicit.items() if v is not None}
-        if args.seq:
-            kw["seq"] = args.seq
-        if args.vocab:
-            kw["vocab"] = args.vocab
-        if args.ffn_hidden:
-            kw.update(ffn_hidden=args.ffn_hidden, gated=args.gated)
+    if args.model and args.hf_config:
+        raise UserError("give --model PRESET or --hf-config PATH, not both")
+    kw = {}
+    if args.seq:
+        kw["seq"] = args.seq
+    if args.vocab:
+        kw["vocab"] = args.vocab
+    if args.ffn_hidden:
+        kw.update(ffn_hidden=args.ffn_hidden, gated=args.gated)
+    if args.kv_heads:
+        kw["kv_heads"] = args.kv_heads
+    if args.attention:
+        kw["attention"] = args.attention
+    if args.hf_config or args.model:
+        if args.hf_config:
+            from trainperf.analytic.hf import from_hf_config
+
+            base = from_hf_config(args.hf_config, seq=args.seq)
+        else:
+            base = from_preset(args.model)
+        kw.update({k: v for k, v in explicit.items() if v is not None})
         if not kw:
             return base
-        from dataclasses import replace
-
-        return replace(base, name=f"{base.name} (modified)", **kw)
+        shape_changed = set(kw) - {"attention"}
+        return replace(base, name=f"{base.name} (modified)" if shape_changed else base.name, **kw)
     missing = [f"--{k}" for k, v in explicit.items() if v is None]
     if missing:
-        raise UserError(f"give --model PRESET or a shape; missing {', '.join(missing)} (e.g. --hidden 12288 --layers 96 --heads 96)")
-    return ModelSpec(
-        hidden=args.hidden, layers=args.layers, heads=args.heads, seq=args.seq or 2048, vocab=args.vocab or 51200,
-        ffn_hidden=args.ffn_hidden, gated=args.gated, name="custom",
-    )
+        raise UserError(f"give --model PRESET, --hf-config PATH or a shape; missing {', '.join(missing)} "
+                        "(e.g. --hidden 12288 --layers 96 --heads 96)")
+    kw.setdefault("seq", 2048)
+    kw.setdefault("vocab", 51200)
+    return ModelSpec(hidden=args.hidden, layers=args.layers, heads=args.heads, name="custom",
+                     **{k: v for k, v in kw.items()})
 
 
 def _baseline(args, model, gpus):
@@ -126,10 +153,29 @@ def plan_command(args) -> int:
     else:
         batch, batch_note = default_global_batch(model, args.gpus)
     fixed = Fixed(args.tp, args.pp, args.dp, args.microbatch, args.interleave, args.recompute,
-                  args.sequence_parallel, args.zero, args.max_microbatch)
+                  args.sequence_parallel, args.zero, args.max_microbatch, args.cp, args.hsdp_shard)
     t0 = time.perf_counter()
     plan = search(model, gpu, args.gpus, batch, fixed, constants)
     elapsed = time.perf_counter() - t0
+    moves = None
+    if args.measured is not None:
+        from trainperf.planner.calibrate import calibrate_measured
+
+        measured_layout = plan.best.layout
+        calibration = calibrate_measured(args.measured, model, gpu, measured_layout, batch, constants)
+        calibration.report["run_dir"] = f"--measured {args.measured:g} s of {measured_layout.short()}"
+        if not _fully_fixed(fixed):
+            calibration.report["notes"].append(
+                f"the layout was not fully fixed: took the predicted best, {measured_layout.short()}, as the one "
+                "measured; fix --tp/--pp/--dp/--microbatch/--recompute/--zero to name the layout you ran")
+        # every layout, before and after: the fixed parts named the measured run, not the search
+        free = Fixed(max_micro_batch=args.max_microbatch, cp=args.cp, shard=args.hsdp_shard)
+        before = search(model, gpu, args.gpus, batch, free, constants)
+        constants = calibration.constants
+        t0 = time.perf_counter()
+        plan = search(model, gpu, args.gpus, batch, free, constants)
+        elapsed += time.perf_counter() - t0
+        moves = _moves(before, plan, args.top)
 
     base_degrees, base_source = _baseline(args, model, args.gpus)
     baseline = None
@@ -141,13 +187,33 @@ def plan_command(args) -> int:
     emitted = _emit_config(plan, args.emit_config) if args.emit_config else None
 
     if args.json:
-        print_json(_as_json(plan, gpu, batch, batch_note, args.top, baseline, constants, calibration, elapsed, emitted))
+        out = _as_json(plan, gpu, batch, batch_note, args.top, baseline, constants, calibration, elapsed, emitted)
+        if moves is not None:
+            out["measured_moves"] = moves
+        print_json(out)
     else:
         from trainperf.planner.report import render
 
         print(render(plan, batch_note=batch_note, top=args.top, baseline=baseline, calibration=calibration,
-                     elapsed=elapsed, emitted=emitted, flop_convention=FLOP_CONVENTION))
+                     elapsed=elapsed, emitted=emitted, flop_convention=FLOP_CONVENTION, moves=moves))
     return 0
+
+
+def _fully_fixed(fx) -> bool:
+    return all(v is not None for v in (fx.tp, fx.pp, fx.dp, fx.micro_batch, fx.recompute, fx.zero))
+
+
+def _moves(before, after, top: int) -> list[dict]:
+    """Per layout (the calibrated plan's top ones): step time before and after calibration."""
+    old = {e.layout: e for e in before.candidates}
+    rows = []
+    for e in after.candidates[:top]:
+        b = old.get(e.layout)
+        rows.append({"layout": e.layout.short(), "before_s": round(b.step_time_s, 4) if b else None,
+                     "after_s": round(e.step_time_s, 4),
+                     "change": round(e.step_time_s / b.step_time_s - 1, 4) if b else None,
+                     "rank_before": before.candidates.index(b) + 1 if b else None})
+    return rows
 
 
 def _as_json(plan, gpu, batch, batch_note, top, baseline, constants, calibration, elapsed, emitted) -> dict:
@@ -156,6 +222,7 @@ def _as_json(plan, gpu, batch, batch_note, top, baseline, constants, calibration
     best = plan.best
     out = {
         "model": plan.model.as_dict(),
+        "model_description": plan.model.describe(),
         "gpu": gpu.as_dict(),
         "gpus": plan.gpus,
         "global_batch": batch,

@@ -58,6 +58,13 @@ class GPUSpec:
     """Devices sharing the fast intra-node fabric."""
     sms: int = 0
     """Streaming multiprocessors (0 when not applicable)."""
+    gemm_fraction: float = 0.80
+    """Fraction of the dense peak a large, well-shaped BF16 GEMM sustains on this part (clocks
+    under the power limit, tile efficiency): a property of the hardware measured by one GEMM, not
+    of a training run. A100: 0.88 (sustained clock 1305 of 1410 MHz under the power limit, the
+    HPL figure NVIDIA uses, times ~0.95 tile efficiency); H100/H200 SXM: 0.79 (measured bf16
+    8192^3 matmul on H200: 770-798 of 989 TFLOP/s, REFERENCE.md; same die and clocks as H100).
+    The planner multiplies it by its shape- and stack-dependent efficiencies."""
     aliases: tuple[str, ...] = ()
     """Extra exact names (case-insensitive) that map to this entry."""
     note: str = ""
@@ -80,17 +87,17 @@ class GPUSpec:
 
 
 _BUILTIN = [
-    GPUSpec("a100-40gb", "NVIDIA A100-SXM4-40GB", 312, 312, 156, 19.5, 40.0, 1.555, 600, 25, 8, 108,
+    GPUSpec("a100-40gb", "NVIDIA A100-SXM4-40GB", 312, 312, 156, 19.5, 40.0, 1.555, 600, 25, 8, 108, 0.88,
             note="DGX A100, HDR 200 Gb/s per GPU"),
-    GPUSpec("a100-80gb", "NVIDIA A100-SXM4-80GB", 312, 312, 156, 19.5, 80.0, 2.039, 600, 25, 8, 108,
+    GPUSpec("a100-80gb", "NVIDIA A100-SXM4-80GB", 312, 312, 156, 19.5, 80.0, 2.039, 600, 25, 8, 108, 0.88,
             note="DGX A100, HDR 200 Gb/s per GPU"),
-    GPUSpec("h100-sxm", "NVIDIA H100 80GB HBM3", 989, 989, 494, 67, 79.6, 3.35, 900, 50, 8, 132,
+    GPUSpec("h100-sxm", "NVIDIA H100 80GB HBM3", 989, 989, 494, 67, 79.6, 3.35, 900, 50, 8, 132, 0.79,
             note="DGX H100, NDR 400 Gb/s per GPU"),
-    GPUSpec("h100-pcie", "NVIDIA H100 PCIe", 756, 756, 378, 51, 79.6, 2.0, 128, 25, 8, 114,
+    GPUSpec("h100-pcie", "NVIDIA H100 PCIe", 756, 756, 378, 51, 79.6, 2.0, 128, 25, 8, 114, 0.79,
             note="no NVLink assumed: PCIe Gen5 x16 (128 GB/s both directions); one 200 Gb/s NIC per GPU"),
-    GPUSpec("h200", "NVIDIA H200", 989, 989, 494, 67, 140.4, 4.8, 900, 50, 8, 132,
+    GPUSpec("h200", "NVIDIA H200", 989, 989, 494, 67, 140.4, 4.8, 900, 50, 8, 132, 0.79,
             note="HGX H200 SXM 141 GB, NDR 400 Gb/s per GPU"),
-    GPUSpec("cpu", "CPU (generic server socket)", 2.0, 1.0, 1.0, 1.0, 256.0, 0.2, 100, 12.5, 1, 0,
+    GPUSpec("cpu", "CPU (generic server socket)", 2.0, 1.0, 1.0, 1.0, 256.0, 0.2, 100, 12.5, 1, 0, 0.8,
             note="nominal figures for a 2-socket AVX-512 server; calibrate with --calibrate or a --catalog file"),
 ]
 
@@ -161,16 +168,8 @@ def load_catalog(path: str | None, base: dict[str, GPUSpec] | None = None) -> di
     catalog = dict(CATALOG if base is None else base)
     if not path:
         return catalog
-    import yaml
-
-    if not os.path.isfile(path):
-        raise UserError(f"catalog file {path!r} does not exist; pass a YAML file with a top-level 'gpus:' mapping")
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f) or {}
-    except yaml.YAMLError as exc:
-        raise UserError(f"catalog file {path!r} is not valid YAML: {exc}") from None
-    gpus = data.get("gpus") if isinstance(data, dict) else None
+    data = read_yaml_mapping(path, "catalog file", "a top-level 'gpus:' mapping")
+    gpus = data.get("gpus")
     if not isinstance(gpus, dict):
         raise UserError(f"catalog file {path!r}: expected a top-level mapping 'gpus: {{key: {{field: value}}}}'")
     for key, entry in gpus.items():
@@ -178,24 +177,62 @@ def load_catalog(path: str | None, base: dict[str, GPUSpec] | None = None) -> di
     return catalog
 
 
+def read_yaml_mapping(path: str, what: str, expected: str) -> dict:
+    """A YAML file's top-level mapping; any garbage (missing, a directory, binary, not UTF-8, empty,
+    truncated, not a mapping) is a UserError naming the file and what was expected."""
+    import yaml
+
+    if not os.path.isfile(path):
+        raise UserError(f"{what} {path!r} does not exist or is not a file; pass a YAML file with {expected}")
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(16 * 2**20 + 1)
+    except OSError as exc:
+        raise UserError(f"{what} {path!r} cannot be read: {exc.strerror or exc}") from None
+    if len(raw) > 16 * 2**20:
+        raise UserError(f"{what} {path!r} is larger than 16 MiB; it should be a small YAML file with {expected}")
+    if b"\x00" in raw:
+        raise UserError(f"{what} {path!r} is a binary file, not YAML; pass a YAML file with {expected}")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{what} {path!r} is not UTF-8 text (byte {exc.start}); pass a YAML file with {expected}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise UserError(f"{what} {path!r} is not valid YAML (truncated or corrupt?): {str(exc)[:300]}") from None
+    except (ValueError, TypeError, RecursionError, OverflowError) as exc:
+        raise UserError(f"{what} {path!r} cannot be parsed: {type(exc).__name__}: {str(exc)[:200]}") from None
+    if data is None:
+        raise UserError(f"{what} {path!r} is empty; it needs {expected}")
+    if not isinstance(data, dict):
+        raise UserError(f"{what} {path!r}: expected {expected}, found a {type(data).__name__}")
+    return data
+
+
 def _entry_from_yaml(key: str, entry, catalog: dict[str, GPUSpec], path: str) -> GPUSpec:
     if not isinstance(entry, dict):
         raise UserError(f"catalog file {path!r}: gpus.{key} must be a mapping of fields")
-    unknown = set(entry) - _ALLOWED
+    unknown = {str(k) for k in entry} - _ALLOWED
     if unknown:
         raise UserError(
             f"catalog file {path!r}: gpus.{key} has unknown field(s) {', '.join(sorted(map(str, unknown)))}; "
             f"valid fields: {', '.join(sorted(_ALLOWED))}"
         )
     base_key = entry.get("base", key if key in catalog else None)
-    if base_key is not None and base_key not in catalog:
+    if base_key is not None and (not isinstance(base_key, str) or base_key not in catalog):
         raise UserError(f"catalog file {path!r}: gpus.{key}.base={base_key!r} is not a catalog key; known: {', '.join(catalog)}")
     values: dict = {}
     for name in _NUMERIC:
         if name in entry:
             val = entry[name]
-            if isinstance(val, bool) or not isinstance(val, (int, float)) or val < 0:
+            if isinstance(val, bool) or not isinstance(val, (int, float)) or not (0 <= val < float("inf")):
                 raise UserError(f"catalog file {path!r}: gpus.{key}.{name}={val!r} must be a non-negative number")
+            if name == "gemm_fraction" and not 0 < val <= 1:
+                raise UserError(f"catalog file {path!r}: gpus.{key}.gemm_fraction={val!r} must be in (0, 1]")
+            if name in ("gpus_per_node", "sms") and (val != int(val) or (name == "gpus_per_node" and val < 1)):
+                raise UserError(f"catalog file {path!r}: gpus.{key}.{name}={val!r} must be a whole number"
+                                + (" >= 1" if name == "gpus_per_node" else ""))
             values[name] = int(val) if name in ("gpus_per_node", "sms") else float(val)
     if "aliases" in entry:
         aliases = entry["aliases"]
@@ -207,7 +244,7 @@ def _entry_from_yaml(key: str, entry, catalog: dict[str, GPUSpec], path: str) ->
             values[name] = str(entry[name])
     if base_key is not None:
         return replace(catalog[base_key], key=key, **values)
-    missing = sorted(_NUMERIC - {"sms"} - set(values))
+    missing = sorted(_NUMERIC - {"sms", "gemm_fraction"} - set(values))
     if missing:
         raise UserError(
             f"catalog file {path!r}: new entry gpus.{key} lacks {', '.join(missing)}; give them or set 'base:' to an existing key"
@@ -216,4 +253,4 @@ def _entry_from_yaml(key: str, entry, catalog: dict[str, GPUSpec], path: str) ->
     return GPUSpec(key=key, **values)
 
 
-__all__ = ["GPUSpec", "CATALOG", "lookup_gpu", "get_gpu", "load_catalog"]
+__all__ = ["GPUSpec", "CATALOG", "lookup_gpu", "get_gpu", "load_catalog", "read_yaml_mapping"]

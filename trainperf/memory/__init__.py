@@ -1,13 +1,25 @@
-"""Memory: activation checkpointing (:func:`apply_ac`), the memory estimate and its measurement.
+"""Memory: activation checkpointing, the memory estimate and its measurement.
 
-Importing this package imports torch; the CLI imports it lazily.
+Layers, each importing only those above it in this list: :mod:`.plan` (plans and ratios, no
+torch) -> :mod:`.ac` (the checkpointing mechanism) -> :mod:`.estimate` (closed form, no torch),
+:mod:`.measure`, :mod:`.trace` -> :mod:`.budget` (budget choice and :func:`apply_checkpointing`,
+the entry point) -> :mod:`.report`. Names are loaded on first use, so importing this package (or
+the torch-free :mod:`.plan` / :mod:`.estimate`) does not import torch.
 """
 
-from trainperf.memory.ac import ACPlan, apply_ac, find_blocks, remove_ac
-from trainperf.memory.estimate import GPTShape, MemoryEstimate, Plan, Sharding, estimate_gpt
-from trainperf.memory.measure import measure_activations, measure_states
+from importlib import import_module
 
-__all__ = [
-    "ACPlan", "GPTShape", "MemoryEstimate", "Plan", "Sharding", "apply_ac", "estimate_gpt", "find_blocks",
-    "measure_activations", "measure_states", "remove_ac",
-]
+_WHERE = {
+    "ACPlan": "ac", "apply_ac": "ac", "remove_ac": "ac", "find_blocks": "ac",
+    "GPTShape": "estimate", "MemoryEstimate": "estimate", "Sharding": "estimate", "estimate_gpt": "estimate",
+    "Plan": "plan", "measure_activations": "measure", "measure_states": "measure",
+    "apply_checkpointing": "budget",
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name):
+    if name in _WHERE:
+        return getattr(import_module(f"trainperf.memory.{_WHERE[name]}"), name)
+    raise AttributeError(f"module 'trainperf.memory' has no attribute {name!r}")

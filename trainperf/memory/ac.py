@@ -4,7 +4,8 @@ Modes: ``none``; ``full`` (every repeated block); ``ratio`` (a fraction of the b
 evenly: 0.25 = one in four); ``every_k`` (blocks 0, k, 2k, ...); ``selective`` (op level, every
 block: the outputs of matmuls and attention are kept, the cheap ops are recomputed, through
 torch.utils.checkpoint's selective-checkpoint policy); ``budget`` (the least recompute whose
-estimate fits ``budget_gb``, chosen with :mod:`trainperf.memory.estimate`).
+estimate fits ``budget_gb``: chosen by :func:`trainperf.memory.budget.apply_checkpointing`, the entry
+point for every mode; :func:`apply_ac` here is the mechanism and takes the chosen ``kinds``).
 
 How blocks are wrapped: the block's class is swapped for a subclass whose ``forward`` runs the
 original one under ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)`` (the trick
@@ -24,9 +25,8 @@ import torch.nn as nn
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from trainperf.errors import ConfigError
+from trainperf.memory.plan import MODES, check_ratio, plan_kinds, ratio_count, spread  # noqa: F401  (re-exported)
 from trainperf.models.blocks import find_blocks  # noqa: F401  (re-exported)
-
-MODES = ("none", "full", "ratio", "every_k", "selective", "budget")
 
 _aten = torch.ops.aten
 # Ops whose outputs selective checkpointing keeps (compute-bound); everything else is recomputed.
@@ -114,73 +114,25 @@ def remove_ac(model: nn.Module) -> None:
             mod.__class__ = type(mod)._trainperf_ac_base
 
 
-# --------------------------------------------------------------------------- choosing blocks
-def check_ratio(ratio: float) -> None:
-    if not (0 < ratio <= 1):
-        raise ConfigError(
-            f"memory.checkpointing.ratio={ratio} is outside (0, 1]; it is the fraction of blocks checkpointed: "
-            "use e.g. 0.25 (one block in four) or 1.0 (every block, like mode=full)"
-        )
-
-
-def ratio_count(n_blocks: int, ratio: float) -> int:
-    """Blocks checkpointed for ``ratio`` (at least one, rounded to nearest)."""
-    check_ratio(ratio)
-    return max(1, min(n_blocks, round(ratio * n_blocks)))
-
-
-def spread(n_blocks: int, k: int) -> list[int]:
-    """``k`` block indices spread evenly over ``n_blocks``, starting at 0 (k = n/4 -> 0, 4, 8, ...)."""
-    return sorted({(j * n_blocks) // k for j in range(k)}) if k > 0 else []
-
-
-def plan_kinds(mode: str, n_blocks: int, *, ratio: float = 0.25, every_k: int = 4,
-               n_full: int | None = None, n_selective: int = 0) -> list[str]:
-    """Per-block kinds for a mode (``budget`` takes explicit ``n_full``/``n_selective``)."""
-    if mode == "none":
-        return ["none"] * n_blocks
-    if mode == "full":
-        return ["full"] * n_blocks
-    if mode == "selective":
-        return ["selective"] * n_blocks
-    if mode == "ratio":
-        full = set(spread(n_blocks, ratio_count(n_blocks, ratio)))
-    elif mode == "every_k":
-        if every_k < 1:
-            raise ConfigError(f"memory.checkpointing.every_k={every_k} must be at least 1")
-        full = set(range(0, n_blocks, every_k))
-    elif mode == "budget":
-        full = set(spread(n_blocks, n_full or 0))
-        kinds = ["full" if i in full else "none" for i in range(n_blocks)]
-        rest = [i for i in range(n_blocks) if i not in full]
-        for i in rest[:n_selective]:
-            kinds[i] = "selective"
-        return kinds
-    else:
-        raise ConfigError(f"memory.checkpointing.mode={mode!r} is unknown; choose one of {', '.join(MODES)}")
-    return ["full" if i in full else "none" for i in range(n_blocks)]
-
-
 # --------------------------------------------------------------------------- entry point
 def apply_ac(model: nn.Module, ac=None, *, mode: str | None = None, ratio: float | None = None,
              every_k: int | None = None, blocks: str | None = None, budget_bytes: int | None = None,
              micro_batch: int | None = None, seq_len: int | None = None, dtype: str = "fp32",
-             optimizer: str = "adamw", example_batch=None, kinds: list[str] | None = None) -> ACPlan:
+             optimizer: str = "adamw", example_batch=None, kinds: list[str] | None = None,
+             note: str = "") -> ACPlan:
     """Apply activation checkpointing to ``model``'s repeated blocks, in place; returns the plan.
 
     ``ac`` is the ``memory.checkpointing`` config section (``CheckpointingConfig``); the keyword
     flags override its fields (or stand alone without it). Call after building/materializing the
-    model and before ``torch.compile``. ``budget`` mode needs ``micro_batch`` and ``seq_len`` (and,
-    for a model that is not the reference GPT, ``example_batch`` to trace), plus ``dtype`` and
-    ``optimizer`` for the estimate. ``kinds`` (one of none/full/selective per block) bypasses the
-    mode and is what ``budget`` resolves to.
+    model and before ``torch.compile``. ``kinds`` (one of none/full/selective per block) bypasses the
+    mode; ``budget`` mode needs them (:func:`trainperf.memory.budget.apply_checkpointing` chooses
+    them from the estimate and calls this). ``budget_bytes``, ``micro_batch``, ``seq_len``, ``dtype``,
+    ``optimizer`` and ``example_batch`` are accepted for the callers that pass them and unused here.
     """
     mode = mode or (ac.mode if ac is not None else "none")
     ratio = ratio if ratio is not None else (ac.ratio if ac is not None else 0.25)
     every_k = every_k if every_k is not None else (ac.every_k if ac is not None else 4)
     blocks = blocks if blocks is not None else (ac.blocks if ac is not None else None)
-    if budget_bytes is None and ac is not None and ac.budget_gb is not None:
-        budget_bytes = int(ac.budget_gb * 1e9)
     if mode not in MODES:
         raise ConfigError(f"memory.checkpointing.mode={mode!r} is unknown; choose one of {', '.join(MODES)}")
     if mode == "ratio":
@@ -196,18 +148,13 @@ def apply_ac(model: nn.Module, ac=None, *, mode: str | None = None, ratio: float
             "ModuleList/ModuleDict/Sequential of two or more children of one type; name the blocks with "
             "memory.checkpointing.blocks=<dotted path> or use mode=none"
         )
-    note = ""
     if kinds is None and mode == "budget":
-        from trainperf.memory.estimate import plan_for_budget
-
-        if budget_bytes is None:
-            raise ConfigError("memory.checkpointing.mode=budget needs memory.checkpointing.budget_gb (e.g. 70)")
-        choice = plan_for_budget(model, budget_bytes=budget_bytes, micro_batch=micro_batch, seq_len=seq_len,
-                                 dtype=dtype, optimizer=optimizer, example_batch=example_batch,
-                                 n_blocks=len(found))
-        kinds = plan_kinds("budget", len(found), n_full=choice.n_full, n_selective=choice.n_selective)
-        note = choice.describe()
-    elif kinds is None:
+        raise ConfigError(
+            "memory.checkpointing.mode=budget is chosen from a memory estimate: call "
+            "trainperf.memory.budget.apply_checkpointing(model, ac_cfg, micro_batch=..., seq_len=...) "
+            "(the entry point for every mode), or pass the per-block kinds to apply_ac"
+        )
+    if kinds is None:
         kinds = plan_kinds(mode, len(found), ratio=ratio, every_k=every_k)
     if len(kinds) != len(found):
         raise ConfigError(f"{len(kinds)} checkpoint kinds given for {len(found)} blocks at {path!r}")

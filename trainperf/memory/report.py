@@ -13,10 +13,12 @@ import torch.nn as nn
 from trainperf.config.resolve import resolve
 from trainperf.config.schema import Config
 from trainperf.errors import ConfigError
-from trainperf.memory.ac import apply_ac, check_ratio, find_blocks, plan_kinds
-from trainperf.memory.estimate import (GB, GPTShape, MemoryEstimate, Plan, Sharding, choose_plan,
-                                       estimate_gpt, max_micro_batch)
+from trainperf.memory.ac import apply_ac
+from trainperf.memory.budget import choose_plan, max_micro_batch
+from trainperf.memory.estimate import GB, GPTShape, MemoryEstimate, Sharding, estimate_gpt
+from trainperf.memory.plan import Plan, check_ratio, plan_kinds
 from trainperf.memory.measure import cuda_peak_step, measure_activations, measure_states, time_fwd_bwd
+from trainperf.models.blocks import find_blocks
 
 # The rows every report shows: (mode, ratio)
 DEFAULT_ROWS: list[tuple[str, float | None]] = [

@@ -19,10 +19,11 @@ import torch.nn as nn
 from torch.utils._pytree import tree_leaves
 
 from trainperf.errors import ConfigError
-from trainperf.memory.ac import find_blocks, plan_kinds, remove_ac
-from trainperf.memory.estimate import (MemoryEstimate, Plan, Sharding, act_bytes,
-                                       optimizer_bytes_per_param)
+from trainperf.memory.ac import remove_ac
+from trainperf.memory.estimate import MemoryEstimate, Sharding, act_bytes, optimizer_bytes_per_param
 from trainperf.memory.measure import measure_activations
+from trainperf.memory.plan import Plan, plan_kinds
+from trainperf.models.blocks import find_blocks
 
 
 @dataclass

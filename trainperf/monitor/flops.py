@@ -8,8 +8,9 @@ Conventions (every figure names its own):
   **MFU** uses this figure.
 * ``flops_per_token_formula_hfu``: the formula plus the forward FLOPs that activation
   checkpointing recomputes (full recompute of a block adds ``2*N_block + 4*h*s`` per token per
-  block, Narayanan et al. 2021; selective adds ``12*l*h*s`` as Korthikanti et al. 2022's
-  ``s/(6h) -> s/(3h)``).
+  block, Narayanan et al. 2021; trainperf's selective policy keeps matmul and attention outputs
+  and adds none). The blocks counted are those :mod:`trainperf.analytic.recompute` assigns, the
+  same count the checkpointing applies.
 * ``flops_per_token_counted``: ``torch.utils.flop_counter.FlopCounterMode`` over one eager
   forward + backward of one micro-batch of the real model (matmuls and attention as torch counts
   them; includes recompute when checkpointing is on). **HFU** uses this figure when it exists,
@@ -36,6 +37,17 @@ _PEAK_CACHE: dict[tuple, dict] = {}
 
 
 # ---------------------------------------------------------------------- analytic formula
+def _spec(model: nn.Module, seq_len: int):
+    """trainperf's GPT as the analytic spec (:mod:`trainperf.analytic`), else None."""
+    from trainperf.models.gpt import GPT
+
+    if not isinstance(model, GPT):
+        return None
+    from trainperf.memory.estimate import GPTShape
+
+    return GPTShape.of(model.cfg).spec(seq_len)
+
+
 def _shape(model: nn.Module) -> dict | None:
     cfg = getattr(model, "cfg", None)
     if cfg is None or not all(hasattr(cfg, k) for k in ("n_layer", "n_embd")):
@@ -44,7 +56,11 @@ def _shape(model: nn.Module) -> dict | None:
 
 
 def formula_flops_per_token(model: nn.Module, seq_len: int) -> float | None:
-    """6N + 12*l*h*s (PaLM / nanoGPT). None for a model that does not say its shape."""
+    """6N + 12*l*h*s (PaLM / nanoGPT): from the analytic spec for trainperf's GPT, from the
+    model's own ``flops_per_token`` or its parameters otherwise. None when the shape is unknown."""
+    spec = _spec(model, seq_len)
+    if spec is not None:
+        return spec.palm_flops_per_token(seq_len)
     if hasattr(model, "flops_per_token"):
         return float(model.flops_per_token(seq_len))
     shape = _shape(model)
@@ -55,28 +71,32 @@ def formula_flops_per_token(model: nn.Module, seq_len: int) -> float | None:
 
 
 def recompute_flops_per_token(model: nn.Module, seq_len: int, ac_cfg) -> tuple[float | None, str]:
-    """Extra forward FLOPs per token that activation checkpointing recomputes, with the convention."""
+    """Extra forward FLOPs per token that activation checkpointing recomputes, with the convention.
+
+    Which blocks are recomputed comes from :func:`trainperf.analytic.recompute.plan_kinds`, the
+    count the checkpointing itself (:mod:`trainperf.memory.ac`) uses, so the two cannot round
+    differently. A fully checkpointed block re-runs its forward, ``2 N_block + 4 h s`` per token
+    (Narayanan et al. 2021); trainperf's selective policy keeps the matmul and attention outputs,
+    so it re-runs no matmul FLOPs."""
+    from trainperf.analytic.recompute import counts
+
     mode = getattr(ac_cfg, "mode", "none") if ac_cfg is not None else "none"
     if mode == "none":
         return 0.0, "no recompute"
+    if mode == "budget":
+        return None, "checkpointing mode budget: recompute depends on the plan chosen, see the counted figure"
     shape = _shape(model)
     if shape is None:
         return None, f"unknown model shape (checkpointing {mode})"
     l, h, s = shape["n_layer"], shape["n_embd"], seq_len
+    n_full, n_sel = counts(mode, l, ratio=float(getattr(ac_cfg, "ratio", 0.25)),
+                           every_k=int(getattr(ac_cfg, "every_k", 4)))
     layers = getattr(model, "layers", None)
     n_block = (sum(p.numel() for p in layers.parameters()) / max(l, 1)) if layers is not None else 12.0 * h * h
     per_block = 2.0 * n_block + 4.0 * h * s  # one forward of one block, per token
-    if mode == "full":
-        return l * per_block, "full recompute: + one forward of every block"
-    if mode == "ratio":
-        k = round(float(ac_cfg.ratio) * l)
-        return k * per_block, f"ratio {ac_cfg.ratio}: + one forward of {k}/{l} blocks"
-    if mode == "every_k":
-        k = len(range(0, l, int(ac_cfg.every_k)))
-        return k * per_block, f"every_k {ac_cfg.every_k}: + one forward of {k}/{l} blocks"
     if mode == "selective":
-        return 12.0 * l * h * s, "selective: s/(6h) -> s/(3h) (Korthikanti 2022)"
-    return None, f"checkpointing mode {mode}: recompute not modelled, see the counted figure"
+        return 0.0, f"selective on {n_sel}/{l} blocks: matmul and attention outputs kept, no matmul re-run"
+    return n_full * per_block, f"{mode}: + one forward of {n_full}/{l} blocks"
 
 
 # ---------------------------------------------------------------------- counted

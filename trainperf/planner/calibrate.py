@@ -1,16 +1,15 @@
-"""Calibration from a real run: replace the default GEMM efficiency by the one a run measured.
+"""Calibration from a real run: fit the stack's compute efficiency to what a run measured.
 
-A trainperf run directory holds ``config.yaml`` (the resolved config: model shape, degrees,
-batch) and ``summary.json`` (``tokens_per_s`` always; ``mfu``, ``peak_flops`` /
-``achieved_flops_per_s`` and the device name when the monitor recorded them). The planner
-re-estimates that same run and solves, by bisection, for the ``matmul_peak_fraction`` that
-reproduces the measured step time (from ``tokens_per_s``) or, without it, the measured MFU.
-Everything else (bandwidth fractions, overlaps) keeps its default; the result says so.
+Two sources: a trainperf run directory (``--calibrate RUN_DIR``: ``config.yaml`` with the model
+shape, degrees and batch, ``summary.json`` with ``tokens_per_s`` or ``mfu`` and the device), or
+one measured step time of the layout being planned (``--measured STEP_TIME_S``). The planner
+re-estimates that run and solves, by bisection, for the ``stack_efficiency`` that reproduces it.
+Only compute scales with it: communication, bubbles and memory-bound kernels keep their model, so
+a layout dominated by compute moves with the calibration and a communication-bound one less.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, replace
 
@@ -20,6 +19,7 @@ from trainperf.planner.constants import DEFAULTS, Constants
 from trainperf.planner.cost import Layout, estimate
 from trainperf.planner.model import ModelSpec
 
+LOW, HIGH = 0.02, 2.0  # bounds of stack_efficiency searched by the calibration
 GPU_NAME_KEYS = ("gpu_name", "device_name", "cuda_name", "gpu")
 
 
@@ -30,16 +30,11 @@ class Calibration:
 
 
 def _read_json(path: str) -> dict:
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except FileNotFoundError:
-        raise UserError(f"{path} does not exist; pass the run directory of a finished `trainperf train` run") from None
-    except (OSError, json.JSONDecodeError) as exc:
-        raise UserError(f"cannot read {path}: {exc}; is the run finished?") from None
-    if not isinstance(data, dict):
-        raise UserError(f"{path}: expected a JSON object")
-    return data
+    from trainperf.analytic.hf import read_json_object
+
+    if not os.path.exists(path):
+        raise UserError(f"{path} does not exist; pass the run directory of a finished `trainperf train` run")
+    return read_json_object(path, "calibration file")
 
 
 def _number(summary: dict, key: str) -> float | None:
@@ -49,17 +44,18 @@ def _number(summary: dict, key: str) -> float | None:
     return float(val)
 
 
-def _run_shape_and_layout(cfg: dict) -> tuple[ModelSpec, Layout, int, str]:
+def _run_shape_and_layout(cfg: dict, source: str = "config.yaml") -> tuple[ModelSpec, Layout, int, str]:
     """Model, layout and global batch of the run from its config.yaml (a dict)."""
     from trainperf.config.load import build_config
     from trainperf.config.resolve import model_shape
 
-    config = build_config(cfg, source="config.yaml")
+    config = build_config(cfg, source=source)
     shape = model_shape(config)
     vocab = shape["vocab_size"] if isinstance(shape["vocab_size"], int) else 50304
-    model = ModelSpec(
+    model = ModelSpec(  # trainperf's GPT (trainperf.memory.estimate.GPTShape.spec): untied head, biases, SDPA
         hidden=shape["n_embd"], layers=shape["n_layer"], heads=shape["n_head"], seq=shape["block_size"],
         vocab=vocab, ffn_hidden=shape.get("ffn_hidden"), gated=shape.get("ffn_hidden") is not None,
+        tied=False, bias=bool(shape.get("bias", True)), position="learned", attention="flash",
         name=config.model.preset,
     )
     p = config.parallelism
@@ -99,11 +95,10 @@ def calibrate(run_dir: str, gpu: GPUSpec | None = None, catalog: dict | None = N
             f"{cfg_path} is missing: calibration needs the run's model shape and layout, which `trainperf train` "
             "writes there; pass the run directory itself"
         )
-    import yaml
+    from trainperf.hardware.catalog import read_yaml_mapping
 
-    with open(cfg_path, encoding="utf-8") as f:
-        cfg = yaml.safe_load(f) or {}
-    model, layout, global_batch, note = _run_shape_and_layout(cfg)
+    cfg = read_yaml_mapping(cfg_path, "calibration file", "the run's resolved trainperf config (a mapping)")
+    model, layout, global_batch, note = _run_shape_and_layout(cfg, cfg_path)
 
     run_gpu = None
     for key in GPU_NAME_KEYS:
@@ -124,33 +119,57 @@ def calibrate(run_dir: str, gpu: GPUSpec | None = None, catalog: dict | None = N
 
     if tokens_per_s is not None:
         target, what = global_batch * model.seq / tokens_per_s, "step_time_s"
-        value = lambda c: estimate(model, run_gpu, layout, global_batch, c).step_time_s  # noqa: E731
-        slower_is_higher = True
     else:
         target, what = mfu, "mfu"
-        value = lambda c: estimate(model, run_gpu, layout, global_batch, c).mfu  # noqa: E731
-        slower_is_higher = False
-    lo, hi = 0.005, 1.0
-    clamped = None
-    if (value(replace(base, matmul_peak_fraction=hi)) > target) == slower_is_higher:
-        lo = hi = 1.0
-        clamped = "the run is faster than the model allows even at 100% GEMM efficiency; kept 1.0"
-    elif (value(replace(base, matmul_peak_fraction=lo)) < target) == slower_is_higher:
-        lo = hi = 0.005
-        clamped = "the run is slower than the model explains even at 0.5% GEMM efficiency (overheads outside the model)"
-    for _ in range(50):
-        mid = 0.5 * (lo + hi)
-        too_fast = (value(replace(base, matmul_peak_fraction=mid)) < target) == slower_is_higher
-        lo, hi = (lo, mid) if too_fast else (mid, hi)
-    fitted = 0.5 * (lo + hi)
-    constants = replace(base, matmul_peak_fraction=round(fitted, 4))
+    constants, clamped = fit_efficiency(model, run_gpu, layout, global_batch, target, base, what=what)
     report = {
         "run_dir": run_dir,
         "measured": {"tokens_per_s": tokens_per_s, "mfu": mfu, "matched": what, "target": target},
         "run": {"model": model.as_dict(), "layout": layout.as_dict(), "global_batch": global_batch, "gpu": run_gpu.key},
-        "matmul_peak_fraction": {"default": base.matmul_peak_fraction, "calibrated": constants.matmul_peak_fraction},
+        "stack_efficiency": {"default": base.stack_efficiency, "calibrated": constants.stack_efficiency},
         "notes": [n for n in (note, clamped) if n],
     }
     if gpu is not None and gpu.key != run_gpu.key:
         report["notes"].append(f"calibrated on {run_gpu.key}, planning for {gpu.key}: the efficiency may not transfer")
+    return Calibration(constants, report)
+
+
+def fit_efficiency(model: ModelSpec, gpu: GPUSpec, layout: Layout, global_batch: int, target: float,
+                   base: Constants = DEFAULTS, *, what: str = "step_time_s") -> tuple[Constants, str | None]:
+    """Constants whose ``stack_efficiency`` makes ``layout``'s estimate hit ``target`` (a step time
+    in s, or an MFU); bisection within [LOW, HIGH]. Returns (constants, note when clamped)."""
+    if what == "step_time_s":
+        value = lambda c: estimate(model, gpu, layout, global_batch, c).step_time_s  # noqa: E731
+        slower_is_higher = True
+    else:
+        value = lambda c: estimate(model, gpu, layout, global_batch, c).mfu  # noqa: E731
+        slower_is_higher = False
+    lo, hi = LOW, HIGH
+    clamped = None
+    if (value(replace(base, stack_efficiency=hi)) > target) == slower_is_higher:
+        lo = hi = HIGH
+        clamped = (f"the measurement is faster than the model allows even at stack_efficiency {HIGH} "
+                   "(communication or memory-bound time the model overestimates); kept the bound")
+    elif (value(replace(base, stack_efficiency=lo)) < target) == slower_is_higher:
+        lo = hi = LOW
+        clamped = f"the measurement is slower than the model explains even at stack_efficiency {LOW} (overheads outside the model)"
+    for _ in range(50):
+        mid = 0.5 * (lo + hi)
+        too_fast = (value(replace(base, stack_efficiency=mid)) < target) == slower_is_higher
+        lo, hi = (lo, mid) if too_fast else (mid, hi)
+    return replace(base, stack_efficiency=round(0.5 * (lo + hi), 4)), clamped
+
+
+def calibrate_measured(step_time_s: float, model: ModelSpec, gpu: GPUSpec, layout: Layout, global_batch: int,
+                       base: Constants = DEFAULTS) -> Calibration:
+    """``--measured STEP_TIME_S``: fit the efficiency to one measured step of ``layout``."""
+    if not step_time_s > 0 or step_time_s == float("inf"):
+        raise UserError(f"--measured {step_time_s}: give the measured seconds per training step, a positive number")
+    constants, clamped = fit_efficiency(model, gpu, layout, global_batch, step_time_s, base)
+    report = {
+        "measured": {"step_time_s": step_time_s, "matched": "step_time_s", "target": step_time_s},
+        "run": {"layout": layout.as_dict(), "global_batch": global_batch, "gpu": gpu.key},
+        "stack_efficiency": {"default": base.stack_efficiency, "calibrated": constants.stack_efficiency},
+        "notes": [n for n in (clamped,) if n],
+    }
     return Calibration(constants, report)

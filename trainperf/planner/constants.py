@@ -2,12 +2,14 @@
 
 Override on the command line with ``trainperf plan --set-constant NAME=VALUE`` (repeatable) or
 in code with ``dataclasses.replace(DEFAULTS, name=value)``. ``trainperf plan --constants``
-lists them. ``--calibrate RUN_DIR`` replaces ``matmul_peak_fraction`` by the one a real run
-measured (see :mod:`trainperf.planner.calibrate`).
+lists them. ``--calibrate RUN_DIR`` and ``--measured STEP_TIME_S`` replace ``stack_efficiency`` by the one a
+real run measured (see :mod:`trainperf.planner.calibrate`).
 
 The defaults are physically motivated and few; none is fitted to a single published run:
-the efficiencies come from measurements of one kernel or one collective, the byte counts from
-the data types of Megatron-style mixed-precision training.
+the bandwidth fractions come from measurements of one kernel or one collective, the byte counts
+from the data types of mixed-precision training. Four are FITTED (marked so below) on the
+development set (docs/fragments/planner-benchmarks.md; ``python -m trainperf.planner.fit``), by
+leave-one-source-out cross-validation; the per-GPU sustained GEMM fraction is a catalog field.
 """
 
 from __future__ import annotations
@@ -20,18 +22,33 @@ from trainperf.errors import UserError
 
 @dataclass(frozen=True)
 class Constants:
-    # ------------------------------------------------------------- compute
-    matmul_peak_fraction: float = 0.84
-    """Fraction of the dense peak a large GEMM reaches before size effects. Chosen so an
-    8192³ BF16 GEMM (three dims each scaled by matmul_dim_half below: 0.954) reaches 0.80 of
-    peak, the fraction measured on H200 (770–798 of 989 TFLOP/s, REFERENCE.md)."""
-    matmul_dim_half: float = 128.0
-    """Each GEMM dimension d scales efficiency by d/(d + matmul_dim_half): the cost of filling
-    one 128-wide tensor-core tile (pipeline fill, partial tiles, wave tails). Small dims
-    (head dim 64–128, thin TP shards) lose efficiency, large ones approach the peak fraction."""
+    # ------------------------------------------------------------- compute (3 fitted constants)
+    stack_efficiency: float = 1.0
+    """Fraction of the GPU's sustained GEMM rate (catalog gemm_fraction x dense peak) that the
+    training stack's large matmuls reach. 1.0: when fitted on the development set it went to its
+    bound 1.0 in every fold, so it is fixed there; it is what --measured / --calibrate fit to a
+    user's own stack (launch gaps, host overhead, a slower kernel library)."""
+    gemm_memory_weight: float = 2.02
+    """FITTED (development set, all sources; per-fold values in BENCHMARKS.md). Soft roofline of
+    one GEMM: time = FLOPs / rate + w x operand bytes / HBM bandwidth: the cost of operand and
+    result traffic, tile fill and epilogue not hidden behind the math. Through the
+    peak/bandwidth ratio small GEMMs lose more on an H100 (295 FLOP/B) than on an A100 (153)."""
+    attention_efficiency: float = 0.40
+    """FITTED. Fraction of the sustained GEMM rate FlashAttention's matmuls reach (causal blocks
+    only), before the softmax cost below."""
+    comm_contention: float = 1.0
+    """FITTED (it reaches its bound 1.0). While a collective overlaps compute, the compute slows
+    by this fraction of the overlapped time (NCCL kernels take SMs and HBM bandwidth; FSDP's
+    rate limiter and stream waits). 1.0: the development set's FSDP runs pay the full time of
+    their per-layer collectives even when the schedule could hide them."""
+    softmax_ops_per_score: float = 8.0
+    """Non-tensor-core operations per attention score in FlashAttention's forward (scale, max,
+    subtract, exp, sum, rescale; backward twice): runs at the FP32 (vector) peak, which makes
+    small head dims slower (cost relative to the 4 x head_dim matmul FLOPs per score). Counted,
+    not fitted."""
     hbm_fraction: float = 0.90
-    """Fraction of HBM bandwidth reached by memory-bound kernels (softmax, dropout, layer norm,
-    GELU, optimizer). Measured device-to-device copy on H200: 4.3 of 4.8 TB/s (REFERENCE.md)."""
+    """Fraction of HBM bandwidth reached by memory-bound kernels (softmax, norms, activations,
+    optimizer). Measured device-to-device copy on H200: 4.3 of 4.8 TB/s (REFERENCE.md)."""
     kernel_overhead_s: float = 5e-6
     """Fixed cost per kernel launch (launch + tail), seconds."""
 
@@ -40,9 +57,11 @@ class Constants:
     """NCCL bus bandwidth reached on NVLink as a fraction of one direction of the quoted total
     (DGX A100: ~235 of 300 GB/s in nccl-tests all_reduce_perf for messages >= 64 MB)."""
     internode_fraction: float = 0.80
-    """NCCL bus bandwidth reached across nodes as a fraction of the per-GPU NIC rate."""
+    """NCCL bus bandwidth reached across nodes as a fraction of the NIC rate. A group with g
+    members per node uses g NICs at once (one per GPU, rail-optimized), so its bus bandwidth is
+    g x per-GPU NIC rate x this, capped by NVLink."""
     collective_latency_s: float = 20e-6
-    """Start-up latency of one collective step (NCCL ring/tree hop), seconds."""
+    """Start-up latency of one collective step (NCCL ring/tree hop), seconds, x log2(ranks)."""
     tp_overlap: float = 0.0
     """Fraction of tensor-parallel collective time hidden behind compute (0: Megatron 2022,
     where the all-reduces sit on the critical path)."""
@@ -50,22 +69,31 @@ class Constants:
     """Fraction of pipeline send/receive time hidden behind compute (0: blocking p2p)."""
     dp_overlap: float = 1.0
     """Fraction of the last micro-batch's backward during which the data-parallel gradient
-    reduction can run (1: bucketed overlap as in PyTorch DDP/FSDP; 0: reduce after the step)."""
+    reduction can run (1: bucketed overlap as in PyTorch DDP/FSDP; 0: reduce after the step).
+    FSDP's per-layer all-gathers overlap the neighbouring layer's compute when prefetching (1)."""
 
     # ------------------------------------------------------------- memory (bytes per parameter)
     param_bytes: float = 2.0
-    """BF16/FP16 weights."""
+    """BF16/FP16 weights (all-gathered by FSDP in this dtype)."""
     grad_bytes: float = 4.0
     """FP32 gradient accumulation buffer (Megatron; 2 with BF16 gradients)."""
     optimizer_bytes: float = 12.0
-    """FP32 master weights + Adam m and v (the ZeRO paper's K=12)."""
+    """FP32 master weights + Adam m and v (the ZeRO paper's K=12). Under ZeRO-3/FSDP the fp32
+    master is the sharded parameter itself: 4 (param) + 4 (grad) + 8 (Adam) bytes, sharded."""
     dp_grad_comm_bytes: float = 4.0
-    """Bytes per gradient element in the data-parallel reduction (FP32 reduce)."""
+    """Bytes per gradient element in the DDP / ZeRO-1/2 reduction (FP32 reduce, Megatron)."""
+    fsdp_reduce_bytes: float = 2.0
+    """Bytes per gradient element in FSDP's per-layer reduce-scatter (bf16: FSDP2's default
+    reduce dtype is the parameter dtype; llm-foundry's PURE mixed precision)."""
     optimizer_traffic_bytes: float = 42.0
     """HBM bytes touched per (local) parameter by the optimizer step: Adam reads the FP32 grad,
     master, m, v (16) and writes master, m, v and the BF16 weight (14); grad-norm and clipping
     read and scale the gradient (12)."""
-    memory_reserved_gib: float = 2.5
+    loss_bytes_per_logit: float = 6.0
+    """Bytes per logit (b x s x V / t) held at the loss: the bf16 logits plus the fp32 log-softmax
+    a standard cross-entropy keeps for backward (its fp32 upcast of the logits is transient). A
+    fused / chunked cross-entropy needs less: override."""
+    memory_reserved_gib: float = 2.0
     """Device memory not available to the model: CUDA context, NCCL and cuBLAS workspaces,
     allocator fragmentation (GiB)."""
 
@@ -87,7 +115,7 @@ class Constants:
                 raise UserError(f"--set-constant {name}={raw!r}: the value must be a number") from None
             if value < 0:
                 raise UserError(f"--set-constant {name}={value}: must be >= 0")
-            if name.endswith(("_fraction", "_overlap")) and value > 1:
+            if (name.endswith(("_fraction", "_overlap")) or name in ("attention_efficiency", "comm_contention")) and value > 1:
                 raise UserError(f"--set-constant {name}={value}: a fraction must be between 0 and 1")
             values[name] = value
         return replace(self, **values)

@@ -1,12 +1,20 @@
-"""Analytical cost model of one training step for a 3D-parallel layout (no torch).
+"""Analytical cost model of one training step for a layout (no torch).
 
-Memory per GPU: model states (ZeRO-aware), activations of the layers in flight on the first
-pipeline stage (Korthikanti et al. 2022, Table 2, generalized to any MLP width), the last
-stage's logits, and a reserve. Step time: every GEMM, attention batched-matmul and
-memory-bound kernel of a Megatron-style layer timed by a roofline with a size-dependent GEMM
-efficiency; tensor-parallel collectives on NVLink (or the network when TP spans nodes);
-1F1B / interleaved pipeline with its bubble and point-to-point transfers; data-parallel
-gradient reduction with its overlap; the optimizer step. Constants: :mod:`.constants`.
+FLOPs and bytes come from :mod:`trainperf.analytic` (the one account shared with the memory
+estimate and MFU); this module times them on one GPU type and adds the parallelism.
+
+Compute (per layer and micro-batch): every GEMM by a soft roofline, ``FLOPs / rate + w x operand
+bytes / HBM bandwidth``, at ``rate = dense peak x gemm_fraction (catalog, per GPU) x
+stack_efficiency``; FlashAttention's causal blocks at ``attention_efficiency`` of that rate plus
+its softmax at the FP32 vector peak; eager attention as batched GEMMs with a memory-bound softmax;
+norms, activations and residual adds at HBM bandwidth; recompute per the layout.
+Communication: tensor-parallel all-reduces (or SP reduce-scatter + all-gather) on the critical
+path; FSDP/ZeRO-3 per-layer all-gather (forward, and again in backward) and reduce-scatter, each
+overlapped with the neighbouring layer's compute (``max`` of the two, plus ``comm_contention``
+of the overlap); DDP / ZeRO-1/2 reduction once per step against the last backward; context
+parallel K/V exchange against the attention; pipeline 1F1B / interleaved with its bubble and
+point-to-point transfers. Bandwidth: NVLink inside a node; across nodes, the NICs of the group's
+members in a node (rail-optimized). Memory: :func:`memory_terms`.
 """
 
 from __future__ import annotations
@@ -15,12 +23,16 @@ import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+from trainperf.analytic.activations import BF16, layer_terms, outside_terms, per_layer_bytes
+from trainperf.analytic.spec import TransformerSpec
+from trainperf.analytic.states import StateBytes
 from trainperf.hardware.catalog import GPUSpec
 from trainperf.planner.constants import DEFAULTS, Constants
-from trainperf.planner.model import ModelSpec
 
 GIB = 2**30
 RECOMPUTE = ("none", "selective", "full")
+"""Planner recompute: ``selective`` is Megatron's (the attention core re-run: no s x s kept;
+with FlashAttention it costs nothing and saves nothing more)."""
 
 
 @dataclass(frozen=True)
@@ -37,23 +49,40 @@ class Layout:
     zero: int = 0
     """0: replicated states (DDP); 1: optimizer sharded over DP (distributed optimizer);
     2: + gradients; 3: + parameters (FSDP full shard)."""
+    cp: int = 1
+    """Context parallel degree (the sequence split over cp ranks; K/V exchanged)."""
+    shard: int = 0
+    """HSDP: ZeRO shards within groups of this many data-parallel ranks and replicates across
+    groups (0: over all of dp)."""
+    recompute_layers: int = 0
+    """With recompute="full": how many layers per stage are recomputed (Megatron's
+    --recompute-method block); 0 means all of them."""
 
     @property
     def gpus(self) -> int:
-        return self.tp * self.pp * self.dp
+        return self.tp * self.pp * self.dp * self.cp
+
+    @property
+    def shard_group(self) -> int:
+        """Ranks one copy of the model states is sharded over (dp x cp, or the HSDP group x cp)."""
+        return (self.shard if 0 < self.shard < self.dp else self.dp) * self.cp
 
     def as_dict(self) -> dict:
         return {
-            "tp": self.tp, "pp": self.pp, "dp": self.dp, "micro_batch": self.micro_batch,
+            "tp": self.tp, "pp": self.pp, "dp": self.dp, "cp": self.cp, "micro_batch": self.micro_batch,
             "interleave": self.interleave, "recompute": self.recompute,
-            "sequence_parallel": self.sequence_parallel, "zero": self.zero,
+            "sequence_parallel": self.sequence_parallel, "zero": self.zero, "hsdp_shard": self.shard or None,
+            "recompute_layers_per_stage": self.recompute_layers or None,
         }
 
     def short(self) -> str:
         sp = "+SP" if self.sequence_parallel else ""
         z = f" zero{self.zero}" if self.zero else ""
         v = f" v{self.interleave}" if self.interleave > 1 else ""
-        return f"TP{self.tp}{sp} PP{self.pp}{v} DP{self.dp} mb{self.micro_batch} {self.recompute}{z}"
+        cp = f" CP{self.cp}" if self.cp > 1 else ""
+        hs = f" hsdp{self.shard}" if 0 < self.shard < self.dp else ""
+        rc = self.recompute + (f"({self.recompute_layers}/stage)" if self.recompute == "full" and self.recompute_layers else "")
+        return f"TP{self.tp}{sp}{cp} PP{self.pp}{v} DP{self.dp} mb{self.micro_batch} {rc}{z}{hs}"
 
 
 @dataclass
@@ -76,6 +105,11 @@ class Estimate:
         return self.memory_bytes <= self.gpu_memory_bytes
 
     @property
+    def binding(self) -> str:
+        """The largest memory term: the one to shrink first when the layout does not fit."""
+        return max(self.memory, key=self.memory.get) if self.memory else ""
+
+    @property
     def tflops_per_gpu(self) -> float:
         return self.model_flops / self.step_time_s / self.layout.gpus / 1e12
 
@@ -90,7 +124,10 @@ class Estimate:
             step_time_s=round(self.step_time_s, 4),
             tflops_per_gpu=round(self.tflops_per_gpu, 1),
             mfu=round(self.mfu, 4),
+            fits=self.fits,
+            binding_memory_term=self.binding,
             memory_per_gpu_gib=round(self.memory_bytes / GIB, 2),
+            memory_headroom_gib=round((self.gpu_memory_bytes - self.memory_bytes) / GIB, 2),
             memory_gib={k: round(v / GIB, 2) for k, v in self.memory.items()},
             time_s={k: round(v, 4) for k, v in self.time.items()},
         )
@@ -98,36 +135,49 @@ class Estimate:
 
 
 # ---------------------------------------------------------------------------------- kernels
-class _Kernels:
-    """Roofline timing of single kernels and collectives on one GPU type."""
+class Kernels:
+    """Timing of single kernels and collectives on one GPU type."""
 
     def __init__(self, gpu: GPUSpec, c: Constants, dtype: str = "bf16"):
         self.c = c
+        self.gpu = gpu
         self.peak = gpu.peak_tflops(dtype) * 1e12
+        self.rate = self.peak * gpu.gemm_fraction * c.stack_efficiency
+        self.vector = gpu.fp32_tflops * 1e12 * gpu.gemm_fraction * c.stack_efficiency
         self.hbm = gpu.hbm_tbps * 1e12 * c.hbm_fraction
         self.nvlink = gpu.nvlink_gbps / 2 * 1e9 * c.nvlink_fraction
-        self.net = gpu.internode_gbps * 1e9 * c.internode_fraction
-        self.per_node = gpu.gpus_per_node
+        self.nic = gpu.internode_gbps * 1e9 * c.internode_fraction
+        self.per_node = max(1, gpu.gpus_per_node)
 
-    def gemm(self, m: float, n: float, k: float, batch: float = 1.0, bytes_per=2) -> float:
-        c = self.c
-        h = c.matmul_dim_half
-        eff = c.matmul_peak_fraction * (m / (m + h)) * (n / (n + h)) * (k / (k + h))
-        t_compute = 2.0 * m * n * k * batch / (self.peak * eff)
-        t_memory = bytes_per * (m * k + k * n + m * n) * batch / self.hbm
-        return max(t_compute, t_memory) + c.kernel_overhead_s
+    def gemm(self, m: float, n: float, k: float, batch: float = 1.0) -> float:
+        """Y[m,n] = X[m,k] W[k,n] (x batch), bf16 operands: soft roofline (module doc)."""
+        flops = 2.0 * m * n * k * batch
+        nbytes = 2.0 * (m * k + k * n + m * n) * batch
+        return flops / self.rate + self.c.gemm_memory_weight * nbytes / self.hbm + self.c.kernel_overhead_s
 
     def gemm_fwd_bwd(self, m: float, n: float, k: float) -> tuple[float, float]:
         """(forward, backward = data grad + weight grad) for Y[m,n] = X[m,k] W[k,n]."""
         return self.gemm(m, n, k), self.gemm(m, k, n) + self.gemm(k, n, m)
 
+    def flash(self, b: float, heads: float, sq: float, skv: float, d: int, causal: float) -> tuple[float, float]:
+        """FlashAttention forward and backward: matmul FLOPs of the executed (causal) blocks at
+        attention_efficiency of the GEMM rate, plus the softmax at the vector peak. Backward runs
+        5 matmuls to the forward's 2 (it recomputes the scores) and twice the softmax work."""
+        scores = b * heads * sq * skv * causal
+        mm = 4.0 * scores * d / (self.rate * self.c.attention_efficiency)
+        sm = self.c.softmax_ops_per_score * scores / self.vector
+        return mm + sm + self.c.kernel_overhead_s, 2.5 * mm + 2 * sm + 2 * self.c.kernel_overhead_s
+
     def memory_bound(self, nbytes: float, kernels: int = 1) -> float:
         return nbytes / self.hbm + kernels * self.c.kernel_overhead_s
 
-    def bandwidth(self, group: int, span: int) -> float:
-        """Bus bandwidth of a collective among `group` ranks spread over `span` consecutive
-        ranks: NVLink when they share a node, else the per-GPU network."""
-        return self.nvlink if span <= self.per_node else self.net
+    def bandwidth(self, group: int, stride: int) -> float:
+        """Bus bandwidth of a collective among ``group`` ranks placed ``stride`` apart: NVLink when
+        they share a node; across nodes, one NIC per member in a node (capped by NVLink)."""
+        if group * stride <= self.per_node:
+            return self.nvlink
+        local = max(1, min(group, self.per_node // max(1, stride)))
+        return min(self.nvlink, local * self.nic)
 
     def _latency(self, n: int) -> float:
         return self.c.collective_latency_s * max(1, math.ceil(math.log2(n)))
@@ -146,155 +196,185 @@ class _Kernels:
     def p2p(self, nbytes: float, bw: float) -> float:
         return nbytes / bw + self.c.collective_latency_s
 
+    def overlapped(self, compute: float, comm: float) -> float:
+        """Two streams side by side: the longer one, plus contention over the overlap."""
+        hidden = self.c.dp_overlap * min(compute, comm)
+        return compute + comm - hidden + self.c.comm_contention * hidden
+
 
 # ---------------------------------------------------------------------------------- one layer
-@lru_cache(maxsize=4096)
-def layer_cost(model: ModelSpec, gpu: GPUSpec, c: Constants, tp: int, b: int, sp: bool, recompute: str) -> dict:
+@lru_cache(maxsize=8192)
+def layer_cost(model: TransformerSpec, gpu: GPUSpec, c: Constants, tp: int, b: int, sp: bool, recompute: str,
+               cp: int = 1) -> dict:
     """Per-micro-batch times (s) of one transformer layer on one GPU, and its activation bytes."""
-    k = _Kernels(gpu, c)
-    s, h, a, f = model.seq, model.hidden, model.heads, model.ffn
-    d = model.head_dim
+    k = Kernels(gpu, c)
+    s, h, f, d = model.seq, model.hidden, model.ffn, model.head_dim
     sp = sp and tp > 1
-    M = b * s
-    X = b * s * h                        # elements of one (b, s, h) activation
-    Xs = X / tp if sp else X             # what the replicated (norm/dropout) region touches
-    A = b * (a / tp) * s * s             # attention score elements per GPU
-    inter = b * s * f / tp               # MLP intermediate elements per GPU
-    f1 = (2 if model.gated else 1) * f   # FC1 output width (SwiGLU: gate and up)
-
+    sl = s // cp                          # tokens of one sequence on this rank
+    M = b * sl
+    X = M * h
+    Xs = X / tp if sp else X              # what the replicated (norm / residual) region touches
     fwd = bwd = 0.0
-    for m_, n_, k_ in ((M, 3 * h / tp, h), (M, h, h / tp), (M, f1 / tp, h), (M, h, f / tp)):
+    for m_, n_, k_ in ((M, (h + 2 * model.kv_dim) / tp, h), (M, h, h / tp), (M, model.ffn_in / tp, h), (M, h, f / tp)):
         tf, tb = k.gemm_fwd_bwd(m_, n_, k_)
         fwd += tf
         bwd += tb
-    # Attention core: Q·K^T and P·V as batched GEMMs (b·a/t of them), softmax and dropout.
-    nb = b * a / tp
-    core_fwd = k.gemm(s, s, d, batch=nb) + k.gemm(s, d, s, batch=nb) + k.memory_bound(4 * A + 5 * A, 2)
-    core_bwd = 2 * k.gemm(s, s, d, batch=nb) + 2 * k.gemm(s, d, s, batch=nb) + k.memory_bound(6 * A + 5 * A, 2)
-    # Norms, bias-dropout-adds and the activation: bytes read + written (16-bit), backward twice.
-    act_bytes = (6 if model.gated else 4) * inter
-    elem_fwd = k.memory_bound(2 * 11 * Xs + act_bytes, 6)
-    elem_bwd = k.memory_bound(2 * (2 * 11 * Xs + act_bytes), 6)
-    fwd += core_fwd + elem_fwd
-    bwd += core_bwd + elem_bwd
+    heads = model.heads / tp
+    if model.attention == "flash":
+        # Causal: each rank's share of the s x s blocks (load-balanced under context parallel).
+        core_fwd, core_bwd = k.flash(b, heads, sl, s, d, model.causal_fraction)
+        core_recompute = 0.0
+    else:
+        A = b * heads * sl * s            # score elements per GPU
+        mm = k.gemm(sl, s, d, batch=b * heads) + k.gemm(sl, d, s, batch=b * heads)
+        softmax = k.memory_bound(2 * A * 2 + A, 2)          # scale-mask-softmax (bf16) + dropout mask
+        core_fwd = mm + softmax
+        core_bwd = 2 * mm + k.memory_bound(3 * A * 2 + A, 2)
+        core_recompute = core_fwd
+    # Norms, residual adds and the activation, bytes read + written; backward twice.
+    act_io = (3 if model.gated else 2) * M * f / tp * 2
+    elem = k.memory_bound(2 * 10 * Xs + act_io, 6)
+    fwd += core_fwd + elem
+    bwd += core_bwd + 2 * elem
 
-    # Tensor-parallel collectives: 2 per layer forward, 2 backward (SP: each all-reduce becomes
-    # a reduce-scatter + all-gather of the same volume).
+    # Tensor-parallel collectives: 2 per layer forward, 2 backward (SP: reduce-scatter + all-gather).
     comm_fwd = 0.0
     if tp > 1:
-        bw = k.bandwidth(tp, tp)
-        if sp:
-            comm_fwd = 2 * (k.half_collective(2 * X, tp, bw) * 2)
-        else:
-            comm_fwd = 2 * k.all_reduce(2 * X, tp, bw)
-    comm_bwd = comm_fwd
-
+        bw = k.bandwidth(tp, 1)
+        comm_fwd = 2 * (2 * k.half_collective(2 * X, tp, bw) if sp else k.all_reduce(2 * X, tp, bw))
+    cp_comm = 0.0
+    if cp > 1:  # all-gather K and V forward, reduce-scatter their gradients backward
+        bw = k.bandwidth(cp, tp)
+        kv_bytes = 2 * 2 * b * s * model.kv_dim / tp
+        cp_comm = 2 * k.half_collective(kv_bytes, cp, bw)
+        cp_comm = max(0.0, cp_comm - (core_fwd + core_bwd))  # overlapped with the attention
     if recompute == "full":
         re_compute, re_comm = fwd, comm_fwd
     elif recompute == "selective":
-        re_compute, re_comm = core_fwd, 0.0
+        re_compute, re_comm = core_recompute, 0.0
     else:
         re_compute, re_comm = 0.0, 0.0
 
-    # Activation bytes kept per layer and micro-batch (Korthikanti Table 2, any MLP width).
-    replicated = 10 * s * b * h
-    parallel = 8 * s * b * h + (6 if model.gated else 4) * s * b * f
-    core = 5 * a * s * s * b
-    if sp:
-        replicated /= tp
-    full_layer = replicated + (parallel + core) / tp
-    if recompute == "none":
-        act = full_layer
-    elif recompute == "selective":
-        act = replicated + parallel / tp
-    else:
-        act = 2 * s * b * h / (tp if sp else 1)
+    # Megatron 2022 (eager attention) trains with dropout; FlashAttention stacks without. Under CP
+    # the eager scores would span every key: layer_terms counts the local ones (CP runs flash).
+    terms = layer_terms(model, b, sl, BF16, dropout=model.attention == "eager")
+    kind = {"none": "none", "selective": "attention", "full": "full"}[recompute]
     return {
         "compute": fwd + bwd + re_compute,
         "fwd": fwd,
         "bwd": bwd + re_compute,
-        "tp_comm": comm_fwd + comm_bwd + re_comm,
-        "act_bytes": act,
-        "full_layer_act_bytes": full_layer,
+        "tp_comm": 2 * comm_fwd + re_comm,
+        "cp_comm": cp_comm,
+        "act_bytes": per_layer_bytes(terms, kind, tp=tp, sp=sp),
+        "full_layer_act_bytes": per_layer_bytes(terms, "none", tp=tp, sp=sp),
     }
 
 
-@lru_cache(maxsize=1024)
-def _head_cost(model: ModelSpec, gpu: GPUSpec, c: Constants, tp: int, b: int, sp: bool) -> dict:
+@lru_cache(maxsize=2048)
+def _head_cost(model: TransformerSpec, gpu: GPUSpec, c: Constants, tp: int, b: int, cp: int = 1) -> dict:
     """Per-micro-batch time of the embedding (first stage) and logits + loss (last stage)."""
-    k = _Kernels(gpu, c)
-    s, h, V = model.seq, model.hidden, model.vocab
-    M, X = b * s, b * s * h
+    k = Kernels(gpu, c)
+    sl, h, V = model.seq // cp, model.hidden, model.vocab
+    M, X = b * sl, b * sl * h
     tf, tb = k.gemm_fwd_bwd(M, V / tp, h)
-    logits_elems = M * V / tp
-    loss = k.memory_bound(28 * logits_elems, 4)  # fp32 softmax cross-entropy, forward + backward
+    logits = M * V / tp
+    loss = k.memory_bound(28 * logits, 4)  # fp32 softmax cross-entropy, forward + backward
     embed = k.memory_bound(2 * 2 * X + 2 * 2 * X, 2)
     comm = 0.0
     if tp > 1:
-        bw = k.bandwidth(tp, tp)
-        comm = k.all_reduce(2 * X, tp, bw) * 2  # vocab-parallel embedding out + logits input grad
-    return {"first": embed + comm, "last": tf + tb + loss + comm, "logits_bytes": 4 * logits_elems * 2}
+        comm = k.all_reduce(2 * X, tp, k.bandwidth(tp, 1)) * 2  # vocab-parallel embedding, logits grad
+    return {"first": embed + comm, "last": tf + tb + loss + comm}
+
+
+# ---------------------------------------------------------------------------------- memory
+def state_bytes(c: Constants, zero: int) -> StateBytes:
+    """Megatron mixed precision (bf16 weights, fp32 grads, fp32 master + Adam: 18 B/param) or,
+    under ZeRO-3/FSDP, the sharded fp32 parameter as the master (4 + 4 + 8 = 16 B/param)."""
+    if zero >= 3:
+        return StateBytes(4.0, c.grad_bytes, c.optimizer_bytes - 4.0)
+    return StateBytes(c.param_bytes, c.grad_bytes, c.optimizer_bytes)
+
+
+def memory_terms(model: TransformerSpec, layout: Layout, microbatches: int, c: Constants,
+                 lc: dict) -> dict[str, float]:
+    """Bytes per GPU of the busiest pipeline stage, by term."""
+    L = layout
+    t, p, v, b = L.tp, L.pp, L.interleave, L.micro_batch
+    layers_dev = math.ceil(model.layers / p)
+    emb = model.embedding_params() / t
+    head = (0 if model.tied and p == 1 else model.vocab * model.hidden) / t
+    layer_params = layers_dev * model.layer_params() / t
+    sb = state_bytes(c, L.zero)
+    per_param = sb.per_param(L.zero, L.shard_group)
+    if p > 1:
+        in_flight = min(microbatches, p) * (1 + (p - 1) / (p * v) if v > 1 else 1)
+    else:
+        in_flight = 1
+    out = outside_terms(model, b, model.seq // L.cp, BF16)
+    sp_div = t if L.sequence_parallel and t > 1 else 1
+    tokens = b * model.seq // L.cp
+    logit_bytes = 4 * tokens * model.vocab  # the fp32 log-softmax outside_terms counts
+    loss_peak = (out["last"] - logit_bytes) / sp_div + c.loss_bytes_per_logit * tokens * model.vocab / t
+    recompute_working = lc["full_layer_act_bytes"] if L.recompute == "full" else 0.0
+    first = {
+        "model_states": (layer_params + emb + (head if p == 1 else 0)) * per_param,
+        "activations": lc["act_bytes"] * layers_dev * in_flight + recompute_working + out["first"] * in_flight,
+        "logits_loss": loss_peak if p == 1 else 0.0,
+    }
+    if p > 1:
+        last = {
+            "model_states": (layer_params + head) * per_param,
+            "activations": lc["act_bytes"] * layers_dev + recompute_working,
+            "logits_loss": loss_peak,
+        }
+        if sum(last.values()) > sum(first.values()):
+            first = last
+    if L.zero >= 3:  # gathered bf16 parameters of the current and the prefetched layer, one layer's grads
+        first["fsdp_unsharded"] = (2 * c.param_bytes + c.fsdp_reduce_bytes) * model.layer_params() / t
+    first["reserved"] = c.memory_reserved_gib * GIB
+    return first
 
 
 # ---------------------------------------------------------------------------------- a step
-def estimate(
-    model: ModelSpec,
-    gpu: GPUSpec,
-    layout: Layout,
-    global_batch: int,
-    c: Constants = DEFAULTS,
-    dtype: str = "bf16",
-) -> Estimate:
+def estimate(model: TransformerSpec, gpu: GPUSpec, layout: Layout, global_batch: int, c: Constants = DEFAULTS,
+             dtype: str = "bf16") -> Estimate:
     """Memory per GPU and step time of `layout` (assumed valid: see search.check_layout)."""
     L = layout
-    t, p, dp, b, v = L.tp, L.pp, L.dp, L.micro_batch, L.interleave
+    t, p, dp, b, v, cp = L.tp, L.pp, L.dp, L.micro_batch, L.interleave, L.cp
     m = global_batch // (dp * b)
-    k = _Kernels(gpu, c, dtype)
-    lc = layer_cost(model, gpu, c, t, b, L.sequence_parallel, L.recompute)
-    hc = _head_cost(model, gpu, c, t, b, L.sequence_parallel)
-    layers_dev = model.layers // p
+    k = Kernels(gpu, c, dtype)
+    layers_dev = math.ceil(model.layers / p)
+    lc = layer_cost(model, gpu, c, t, b, L.sequence_parallel, L.recompute, cp)
+    if L.recompute == "full" and 0 < L.recompute_layers < layers_dev:  # block recompute: a mix per stage
+        kept = layer_cost(model, gpu, c, t, b, L.sequence_parallel, "none", cp)
+        w = L.recompute_layers / layers_dev
+        lc = {key: w * lc[key] + (1 - w) * kept[key] for key in lc}
+        lc["full_layer_act_bytes"] = kept["full_layer_act_bytes"]
+    hc = _head_cost(model, gpu, c, t, b, cp)
+    memory = memory_terms(model, L, m, c, lc)
 
-    # ---- memory (first stage; the last stage is checked too and the larger one kept)
-    emb_params = model.embedding_params() / t
-    layer_params = layers_dev * model.layer_params() / t
-    first_params = layer_params + emb_params
-    last_params = layer_params + (emb_params if p > 1 else 0.0)
-    per_param = _state_bytes_per_param(c, L.zero, dp)
-    if p > 1:
-        in_flight = layers_dev * min(m, p) * (1 + (p - 1) / (p * v) if v > 1 else 1)
-    else:
-        in_flight = layers_dev
-    act = lc["act_bytes"] * in_flight
-    if L.recompute == "full":
-        act += lc["full_layer_act_bytes"]  # the layer being recomputed during backward
-    first = {
-        "model_states_layers": layer_params * per_param,
-        "model_states_embedding": emb_params * per_param,
-        "activations": act,
-        "logits": hc["logits_bytes"] if p == 1 else 0.0,
-    }
-    # The last stage holds one micro-batch in flight (1F1B) but the fp32 logits.
-    last = {
-        "model_states_layers": layer_params * per_param,
-        "model_states_embedding": (last_params - layer_params) * per_param,
-        "activations": lc["act_bytes"] * layers_dev + (lc["full_layer_act_bytes"] if L.recompute == "full" else 0.0),
-        "logits": hc["logits_bytes"],
-    }
-    memory = first if p == 1 or sum(first.values()) >= sum(last.values()) else last
-    memory["reserved"] = c.memory_reserved_gib * GIB
-    if L.zero == 3:  # gathered parameters of the current and the prefetched layer
-        memory["zero3_gather"] = 2 * c.param_bytes * 2 * model.layer_params() / t
-
-    # ---- time: pipeline of m micro-batches
+    # ---- per micro-batch, one stage: layers (with FSDP's per-layer traffic overlapped), p2p
     exposed_tp = lc["tp_comm"] * (1 - c.tp_overlap)
-    t_layer = lc["compute"] + exposed_tp
+    n_shard = L.shard_group
+    layer_bytes = model.layer_params() / t
+    fsdp = L.zero >= 3 and n_shard > 1
+    if fsdp:
+        bw = k.bandwidth(n_shard, t)
+        ag = k.half_collective(c.param_bytes * layer_bytes, n_shard, bw)
+        rs = k.half_collective(c.fsdp_reduce_bytes * layer_bytes, n_shard, bw)
+        t_fwd = k.overlapped(lc["fwd"], ag)
+        t_bwd = k.overlapped(lc["bwd"], ag + rs)
+        t_layer = t_fwd + t_bwd + exposed_tp + lc["cp_comm"]
+        fsdp_exposed = t_layer - (lc["compute"] + exposed_tp + lc["cp_comm"])
+        first_gather = ag  # the first layer's all-gather has nothing to hide behind
+    else:
+        t_layer = lc["compute"] + exposed_tp + lc["cp_comm"]
+        fsdp_exposed = first_gather = 0.0
     p2p = 0.0
     if p > 1:
-        # Scatter-gather: each TP rank sends its 1/t slice of the (b, s, h) activation.
-        span = t * p  # ranks covered by one pipeline (TP innermost, then PP)
-        bw = k.bandwidth(2, span)
-        p2p = 2 * v * k.p2p(2 * b * s_h(model) / t, bw) * (1 - c.p2p_overlap)
-    t_mid = layers_dev * t_layer + p2p
+        bw = k.bandwidth(2, t * cp)
+        p2p = 2 * v * k.p2p(2 * b * (model.seq // cp) * model.hidden / t, bw) * (1 - c.p2p_overlap)
+    t_mid = layers_dev * t_layer + p2p + first_gather
     t_first = t_mid + hc["first"] + (hc["last"] if p == 1 else 0.0)
     t_last = t_mid + (hc["last"] if p > 1 else 0.0)
     t_max = max(t_first, t_last)
@@ -302,61 +382,43 @@ def estimate(
     pipeline = m * t_max + (p - 1) / v * t_avg
     bubble = pipeline - m * t_max
 
-    # ---- data parallel gradient reduction (or FSDP traffic), with its overlap
-    dev_params = max(first_params, last_params)
+    # ---- DDP / ZeRO-1/2: one reduction per step against the last micro-batch's backward
+    dev_params = (layers_dev * model.layer_params() + model.embedding_params()) / t
     dp_time = 0.0
-    if dp > 1:
-        span = t * p * dp
-        bw = k.bandwidth(dp, span if span > gpu.gpus_per_node else dp * t * p)
+    if dp * cp > 1 and not fsdp:
+        n = dp * cp
+        bw = k.bandwidth(n, t)
         gbytes = dev_params * c.dp_grad_comm_bytes
         if L.zero == 0:
-            comm = k.all_reduce(gbytes, dp, bw)
-        elif L.zero in (1, 2):
-            comm = k.half_collective(gbytes, dp, bw) + k.half_collective(dev_params * c.param_bytes, dp, bw)
+            comm = k.all_reduce(gbytes, n, bw)
         else:
-            comm = 0.0
-        window = c.dp_overlap * (lc["bwd"] * layers_dev)
+            comm = k.half_collective(gbytes, n_shard, bw) + k.half_collective(dev_params * c.param_bytes, n_shard, bw)
+            if n_shard < n:  # HSDP-style replicas: all-reduce the shards across groups
+                comm += k.all_reduce(gbytes / n_shard, n // n_shard, k.bandwidth(n // n_shard, t * n_shard))
+        window = c.dp_overlap * lc["bwd"] * layers_dev
         dp_time = max(0.0, comm - window)
-        if L.zero == 3:
-            per_mb = 2 * k.half_collective(dev_params * c.param_bytes, dp, bw) + k.half_collective(gbytes, dp, bw)
-            dp_time = m * max(0.0, per_mb - c.dp_overlap * t_max)
-    # Tied word embedding: first and last stage all-reduce its gradient once per step.
-    emb_sync = k.all_reduce(emb_params * c.dp_grad_comm_bytes, 2, k.net) if p > 1 else 0.0
+    elif fsdp and n_shard < dp * cp:  # HSDP: all-reduce the gradient shard across replica groups
+        reps = dp * cp // n_shard
+        dp_time = k.all_reduce(dev_params * c.fsdp_reduce_bytes / n_shard, reps, k.bandwidth(reps, t * n_shard))
+    emb_sync = k.all_reduce(model.embedding_params() / t * c.dp_grad_comm_bytes, 2, k.nic) if p > 1 and model.tied else 0.0
 
-    opt_params = dev_params / dp if L.zero >= 1 else dev_params
+    opt_params = dev_params / n_shard if L.zero >= 1 else dev_params
     optimizer = k.memory_bound(opt_params * c.optimizer_traffic_bytes, 10)
 
     step = pipeline + dp_time + emb_sync + optimizer
+    heads_time = hc["first"] + hc["last"] if p == 1 else max(hc["first"], hc["last"])
     time = {
-        "compute": m * layers_dev * lc["compute"] + m * (hc["first"] + hc["last"] if p == 1 else max(hc["first"], hc["last"])),
+        "compute": m * (layers_dev * lc["compute"] + heads_time),
         "tp_comm": m * layers_dev * exposed_tp,
+        "cp_comm": m * layers_dev * lc["cp_comm"],
+        "fsdp_comm": m * (layers_dev * fsdp_exposed + first_gather),
         "pp_bubble": bubble,
         "pp_p2p": m * p2p,
         "dp_comm": dp_time + emb_sync,
         "optimizer": optimizer,
     }
     return Estimate(
-        layout=L,
-        microbatches=m,
-        memory=memory,
-        time=time,
-        step_time_s=step,
-        model_flops=model.model_flops_per_sequence() * global_batch,
-        peak_flops=k.peak,
-        gpu_memory_bytes=gpu.hbm_bytes,
+        layout=L, microbatches=m, memory=memory, time=time, step_time_s=step,
+        model_flops=model.model_flops_per_token() * model.seq * global_batch,
+        peak_flops=k.peak, gpu_memory_bytes=gpu.hbm_bytes,
     )
-
-
-def s_h(model: ModelSpec) -> int:
-    return model.seq * model.hidden
-
-
-def _state_bytes_per_param(c: Constants, zero: int, dp: int) -> float:
-    pb, gb, ob = c.param_bytes, c.grad_bytes, c.optimizer_bytes
-    if zero == 0:
-        return pb + gb + ob
-    if zero == 1:
-        return pb + gb + ob / dp
-    if zero == 2:
-        return pb + (gb + ob) / dp
-    return (pb + gb + ob) / dp

@@ -31,11 +31,13 @@ RIGHT = {0, 1, 2, 3, 4, 5, 6, 10, 11, 12, 13}
 def breakdown(e: Estimate) -> str:
     t = ", ".join(f"{k.replace('_', ' ')} {v:.2f}" for k, v in e.time.items() if v > 0)
     m = ", ".join(f"{k.replace('_', ' ')} {v / GIB:.1f}" for k, v in e.memory.items() if v > 0)
-    return f"time (s): {t}\n  memory (GiB): {m}"
+    fit = "fits" if e.fits else "does not fit"
+    return (f"time (s): {t}\n  memory (GiB): {m}; {fit} in {e.gpu_memory_bytes / GIB:.0f} GiB, "
+            f"binding term: {e.binding.replace('_', ' ')}")
 
 
 def render(plan: Plan, *, batch_note: str, top: int, baseline, calibration, elapsed: float, emitted,
-           flop_convention: str) -> str:
+           flop_convention: str, moves=None) -> str:
     g, model = plan.gpu, plan.model
     lines = [
         f"trainperf plan: {model.describe()}",
@@ -85,10 +87,17 @@ def render(plan: Plan, *, batch_note: str, top: int, baseline, calibration, elap
             lines.append(f"  {deg}: {r['reason']}")
     if calibration:
         rep = calibration.report
-        lines += ["", f"calibrated from {rep['run_dir']}: matmul_peak_fraction "
-                      f"{rep['matmul_peak_fraction']['default']} -> {rep['matmul_peak_fraction']['calibrated']} "
+        lines += ["", f"calibrated from {rep['run_dir']}: stack_efficiency "
+                      f"{rep['stack_efficiency']['default']} -> {rep['stack_efficiency']['calibrated']} "
                       f"(matched measured {rep['measured']['matched']} = {rep['measured']['target']:.4g})"]
         lines += [f"  note: {n}" for n in rep["notes"]]
+    if moves:
+        lines += ["", "how the predictions moved with the calibration (step s, before -> after):"]
+        rows = [["layout", "before", "after", "change", "rank before"]]
+        for mv in moves:
+            rows.append([mv["layout"], "-" if mv["before_s"] is None else f"{mv['before_s']:.2f}", f"{mv['after_s']:.2f}",
+                         "-" if mv["change"] is None else f"{100 * mv['change']:+.1f}%", str(mv["rank_before"] or "-")])
+        lines += ["  " + ln for ln in _table(rows, {1, 2, 3, 4})]
     if emitted:
         lines += ["", f"wrote {emitted} (the best layout as a trainperf config)"]
     lines += ["", "model: trainperf/planner (analytical; constants: trainperf plan --constants). Estimates, not measurements."]

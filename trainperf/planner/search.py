@@ -33,6 +33,10 @@ class Fixed:
     sequence_parallel: bool | None = None
     zero: int | None = None
     max_micro_batch: int = 16
+    cp: int | None = None
+    """Context-parallel degree (not searched: 1 unless given)."""
+    shard: int | None = None
+    """HSDP: shard the ZeRO states within groups of this many data-parallel ranks (not searched)."""
 
 
 @dataclass
@@ -99,6 +103,10 @@ def check_fixed(model: ModelSpec, gpus: int, fx: Fixed) -> None:
         raise UserError(f"--zero {fx.zero}: choose 0, 1, 2 or 3")
     if fx.micro_batch is not None and fx.micro_batch < 1:
         raise UserError(f"--microbatch {fx.micro_batch}: must be at least 1")
+    if fx.shard is not None and fx.shard < 1:
+        raise UserError(f"--hsdp-shard {fx.shard}: must be at least 1 (the ranks one copy of the states is sharded over)")
+    if fx.cp is not None and (fx.cp < 1 or gpus % fx.cp or model.seq % fx.cp):
+        raise UserError(f"--cp {fx.cp} must divide --gpus {gpus} and the sequence length {model.seq}")
 
 
 def search(
@@ -120,19 +128,20 @@ def search(
     evaluated = oom = 0
     closest: Estimate | None = None  # the out-of-memory layout with the smallest shortfall
 
-    tps = [fx.tp] if fx.tp else [d for d in _divisors(gpus) if d <= MAX_TP]
+    cp = fx.cp or 1
+    tps = [fx.tp] if fx.tp else [d for d in _divisors(gpus // cp) if d <= MAX_TP]
     for tp in tps:
         if model.heads % tp:
             rejected.append({"tp": tp, "reason": f"tp {tp} does not divide {model.heads} heads"})
             continue
-        pps = [fx.pp] if fx.pp else [d for d in _divisors(gpus // tp) if d <= model.layers]
+        pps = [fx.pp] if fx.pp else [d for d in _divisors(gpus // (tp * cp)) if d <= model.layers]
         for pp in pps:
-            if gpus % (tp * pp):
+            if gpus % (tp * pp * cp):
                 continue
             if model.layers % pp:
                 rejected.append({"tp": tp, "pp": pp, "reason": f"pp {pp} does not divide {model.layers} layers"})
                 continue
-            dp = gpus // (tp * pp)
+            dp = gpus // (tp * pp * cp)
             if fx.dp and dp != fx.dp:
                 continue
             if global_batch % dp:
@@ -141,7 +150,7 @@ def search(
                 continue
             fits_here: list[Estimate] = []
             best_oom: Estimate | None = None
-            for layout in _variants(model, tp, pp, dp, global_batch, fx):
+            for layout in _variants(model, tp, pp, dp, global_batch, fx, cp):
                 evaluated += 1
                 est = estimate(model, gpu, layout, global_batch, c)
                 if est.fits:
@@ -174,17 +183,19 @@ def search(
     return Plan(model, gpu, gpus, global_batch, candidates, rejected, evaluated, oom)
 
 
-def _variants(model: ModelSpec, tp: int, pp: int, dp: int, global_batch: int, fx: Fixed):
+def _variants(model: ModelSpec, tp: int, pp: int, dp: int, global_batch: int, fx: Fixed, cp: int = 1):
     local = global_batch // dp
     mbs = [fx.micro_batch] if fx.micro_batch else [b for b in _divisors(local) if b <= fx.max_micro_batch]
     if fx.micro_batch and local % fx.micro_batch:
         return
     sps = [fx.sequence_parallel and tp > 1] if fx.sequence_parallel is not None else ([False, True] if tp > 1 else [False])
     recomputes = [fx.recompute] if fx.recompute else list(RECOMPUTE)
+    if model.attention == "flash" and not fx.recompute:
+        recomputes.remove("selective")  # Megatron's selective re-runs the attention core: nothing kept to save
     if fx.zero is not None:
-        zeros = [fx.zero] if (dp > 1 or fx.zero == 0) else [0]
+        zeros = [fx.zero] if (dp * cp > 1 or fx.zero == 0) else [0]
     else:
-        zeros = [0] if dp == 1 else ([0, 1] if pp > 1 else [0, 1, 2, 3])
+        zeros = [0] if dp * cp == 1 else ([0, 1] if pp > 1 else [0, 1, 2, 3])
     layers_per_stage = model.layers // pp
     for b in mbs:
         m = local // b
@@ -197,12 +208,17 @@ def _variants(model: ModelSpec, tp: int, pp: int, dp: int, global_batch: int, fx
         for v in vs:
             if v > 1 and (pp == 1 or layers_per_stage % v or m % pp):
                 continue  # Megatron's interleaved schedule needs micro-batches divisible by pp
-            for rc in recomputes:
+            # full recompute of every layer, or of half the stage's layers (Megatron's block method)
+            rcs = [(rc, 0) for rc in recomputes]
+            if "full" in recomputes and layers_per_stage >= 4:
+                rcs.append(("full", layers_per_stage // 2))
+            for rc, k in rcs:
                 for sp in sps:
                     for z in zeros:
                         if z >= 2 and pp > 1:
                             continue  # ZeRO-2/3 do not combine with pipeline parallelism
-                        yield Layout(tp, pp, dp, b, v, rc, sp, z)
+                        shard = fx.shard if fx.shard and z >= 1 and dp % fx.shard == 0 else 0
+                        yield Layout(tp, pp, dp, b, v, rc, sp, z, cp, shard, k)
 
 
 def _nothing_fits(model, gpu, gpus, global_batch, closest, rejected, fx: Fixed, c: Constants) -> str:
@@ -255,6 +271,8 @@ def _loosen(fx: Fixed) -> Fixed:
         sequence_parallel=True if fx.sequence_parallel is None else fx.sequence_parallel,
         zero=fx.zero,
         max_micro_batch=1,
+        cp=fx.cp,
+        shard=fx.shard,
     )
 
 

@@ -1,0 +1,175 @@
+"""trainperf.analytic: each term against a hand-computed value (no torch)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from trainperf.analytic import BF16, MEGATRON, FP32_ADAM, TransformerSpec, layer_terms, per_layer_bytes
+from trainperf.analytic.hf import from_hf_config
+from trainperf.analytic.recompute import counts, plan_kinds, ratio_count
+from trainperf.errors import UserError
+from trainperf.hardware.catalog import get_gpu
+from trainperf.planner.constants import DEFAULTS
+from trainperf.planner.cost import Kernels, Layout, estimate
+from trainperf.planner.model import from_preset
+
+GPT = TransformerSpec(hidden=1024, layers=4, heads=16, seq=512, vocab=1000, bias=True, tied=True)
+
+
+def test_gpt_layer_params_and_total():
+    h = 1024
+    assert GPT.layer_params() == 12 * h * h + 13 * h  # Narayanan: 12h^2 + 13h with biases
+    assert GPT.params() == 4 * (12 * h * h + 13 * h) + (1000 + 512) * h + 2 * h
+
+
+def test_llama_70b_counts_gqa():
+    m = from_preset("llama-70b")
+    h, kv = 8192, 8 * 128
+    layer = h * h + 2 * h * kv + h * h + 3 * h * 28672 + 2 * h  # Q, K, V (GQA), O, SwiGLU, 2 RMSNorms
+    assert m.layer_params() == layer
+    assert m.params() == 80 * layer + 2 * 32000 * h + h  # untied output, final norm
+    assert 68.9e9 < m.params() < 69.1e9  # Llama 2 70B (78B when GQA is ignored)
+
+
+def test_flops_conventions():
+    h, l, s, V = 1024, 4, 512, 1000
+    assert GPT.model_flops_per_token() == pytest.approx(6 * (l * 12 * h * h + V * h) + 12 * l * h * s)
+    n = GPT.params() - GPT.embedding_params()
+    assert GPT.palm_flops_per_token() == pytest.approx(6 * n + 12 * l * h * s)
+    assert GPT.recompute_flops_per_token(n_full=2) == pytest.approx(2 * (24 * h * h + 4 * h * s))
+    assert GPT.recompute_flops_per_token(0, n_attention=4) == pytest.approx(4 * 4 * h * s)
+
+
+def test_eager_activation_terms_are_korthikanti_table_2():
+    # 16-bit, dropout with 1-byte masks, eager attention: 34 sbh + 5 a s^2 b per layer (no TP)
+    m = TransformerSpec(hidden=1024, layers=2, heads=16, seq=512, vocab=1000, attention="eager")
+    s, b, h, a = 512, 2, 1024, 16
+    t = layer_terms(m, b, s, BF16, dropout=True)
+    stats = 2 * 2 * 4 * b * s  # fp32 LayerNorm mean/rstd, which Table 2 leaves out
+    assert per_layer_bytes(t, "none") == s * b * h * 34 + 5 * a * s * s * b + stats
+    # TP 8 + SP + Megatron's selective: 34 sbh / t (the s^2 terms are recomputed)
+    assert per_layer_bytes(t, "attention", tp=8, sp=True) == pytest.approx((34 * s * b * h + stats) / 8)
+    assert per_layer_bytes(t, "full") == 2 * s * b * h  # the layer input only
+
+
+def test_flash_activation_terms_keep_no_scores():
+    m = TransformerSpec(hidden=1024, layers=2, heads=16, seq=512, vocab=1000, attention="flash")
+    s, b, h, a = 512, 2, 1024, 16
+    t = layer_terms(m, b, s, BF16, dropout=False)
+    stats, lse = 2 * 2 * 4 * b * s, 4 * b * s * a
+    # block input, residual, 2 norm outputs (8 sbh); Q, K, V, O (8 sbh); MLP fc out + GELU out (16 sbh)
+    assert per_layer_bytes(t, "none") == 32 * s * b * h + stats + lse
+    assert per_layer_bytes(t, "attention") == per_layer_bytes(t, "none")  # nothing s x s to drop
+    doubled = per_layer_bytes(layer_terms(m, b, 2 * s, BF16), "none")
+    assert doubled == pytest.approx(2 * per_layer_bytes(t, "none"))  # linear in s, never quadratic
+
+
+def test_state_bytes_per_sharding():
+    assert MEGATRON.per_param(0, 64) == 18
+    assert MEGATRON.per_param(1, 64) == pytest.approx(2 + 4 + 12 / 64)
+    assert MEGATRON.per_param(2, 64) == pytest.approx(2 + 16 / 64)
+    assert FP32_ADAM.per_param(3, 64) == pytest.approx(16 / 64)
+    assert FP32_ADAM.split(1000, zero=2, shard=10) == {"param": 4000, "grad": 400, "optimizer": 800}
+
+
+def test_recompute_count_rounds_half_up_and_is_shared():
+    assert ratio_count(4, 0.125) == 1  # 0.5 rounds up (Python's round() gave 0)
+    assert ratio_count(10, 0.25) == 3  # 2.5 -> 3 (round() gave 2)
+    assert counts("ratio", 10, ratio=0.25) == (3, 0)
+    assert plan_kinds("ratio", 10, ratio=0.25).count("full") == 3
+    assert counts("every_k", 10, every_k=4) == (3, 0)
+
+
+def test_gemm_soft_roofline_and_generations():
+    a100 = Kernels(get_gpu("a100-80gb"), DEFAULTS)
+    m = n = k = 8192
+    flops, nbytes = 2 * m * n * k, 2 * 3 * m * n
+    rate = 312e12 * 0.88 * DEFAULTS.stack_efficiency
+    hbm = 2.039e12 * DEFAULTS.hbm_fraction
+    expect = flops / rate + DEFAULTS.gemm_memory_weight * nbytes / hbm + DEFAULTS.kernel_overhead_s
+    assert a100.gemm(m, n, k) == pytest.approx(expect)
+    h100 = Kernels(get_gpu("h100-sxm"), DEFAULTS)
+
+    def frac(kern, peak, d):  # fraction of the dense peak reached on a d x d x d GEMM
+        return 2 * d**3 / kern.gemm(d, d, d) / peak
+    # the same shapes reach a lower fraction of the larger H100 peak, most at small sizes
+    for d in (1024, 2048, 8192):
+        assert frac(h100, 989e12, d) < frac(a100, 312e12, d)
+    assert frac(h100, 989e12, 1024) / frac(a100, 312e12, 1024) < frac(h100, 989e12, 8192) / frac(a100, 312e12, 8192)
+
+
+def test_flash_time_hand_value():
+    k = Kernels(get_gpu("a100-80gb"), DEFAULTS)
+    b, heads, s, d = 1, 8, 4096, 128
+    scores = b * heads * s * s * 0.5
+    mm = 4 * scores * d / (312e12 * 0.88 * DEFAULTS.stack_efficiency * DEFAULTS.attention_efficiency)
+    sm = DEFAULTS.softmax_ops_per_score * scores / (19.5e12 * 0.88 * DEFAULTS.stack_efficiency)
+    fwd, bwd = k.flash(b, heads, s, s, d, 0.5)
+    assert fwd == pytest.approx(mm + sm + DEFAULTS.kernel_overhead_s)
+    assert bwd == pytest.approx(2.5 * mm + 2 * sm + 2 * DEFAULTS.kernel_overhead_s)
+
+
+def test_bandwidth_inside_and_across_nodes():
+    k = Kernels(get_gpu("a100-80gb"), DEFAULTS)
+    nvlink, nic = 300e9 * 0.8, 25e9 * 0.8
+    assert k.bandwidth(8, 1) == pytest.approx(nvlink)
+    assert k.bandwidth(64, 1) == pytest.approx(min(nvlink, 8 * nic))  # 8 NICs per node carry the ring
+    assert k.bandwidth(64, 8) == pytest.approx(nic)  # one member per node (TP 8 inside): one NIC
+    assert k.half_collective(1e9, 8, nvlink) == pytest.approx(7 / 8 * 1e9 / nvlink + 3 * DEFAULTS.collective_latency_s)
+
+
+def test_fsdp_traffic_is_per_layer_and_shrinks_with_micro_batch_share():
+    m = TransformerSpec(hidden=8192, layers=80, heads=64, seq=2048, vocab=50368)
+    g = get_gpu("a100-40gb")
+    small = estimate(m, g, Layout(1, 1, 64, 2, recompute="full", zero=3), 512)
+    large = estimate(m, g, Layout(1, 1, 64, 8, recompute="full", zero=3), 512)
+    assert small.time["fsdp_comm"] > large.time["fsdp_comm"] > 0  # 4x the micro-batches, 4x the gathers
+    assert small.memory["fsdp_unsharded"] == pytest.approx((2 * 2 + 2) * m.layer_params())
+
+
+def test_hsdp_shards_states_over_the_group_only():
+    m = TransformerSpec(hidden=4096, layers=32, heads=32, seq=2048, vocab=50368)
+    g = get_gpu("a100-80gb")
+    full = estimate(m, g, Layout(1, 1, 64, 1, recompute="full", zero=3), 512)
+    hsdp = estimate(m, g, Layout(1, 1, 64, 1, recompute="full", zero=3, shard=8), 512)
+    assert hsdp.memory["model_states"] == pytest.approx(8 * full.memory["model_states"])
+    assert hsdp.time["dp_comm"] > 0 == full.time["dp_comm"]
+
+
+def test_hf_config_llama_and_gpt2(tmp_path):
+    llama = {"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
+             "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256,
+             "tie_word_embeddings": False, "max_position_embeddings": 8192, "hidden_act": "silu"}
+    (tmp_path / "config.json").write_text(json.dumps(llama))
+    m = from_hf_config(str(tmp_path))
+    assert (m.kv, m.ffn, m.gated, m.tied, m.position, m.seq) == (8, 14336, True, False, "rope", 4096)
+    assert 8.0e9 < m.params() < 8.1e9  # Llama 3 8B: 8.03B
+    gpt2 = {"model_type": "gpt2", "n_embd": 768, "n_layer": 12, "n_head": 12, "n_positions": 1024, "vocab_size": 50257}
+    p = tmp_path / "gpt2.json"
+    p.write_text(json.dumps(gpt2))
+    g = from_hf_config(str(p))
+    assert (g.tied, g.position, g.bias, g.gated, g.max_positions, g.seq) == (True, "learned", True, False, 1024, 1024)
+    assert g.params() == 124_439_808  # GPT-2 small as transformers counts it
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"model_type": "llama", "hidden_size": 4096}))
+    with pytest.raises(UserError, match="num_hidden_layers"):
+        from_hf_config(str(bad))
+
+
+def test_plan_hf_config_cli(tmp_path):
+    cfg = {"model_type": "llama", "hidden_size": 2048, "num_hidden_layers": 16, "num_attention_heads": 32,
+           "num_key_value_heads": 8, "intermediate_size": 8192, "vocab_size": 128256, "tie_word_embeddings": True,
+           "max_position_embeddings": 131072}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    res = subprocess.run([sys.executable, "-m", "trainperf", "plan", "--hf-config", str(tmp_path / "config.json"),
+                          "--gpus", "8", "--json", "--top", "2"], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert out["model"]["kv_heads"] == 8 and out["model"]["tied"] is True and out["model"]["seq"] == 4096
+    for cand in out["candidates"]:
+        assert cand["fits"] is True and cand["binding_memory_term"] in cand["memory_gib"]
+        assert {"compute", "tp_comm", "fsdp_comm", "pp_bubble", "dp_comm"} <= set(cand["time_s"])

@@ -1,0 +1,69 @@
+"""Catalog, calibration and Hugging Face config readers on garbage: UserError naming the file, exit 2."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from trainperf.cli import main
+
+GOOD_CATALOG = "gpus:\n  my-gpu:\n    base: a100-80gb\n    internode_gbps: 12.5\n"
+GOOD_SUMMARY = json.dumps({"tokens_per_s": 1000.0, "gpu_name": "NVIDIA A100-SXM4-80GB"})
+GOOD_HF = json.dumps({"model_type": "llama", "hidden_size": 512, "num_hidden_layers": 4, "num_attention_heads": 8,
+                      "vocab_size": 1000, "intermediate_size": 1024})
+
+
+def _garbage(rng: random.Random, good: str) -> list[bytes]:
+    raw = good.encode()
+    return [
+        b"",                                                   # empty
+        bytes(rng.getrandbits(8) for _ in range(rng.randint(1, 400))),  # random binary
+        b"\x00" * 16 + raw,                                     # NUL bytes
+        "caf\u00e9: ".encode("latin-1") + b"\xff\xfe\x80",      # not UTF-8
+        raw[: rng.randint(1, max(1, len(raw) - 2))],            # truncated
+        b"[1, 2, 3]\n",                                         # valid but not a mapping
+        b"{{{{ : : ]]\n",                                       # broken syntax
+    ]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_catalog_garbage_exits_2_naming_the_file(tmp_path, capsys, seed):
+    rng = random.Random(seed)
+    for i, blob in enumerate(_garbage(rng, GOOD_CATALOG)):
+        path = tmp_path / f"cat{i}.yaml"
+        path.write_bytes(blob)
+        rc = main(["plan", "--model", "gpt-22b", "--gpus", "8", "--catalog", str(path), "--json"])
+        err = capsys.readouterr().err
+        if rc == 0:  # a truncation can still be a valid catalog; then it must have been read as one
+            continue
+        assert rc == 2 and str(path) in err and "Traceback" not in err, (blob[:40], err)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_calibration_files_garbage_exit_2(tmp_path, capsys, seed):
+    rng = random.Random(100 + seed)
+    for which in ("summary.json", "config.yaml"):
+        for i, blob in enumerate(_garbage(rng, GOOD_SUMMARY if which == "summary.json" else "model: {preset: tiny}\n")):
+            run = tmp_path / f"{which}-{i}"
+            run.mkdir()
+            (run / "summary.json").write_text(GOOD_SUMMARY)
+            (run / "config.yaml").write_text("model:\n  preset: tiny\n")
+            (run / which).write_bytes(blob)
+            rc = main(["plan", "--model", "gpt-22b", "--gpus", "8", "--calibrate", str(run)])
+            err = capsys.readouterr().err
+            assert rc == 2 and "Traceback" not in err, (which, blob[:40], err)
+            assert str(run) in err, err
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_hf_config_garbage_exits_2(tmp_path, capsys, seed):
+    rng = random.Random(200 + seed)
+    for i, blob in enumerate(_garbage(rng, GOOD_HF)):
+        path = tmp_path / f"config{i}.json"
+        path.write_bytes(blob)
+        rc = main(["plan", "--hf-config", str(path), "--gpus", "8"])
+        err = capsys.readouterr().err
+        assert rc == 2 and str(path) in err and "Traceback" not in err, (blob[:40], err)
+    assert main(["plan", "--hf-config", str(tmp_path / "missing.json"), "--gpus", "8"]) == 2

@@ -1,0 +1,113 @@
+"""A Hugging Face ``config.json`` as a :class:`TransformerSpec` (no torch, no transformers).
+
+Llama / Mistral / Qwen2 style (``hidden_size``, ``num_hidden_layers``, ``num_attention_heads``,
+``num_key_value_heads`` for GQA, ``intermediate_size`` with a SwiGLU MLP, ``tie_word_embeddings``,
+``vocab_size``, ``max_position_embeddings``, RoPE, RMSNorm); GPT-2 (``n_embd``, ``n_layer``,
+``n_head``, ``n_positions``, ``n_inner``, learned positions, biases, tied output); GPT-NeoX,
+OPT, MPT, Falcon and Gemma keys are mapped where they name the same thing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from trainperf.analytic.spec import TransformerSpec
+from trainperf.errors import UserError
+
+_KEYS = {
+    "hidden": ("hidden_size", "n_embd", "d_model"),
+    "layers": ("num_hidden_layers", "n_layer", "n_layers", "num_layers"),
+    "heads": ("num_attention_heads", "n_head", "n_heads", "num_heads"),
+    "vocab": ("vocab_size", "padded_vocab_size"),
+}
+_GATED_ACTS = ("silu", "swiglu", "swish", "gelu_pytorch_tanh_gated", "geglu")
+
+
+def _first(cfg: dict, names: tuple[str, ...]):
+    for n in names:
+        if n in cfg and cfg[n] is not None:
+            return n, cfg[n]
+    return None, None
+
+
+def _int(path: str, name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise UserError(f"{path}: {name}={value!r} must be a positive integer")
+    return value
+
+
+def read_json_object(path: str, what: str) -> dict:
+    """A JSON file's top-level object; garbage (missing, binary, not UTF-8, empty, truncated, not
+    an object) is a UserError naming the file."""
+    if not os.path.isfile(path):
+        raise UserError(f"{what} {path!r} does not exist or is not a file")
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(8 * 2**20 + 1)
+    except OSError as exc:
+        raise UserError(f"{what} {path!r} cannot be read: {exc.strerror or exc}") from None
+    if len(raw) > 8 * 2**20:
+        raise UserError(f"{what} {path!r} is larger than 8 MiB; expected a small JSON file")
+    if b"\x00" in raw:
+        raise UserError(f"{what} {path!r} is a binary file, not JSON")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{what} {path!r} is not UTF-8 text (byte {exc.start}); expected JSON") from None
+    if not text.strip():
+        raise UserError(f"{what} {path!r} is empty; expected a JSON object")
+    try:
+        data = json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise UserError(f"{what} {path!r} is not valid JSON (truncated or corrupt?): {str(exc)[:200]}") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{what} {path!r}: expected a JSON object, found a {type(data).__name__}")
+    return data
+
+
+def from_hf_config(path: str, *, seq: int | None = None, attention: str = "flash") -> TransformerSpec:
+    """Read ``config.json`` (a file, or a directory holding one) into the transformer spec.
+    ``seq`` defaults to the config's maximum positions (capped at 4096 when larger: planning a
+    128k-context model at full length is rarely the question; pass --seq)."""
+    if os.path.isdir(path):
+        path = os.path.join(path, "config.json")
+    cfg = read_json_object(path, "--hf-config")
+    if isinstance(cfg.get("text_config"), dict):  # multimodal wrappers keep the LM in text_config
+        cfg = {**cfg["text_config"], **{k: v for k, v in cfg.items() if k == "tie_word_embeddings"}}
+    vals = {}
+    for field, names in _KEYS.items():
+        key, value = _first(cfg, names)
+        if key is None:
+            raise UserError(f"{path}: no {' / '.join(names)} key; is this a decoder-only transformer's config.json?")
+        vals[field] = _int(path, key, value)
+    h, heads = vals["hidden"], vals["heads"]
+    model_type = str(cfg.get("model_type", "")).lower()
+    gpt2_like = "n_embd" in cfg or model_type in ("gpt2", "gpt_bigcode", "opt", "gptj", "gpt_neox", "mpt", "falcon")
+    key, kv = _first(cfg, ("num_key_value_heads", "n_head_kv", "num_kv_heads", "multi_query_group_num"))
+    kv_heads = _int(path, key, kv) if key else None
+    if cfg.get("multi_query") is True and kv_heads is None:
+        kv_heads = 1
+    key, ffn = _first(cfg, ("intermediate_size", "n_inner", "ffn_dim", "ffn_hidden_size"))
+    ffn = _int(path, key, ffn) if key else None
+    act = str(cfg.get("hidden_act") or cfg.get("activation_function") or cfg.get("hidden_activation") or "").lower()
+    gated = (not gpt2_like) and (act in _GATED_ACTS or model_type in ("llama", "mistral", "mixtral", "qwen2", "gemma",
+                                                                       "gemma2", "qwen3", "olmo", "phi3"))
+    tied = cfg.get("tie_word_embeddings")
+    if tied is None:
+        tied = gpt2_like  # GPT-2 and friends tie; Llama's config says so explicitly
+    learned = gpt2_like and model_type not in ("gpt_neox", "gptj", "falcon", "mpt")
+    _, max_pos = _first(cfg, ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "n_ctx"))
+    max_pos = max_pos if isinstance(max_pos, int) and max_pos > 0 else None
+    s = seq or (min(max_pos, 4096) if max_pos else 2048)
+    bias = bool(cfg.get("attention_bias", False)) or (gpt2_like and model_type not in ("mpt",) and not cfg.get("no_bias"))
+    norm = "layernorm" if gpt2_like else "rmsnorm"
+    name = os.path.basename(os.path.dirname(os.path.abspath(path))) or model_type or "hf"
+    try:
+        return TransformerSpec(
+            hidden=h, layers=vals["layers"], heads=heads, seq=s, vocab=vals["vocab"], kv_heads=kv_heads,
+            ffn_hidden=ffn, gated=gated, tied=bool(tied), position="learned" if learned else "rope",
+            max_positions=max_pos if learned else None, bias=bias, norm=norm, attention=attention, name=name,
+        )
+    except UserError as exc:
+        raise UserError(f"{path}: {exc}") from None
