@@ -297,11 +297,11 @@ def _apply_ac(part: nn.Module, cfg, seq_len: int, block_path: str | None) -> str
     ac = cfg.memory.checkpointing
     if ac.mode == "none":
         return None
-    from trainperf.memory.ac import apply_ac
+    from trainperf.memory.budget import apply_checkpointing
 
     # blocks named explicitly: a pipeline stage may hold a single block (ratio/every_k count per stage)
-    plan = apply_ac(part, ac, blocks=block_path, micro_batch=cfg.train.micro_batch, seq_len=seq_len,
-                    dtype=cfg.precision.dtype, optimizer=cfg.optimizer.type)
+    plan = apply_checkpointing(part, ac.model_copy(update={"blocks": block_path}), micro_batch=cfg.train.micro_batch,
+                               seq_len=seq_len, dtype=cfg.precision.dtype, optimizer=cfg.optimizer.type)
     return f"{ac.mode}: {len(plan.full)} full, {len(plan.selective)} selective of {plan.n_blocks} blocks at {plan.block_path!r}"
 
 
