@@ -118,6 +118,7 @@ def compute_summary(run: dict) -> dict[str, Any]:
     summ = run["summary"]
     booked = _phases(summ, "phase_seconds").get(COMPILE_PHASE)
     s["compile_s"] = sum(c for c in comp if c) or booked or 0.0
+    s["oom_events"] = [{k[4:]: v for k, v in r.items() if k.startswith("oom/")} for r in recs0 if "oom/new_micro_batch" in r]
     s["train_time_s"] = summ.get("train_time_s") or (sum(r["step_time_s"] for r in recs0) if recs0 else None)
     times = [r["step_time_s"] for r in main]
     s["step_time_s"] = statistics.median(times) if times else None

@@ -159,6 +159,18 @@ def compile_time(s: dict) -> dict | None:
                         f"phase '{COMPILE_PHASE}', not as data; left out of the steady-state fractions and figures)"}
 
 
+def oom_recovered(s: dict) -> dict | None:
+    events = s.get("oom_events") or []
+    if not events:
+        return None
+    first, last = events[0], events[-1]
+    return {"severity": "warning", "oom_events": events,
+            "evidence": f"out of memory at step {first.get('step')} with micro-batch {first.get('old_micro_batch')}: "
+                        f"train.on_oom halved it to {last.get('new_micro_batch')} (accumulation "
+                        f"{last.get('accumulation')}, global batch unchanged) in {len(events)} step(s); reason: "
+                        f"{first.get('reason')}"}
+
+
 RUNTIME_RULES = [
     dict(id="straggler", symptom="one rank is slower than the others",
          condition=f"a rank's own compute (the trainer's rank_compute_s: thread CPU time on CPU, CUDA events on GPU) "
@@ -176,6 +188,12 @@ RUNTIME_RULES = [
          fix="run on a quiet machine or pin the job (taskset / cgroup cpusets) to free cores; set run.threads to "
              "the cores it really gets; look at samples.jsonl (cpu_pct, proc_cpu_pct) and `top`",
          check=host_contention),
+    dict(id="oom_recovered", symptom="the run ran out of memory and went on with a smaller micro-batch",
+         condition="metrics.jsonl records oom/* (train.on_oom=halve_micro_batch acted)",
+         cause="the micro-batch's activations did not fit on the device",
+         fix="start with the micro-batch the run settled on (train.micro_batch), or checkpoint activations "
+             "(memory.checkpointing) to keep the larger one; `trainperf memory CONFIG` shows the estimate",
+         check=oom_recovered),
     dict(id="compile_time", symptom="compilation is a large share of the run",
          condition=f"the '{COMPILE_PHASE}' phase > {pct(COMPILE_INFO_FRAC)} of the training time",
          cause="torch.compile compiles on the first step (and on each recompilation); short runs do not amortize it",

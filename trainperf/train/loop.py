@@ -189,8 +189,11 @@ class Trainer:
         phases = timer.end_step()
         self.step += 1
         extras.update(pm.comm_figures())
-        if self._oom_events:
-            extras.update(self._oom_events.pop())  # oom/*: the micro-batch change this step made
+        if self._oom_events:  # oom/*: the micro-batch change(s) this step made, as one record
+            first, last = self._oom_events[0], self._oom_events[-1]
+            extras.update({**last, "oom/old_micro_batch": first["oom/old_micro_batch"],
+                           "oom/halvings": len(self._oom_events)})
+            self._oom_events = []
         if bal is not None:
             extras["balance/shares"] = shares  # the shares this step ran with
             extras["balance/compute_s"] = compute  # this (the logging) rank's compute clock
