@@ -80,6 +80,8 @@ def build_data(cfg: Config, *, seq_len: int, device: torch.device, dp_rank: int 
         vocab = int(meta["vocab_size"])
         train_src = TokenWindows(d.path, "train", seq_len)
         val_src = TokenWindows(d.path, "val", seq_len)
+        for src in (train_src, val_src):
+            src.check_vocab(vocab)
     else:
         from trainperf.data import sources  # files / dataset sources (HybridLoader work)
 

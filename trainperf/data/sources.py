@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import hashlib
 import inspect
-import json
 import os
 import threading
 import time
@@ -279,13 +278,29 @@ class SlowStorage:
 
 # --------------------------------------------------------------------------- config
 def _read_dir_meta(path: Path) -> dict:
+    from trainperf.errors import UserError
+    from trainperf.runio import read_json
+
     f = path / "meta.json"
     if not f.exists():
         return {}
     try:
-        return json.loads(f.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise DataError(f"{f}: unreadable ({exc}); fix or delete it") from None
+        meta = read_json(f, what="sample-files manifest")
+    except UserError as exc:
+        raise DataError(f"{exc}; fix or delete it") from None
+    vocab = meta.get("vocab_size")
+    if vocab is not None and (isinstance(vocab, bool) or not isinstance(vocab, int) or vocab < 2):
+        raise DataError(f"{f}: vocab_size={vocab!r} is not a vocabulary size (an integer >= 2); fix or delete it")
+    dtype = meta.get("dtype", "uint16")
+    try:
+        ok = isinstance(dtype, str) and np.dtype(dtype).kind in "iu"
+    except TypeError:
+        ok = False
+    if not ok:
+        raise DataError(f"{f}: dtype={dtype!r} is not an integer token dtype (e.g. 'uint16', 'int32'); fix or delete it")
+    if not isinstance(meta.get("layout", "auto"), str) or not isinstance(meta.get("tokenizer", ""), str):
+        raise DataError(f"{f}: 'layout' and 'tokenizer' must be strings; fix or delete it")
+    return meta
 
 
 def build_sources(cfg, seq_len: int):

@@ -14,7 +14,6 @@ README's troubleshooting table is generated from it (``rules_markdown()``).
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from dataclasses import dataclass
@@ -48,17 +47,10 @@ class Rule:
 
 # ---------------------------------------------------------------------- loading
 def _read_jsonl(path: Path) -> list[dict]:
-    out = []
-    if not path.exists():
-        return out
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line cut by a crash
-        if isinstance(rec, dict):
-            out.append(rec)
-    return out
+    """Records of a metrics/samples log (a line cut by a crash is skipped; garbage is a UserError)."""
+    from trainperf.runio import read_jsonl
+
+    return read_jsonl(path, what="trainperf metrics log") if path.exists() else []
 
 
 def _rank_of(path: Path) -> int:
@@ -98,10 +90,9 @@ def load_run(run_dir: str | Path) -> dict[str, Any]:
             sample_meta[r] = metas[-1]
     summary = {}
     if (d / "summary.json").exists():
-        try:
-            summary = json.loads((d / "summary.json").read_text())
-        except (OSError, json.JSONDecodeError):
-            summary = {}
+        from trainperf.runio import read_json
+
+        summary = read_json(d / "summary.json", what="run summary")  # old files' NaN read as None
     config = {}
     if (d / "config.yaml").exists():
         try:
