@@ -107,5 +107,7 @@ def test_killed_rank_restarts_and_ends_with_the_uninterrupted_loss(tmp_path):
     assert summary["resumed_from"] is not None and summary["resumed_from"] >= EVERY
     assert summary["resumed_from"] % EVERY == 0 and summary["steps"] == ref_summary["steps"] == 32
     assert f"resume: continuing from the checkpoint of step {summary['resumed_from']}" in out
+    print(f"killed rank 1 at step {m.group(2)}; resumed from {summary['resumed_from']}; final_loss "
+          f"{summary['final_loss']!r} vs uninterrupted {ref_summary['final_loss']!r}")
     assert abs(summary["final_loss"] - ref_summary["final_loss"]) <= 1e-6, (summary["final_loss"],
                                                                              ref_summary["final_loss"])
