@@ -140,6 +140,8 @@ def _bounds(annotation: Any, metadata: list, out: dict) -> dict:
 
 
 def _num(v: Any) -> str:
+    if isinstance(v, int) and v > 2**20 and (v & (v - 1)) == 0:
+        return f"2**{v.bit_length() - 1}"
     return f"{v:g}" if isinstance(v, float) else str(v)
 
 

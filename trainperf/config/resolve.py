@@ -184,9 +184,7 @@ def resolve(cfg: Config, facts: DeviceFacts | None = None, world_size: int | Non
         notes["train.micro_batch"] = (f"{cfg.train.micro_batch} > the per-rank batch {share} (global_batch "
                                       f"{cfg.train.global_batch} / {n_dp} data ranks): each rank trains "
                                       f"micro-batches of {share}")
-        configured, cfg.train.micro_batch = cfg.train.micro_batch, share
-        check_batch(cfg)
-        cfg.train.micro_batch = configured
+        check_batch(cfg, micro_batch=share)
     else:
         check_batch(cfg)
     check_model_shape(cfg)
@@ -223,13 +221,14 @@ def _largest_divisor_at_most(n: int, cap: int) -> int:
     return max(d for d in range(1, max(1, min(n, cap)) + 1) if n % d == 0)
 
 
-def check_batch(cfg: Config) -> None:
+def check_batch(cfg: Config, micro_batch: int | None = None) -> None:
     """The global batch must split into micro_batch x data-parallel degree (and, when pipelining, each
-    replica's batch into parallelism.microbatches). The error names every way out."""
+    replica's batch into parallelism.microbatches). The error names every way out. ``micro_batch``: the
+    micro-batch actually trained, when it differs from train.micro_batch (capped at a rank's share)."""
     t, p = cfg.train, cfg.parallelism
     if t.global_batch == "auto":
         resolve_global_batch(cfg)
-    B, b = t.global_batch, t.micro_batch
+    B, b = t.global_batch, micro_batch or t.micro_batch
     dp = max(1, p.data) * p.data_shard
     m = p.microbatches if p.pipeline > 1 else 1
     unit = math.lcm(b * dp, dp * m)  # every valid global batch is a multiple of this
@@ -257,7 +256,7 @@ def check_batch(cfg: Config) -> None:
     else:
         ways.append(f"use a data-parallel degree that divides {B} ({_divisors(B)})")
     ways.append(f"set train.global_batch: auto (= micro_batch x data degree{' x microbatches' if m > 1 else ''} "
-                f"= {b * dp * m})")
+                f"= {t.micro_batch * dp * m})")
     raise ConfigError("; ".join(problems) + ": " + ", or ".join(ways))
 
 

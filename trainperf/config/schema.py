@@ -57,13 +57,13 @@ def _parse_bytes(value):
 
 # --------------------------------------------------------------------------- run
 class RunConfig(Section):
-    name: str = "run"
+    name: str = Field("run", min_length=1)
     """Name of the run; used in the default run directory."""
     dir: Optional[str] = None
     """Run directory (metrics, checkpoints, summary.json). Default: runs/<name>."""
     steps: int = Field(200, ge=1)
     """Number of optimizer steps to train."""
-    seed: int = Field(1337, ge=0, lt=2**63)
+    seed: int = Field(1337, ge=0, lt=2**64)
     """Seed for parameters, data order and dropout; the same seed gives the same run."""
     device: Literal["auto", "cpu", "cuda", "xla"] = "auto"
     """Where to train: auto picks cuda when available, else cpu; xla: a torch_xla device (PJRT_DEVICE=TPU|CUDA|CPU)."""
