@@ -205,7 +205,7 @@ def test_prepared_data_manifest_and_token_files_on_garbage(corpus, tmp_path):
         r = survives(lambda: read_meta(str(d)), meta, DataError)
         assert isinstance(r, (dict, DataError))
     meta.write_bytes(valid)
-    cfg = load_config(None, [f"data.path={d}", "data.prepare_from=null", "model.block_size=32"])
+    cfg = load_config(None, [f"data.path={d}", "data.prepare_from=null", "model.block_size=32", "train.global_batch=8"])
     val = d / "val.bin"
     ok = val.read_bytes()
     val.write_bytes(ok[:-3])  # truncated: size differs from meta.json
@@ -255,3 +255,33 @@ def test_cache_entries_on_garbage():
     obj = b"|O"
     payload = struct.pack("<B", len(obj)) + obj + struct.pack("<B", 1) + struct.pack("<q", 1) + b"\0" * 8
     assert decode_entry(HEADER.pack(MAGIC, len(payload), zlib.crc32(payload)) + payload) is None
+
+
+def test_metrics_log_truncation_on_resume_survives_garbage(tmp_path):
+    from trainperf.monitor.sinks import JSONLSink
+
+    rng = random.Random(SEED + 8)
+    good = b"".join(json.dumps({"step": i, "loss": 1.0}).encode() + b"\n" for i in range(1, 9))
+    p = tmp_path / "metrics.jsonl"
+    for data in variants(good, rng, n=12) + [b"5\n[1]\n" + good, b'{"step": "x"}\n' + good]:
+        p.write_bytes(data)
+        JSONLSink(p, truncate_after_step=4).close()  # resume from step 4: keeps what parses up to it
+        kept = [json.loads(ln) for ln in p.read_text().splitlines()]
+        assert all(isinstance(r, dict) and r.get("step", -1) <= 4 for r in kept)  # records without a step stay
+
+
+def test_peak_flops_cache_garbage_is_measured_afresh(tmp_path, monkeypatch):
+    from trainperf.monitor import flops
+
+    monkeypatch.setenv("TRAINPERF_CACHE", str(tmp_path))
+    cpu = torch.device("cpu")
+    flops._PEAK_CACHE.clear()
+    flops.measured_matmul_peak(cpu, n=32, reps=1)
+    cache = tmp_path / "matmul_peak.json"
+    (key,) = json.loads(cache.read_text())
+    for data in (b"\xff\xfe", b"[1, 2]", b"null", json.dumps({key: {"peak_flops": None}}).encode(),
+                 json.dumps({key: [1]}).encode(), json.dumps({key: {"peak_flops": "fast"}}).encode()):
+        cache.write_bytes(data)
+        flops._PEAK_CACHE.clear()
+        assert flops.measured_matmul_peak(cpu, n=32, reps=1)["peak_flops"] > 0
+    flops._PEAK_CACHE.clear()
