@@ -151,17 +151,17 @@ def run(args) -> int:
     if args.dry_run:
         print(" ".join(shlex.quote(c) for c in cmd))
         return 0
-    return run_torchrun(cmd[3:])
+    return run_torchrun(cmd[3:])  # the arguments after "python -m torch.distributed.run"
 
 
 def run_torchrun(torchrun_argv: list[str]) -> int:
     """torchrun in this process (its elastic agent), so that a failed worker ends in one line and an exit
     code rather than torchrun's ChildFailedError traceback: 2 when a worker refused its input (a
     UserError: rank 0 printed it), else 1 naming the first failed rank and its exit code or signal."""
+    import logging
+
     import torch.distributed.run as torchrun
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-
-    import logging
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     # the agent's "failed (exitcode: 2)" line would repeat a refusal rank 0 already printed
@@ -181,6 +181,10 @@ def run_torchrun(torchrun_argv: list[str]) -> int:
         hint = "" if any(a.startswith("--max-restarts") for a in torchrun_argv) else \
             "; --max-restarts N restarts the job from its newest checkpoint"
         print(f"trainperf launch: failed: rank {rank} ended with {how} (its report is above{hint})", file=sys.stderr)
+        return 1
+    except Exception as exc:  # noqa: BLE001 - torchrun itself (rendezvous, ports): one line, not its traceback
+        first = next((ln for ln in str(exc).splitlines() if ln.strip()), "")[:300]
+        print(f"trainperf launch: torchrun failed: {type(exc).__name__}: {first}", file=sys.stderr)
         return 1
     finally:
         agent_log.removeFilter(quiet)
