@@ -285,3 +285,24 @@ def test_peak_flops_cache_garbage_is_measured_afresh(tmp_path, monkeypatch):
         flops._PEAK_CACHE.clear()
         assert flops.measured_matmul_peak(cpu, n=32, reps=1)["peak_flops"] > 0
     flops._PEAK_CACHE.clear()
+
+
+def test_garbled_sample_files_are_bad_samples(tmp_path):
+    from trainperf.config import load_config
+    from trainperf.data.sources import BadSample, build_sources
+
+    rng = random.Random(SEED + 9)
+    root = tmp_path / "files"
+    (root / "train").mkdir(parents=True)
+    (tmp_path / "files" / "meta.json").write_text(json.dumps({"vocab_size": 256, "dtype": "uint16"}))
+    good = np.arange(33, dtype=np.uint16)
+    for k in range(4):
+        (root / "train" / f"{k}.bin").write_bytes(good.tobytes())
+    garbage = bytes(rng.randrange(256) for _ in range(66))  # right size, random ids up to 65535
+    (root / "train" / "3.bin").write_bytes(garbage)
+    cfg = load_config(None, ["data.source=files", f"data.path={root}"])
+    train, _, meta = build_sources(cfg, seq_len=32)
+    assert meta["vocab_size"] == 256 and np.array_equal(train[0], good)
+    bad = max(np.frombuffer(garbage, dtype=np.uint16))
+    with pytest.raises(BadSample, match=rf"3.bin.*token id {bad} is outside the vocabulary of 256"):
+        train[3]

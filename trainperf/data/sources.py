@@ -70,6 +70,20 @@ def fingerprint(src) -> str:
 
 
 # --------------------------------------------------------------------------- files
+def check_token_ids(arr: np.ndarray, vocab_size: int | None, index: int, where: str) -> np.ndarray:
+    """``arr`` if it holds integer token ids in [0, vocab_size), else BadSample (data.on_bad_sample decides):
+    a garbled sample is caught here, not by an IndexError in the embedding."""
+    if vocab_size is None or arr.size == 0:
+        return arr
+    if arr.dtype.kind not in "iu":
+        raise BadSample(index, where, f"dtype {arr.dtype} is not integer token ids")
+    lo, hi = int(arr.min()), int(arr.max())
+    if lo < 0 or hi >= vocab_size:
+        raise BadSample(index, where, f"token id {hi if hi >= vocab_size else lo} is outside the vocabulary of "
+                                      f"{vocab_size}")
+    return arr
+
+
 class SampleFiles:
     """A directory of sample files.
 
@@ -79,6 +93,8 @@ class SampleFiles:
     (stride ``seq_len``, like the token memmap). ``"auto"``: shard when every raw
     file holds at least two windows, else sample.
     """
+
+    vocab_size: int | None = None  # set by build_sources: ids past it are bad samples
 
     def __init__(self, root: str, seq_len: int | None = None, *, dtype: str = "uint16", layout: str = "auto"):
         self.root = Path(root)
@@ -155,7 +171,7 @@ class SampleFiles:
                     raw = fh.read(want)
                 if len(raw) < want:
                     raise BadSample(i, str(path), f"truncated: read {len(raw)} of {want} bytes")
-                return np.frombuffer(raw, dtype=self.dtype)
+                return check_token_ids(np.frombuffer(raw, dtype=self.dtype), self.vocab_size, i, f"{path} window {w}")
             if path.suffix == ".npy":
                 arr = np.load(path, allow_pickle=False)
             else:
@@ -168,7 +184,7 @@ class SampleFiles:
             if arr.ndim != 1 or arr.size < self.seq_len + 1:
                 raise BadSample(i, str(path), f"truncated: {arr.size} tokens, need {self.seq_len + 1}")
             arr = arr[: self.seq_len + 1]
-        return arr
+        return check_token_ids(arr, self.vocab_size, i, str(path))
 
     def gather(self, idx) -> np.ndarray:
         return _stack(self, idx)
@@ -183,6 +199,8 @@ def load_entrypoint(spec: str):
 
 class DatasetSource:
     """Any map-style Dataset (``__len__``, ``__getitem__`` -> 1-D tokens) as a source."""
+
+    vocab_size: int | None = None  # set by build_sources: ids past it are bad samples
 
     def __init__(self, dataset, name: str = "dataset", seq_len: int | None = None):
         if not hasattr(dataset, "__len__") or not hasattr(dataset, "__getitem__"):
@@ -212,7 +230,7 @@ class DatasetSource:
             if arr.ndim != 1 or arr.size < self.seq_len + 1:
                 raise BadSample(i, self.describe(i), f"{arr.size} tokens, need {self.seq_len + 1}")
             arr = arr[: self.seq_len + 1]
-        return arr
+        return check_token_ids(arr, self.vocab_size, i, self.describe(i))
 
     def gather(self, idx) -> np.ndarray:
         return _stack(self, idx)
@@ -329,6 +347,7 @@ def build_sources(cfg, seq_len: int):
             val_note = str(root / "val")
         else:
             val, val_note = train, "train (no val/ directory: validation overlaps training)"
+        train.vocab_size = val.vocab_size = int(vocab)
         return train, val, {"tokenizer": meta.get("tokenizer", "unknown"), "vocab_size": int(vocab),
                             "source": str(root), "layout": train.layout, "files": train.num_files, "val": val_note}
     if d.source == "dataset":
@@ -349,6 +368,7 @@ def build_sources(cfg, seq_len: int):
             )
         train = DatasetSource(train_ds, d.dataset_entrypoint, seq_len)
         val = DatasetSource(val_ds, d.dataset_entrypoint + " (val)", seq_len)
+        train.vocab_size = val.vocab_size = int(vocab)
         return train, val, {"tokenizer": getattr(train_ds, "tokenizer", "unknown"), "vocab_size": int(vocab),
                             "source": d.dataset_entrypoint}
     raise DataError(f"data.source={d.source!r} is not built by trainperf.data.sources")
