@@ -7,7 +7,7 @@ unknown its ``str``. :func:`write_json` writes it atomically (temporary file, fs
 Reading: :func:`read_json` and :func:`read_jsonl` accept nothing but JSON text: binary, non-UTF-8,
 empty or cut-off files raise :class:`~trainperf.errors.UserError` naming the file and the fix.
 Old files holding ``NaN``/``Infinity`` still load; those values read as ``None``, as a strictly
-written file would hold them. A JSON-lines file may end in a line cut by a crash (skipped, counted).
+written file would hold them. A JSON-lines file may hold lines cut or zero-filled by a crash (skipped).
 """
 
 from __future__ import annotations
@@ -72,7 +72,9 @@ def _nan_as_none(_constant: str) -> None:
     return None
 
 
-def _read_text(path: Path, what: str) -> str:
+def _read_text(path: Path, what: str, *, lenient: bool = False) -> str:
+    """The file's text; binary (NUL) or non-UTF-8 content is a UserError, unless ``lenient`` (a log whose
+    last block a crash may have left zero-filled or cut inside a character: its lines are judged one by one)."""
     if not path.exists():
         raise UserError(f"{path}: no such file ({what})")
     if path.is_dir():
@@ -84,6 +86,8 @@ def _read_text(path: Path, what: str) -> str:
         raise UserError(f"{path}: cannot read the {what} ({exc.strerror}); check its permissions") from None
     if len(raw) > MAX_JSON_BYTES:
         raise UserError(f"{path}: larger than {MAX_JSON_BYTES // 2**20} MiB, not a {what}; pass the right file")
+    if lenient:
+        return raw.decode("utf-8", errors="replace")
     nul = raw.find(b"\0")
     if nul >= 0:
         raise UserError(f"{path}: binary content (a NUL byte at offset {nul}), not a {what}; "
@@ -118,7 +122,7 @@ def read_jsonl(path: str | os.PathLike, *, what: str = "JSON-lines log") -> list
     """The object records of a JSON-lines file, in order. Lines that do not parse (the last one cut by a
     crash) are skipped; a non-empty file of which no line parses raises UserError naming it."""
     path = Path(path)
-    text = _read_text(path, what)
+    text = _read_text(path, what, lenient=True)
     out: list[dict] = []
     bad = 0
     for line in text.splitlines():

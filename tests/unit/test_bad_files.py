@@ -104,6 +104,8 @@ def test_old_files_with_nan_read_as_null(tmp_path):
     q = tmp_path / "metrics.jsonl"
     q.write_text('{"step": 1, "loss": NaN}\n{"step": 2, "loss": 1.5}\n{"step": 3, "lo')  # last line cut by a crash
     assert read_jsonl(q) == [{"step": 1, "loss": None}, {"step": 2, "loss": 1.5}]
+    q.write_bytes(b'{"step": 1, "loss": 2.0}\n' + b"\0" * 4096)  # a block zero-filled by a crash
+    assert read_jsonl(q) == [{"step": 1, "loss": 2.0}]
 
 
 def test_diagnose_and_report_on_garbage_run_dir(tmp_path, capsys):
