@@ -8,7 +8,6 @@ import argparse
 import ast
 import json
 import math
-from pathlib import Path
 
 import pytest
 

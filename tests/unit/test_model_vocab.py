@@ -3,7 +3,6 @@ a message naming both sizes and the fixes), not by an IndexError in the embeddin
 
 from __future__ import annotations
 
-import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
