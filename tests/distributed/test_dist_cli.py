@@ -69,7 +69,7 @@ def test_launch_wraps_torchrun(cfg, capsys):
     assert "-m torch.distributed.run --nproc-per-node=4 --standalone -m trainperf train" in out
     assert out.endswith("--set parallelism.tensor=2")
     rc = main(["launch", "--nproc-per-node", "8", "--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint",
-               "head:29400", cfg, "--dry-run"])
+               "head:29400", cfg, "--set", "train.global_batch=auto", "--dry-run"])  # 8 cannot split over data 16
     out = capsys.readouterr().out
     assert "--nnodes=2 --rdzv-backend=c10d --rdzv-endpoint=head:29400 --node-rank=1" in out
 
@@ -78,7 +78,7 @@ def test_launch_slurm_writes_an_sbatch_script(cfg, tmp_path, capsys):
     script = tmp_path / "job.sbatch"
     rc = main(["launch", "--slurm", "--nnodes", "4", "--nproc-per-node", "8", "--partition", "gpu",
                "--time", "02:00:00", "--job-name", "gpt", "--output", str(script), cfg,
-               "--set", "parallelism.tensor=4", "--set", "parallelism.pipeline=2"])
+               "--set", "parallelism.tensor=4", "--set", "parallelism.pipeline=2", "--set", "train.global_batch=auto"])
     assert rc == 0
     text = script.read_text()
     assert text.startswith("#!/bin/bash\n")
@@ -89,9 +89,16 @@ def test_launch_slurm_writes_an_sbatch_script(cfg, tmp_path, capsys):
     assert "NCCL_ASYNC_ERROR_HANDLING=0" not in text
     assert 'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)' in text
     assert '--rdzv-endpoint="$head_node:29500"' in text
-    assert text.rstrip().endswith(f"-m trainperf train {cfg} --set parallelism.tensor=4 --set parallelism.pipeline=2")
+    assert text.rstrip().endswith(f"-m trainperf train {cfg} --set parallelism.tensor=4 --set parallelism.pipeline=2 "
+                                  "--set train.global_batch=auto")
     assert os.access(script, os.X_OK)
-    # 4 x 8 = 32 processes: tensor 4 x pipeline 2 leaves data 4 (checked against the model before writing)
+    # 4 x 8 = 32 processes: tensor 4 x pipeline 2 leaves data 4 (checked against the model before writing);
+    # the file's global batch 8 cannot split over data 4 x 8 pipeline micro-batches: refused before writing
+    rc = main(["launch", "--slurm", "--nnodes", "4", "--nproc-per-node", "8", "--output", str(tmp_path / "x"), cfg,
+               "--set", "parallelism.tensor=4", "--set", "parallelism.pipeline=2"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "raise train.global_batch to 32" in err and "lower parallelism.microbatches to 2" in err
+    assert not (tmp_path / "x").exists()
 
 
 def test_bench_comm_is_registered(capsys):
@@ -152,3 +159,38 @@ def test_trainer_resumes_a_dcp_checkpoint_on_another_layout(tmp_path, cfg):
     resumed = run(tmp_path / "b", "parallelism.data=1", "parallelism.tensor=2", resume="auto")
     assert resumed["resumed_from"] == 3 and resumed["steps"] == 6
     assert abs(resumed["final_loss"] - full["final_loss"]) <= 1e-4 * abs(full["final_loss"])
+
+
+# ---------------------------------------------------------------------- refusals: one message, exit 2
+def test_refusal_under_torchrun_is_printed_by_rank_0_only(cfg, monkeypatch, capsys):
+    argv = ["train", cfg, "--set", "parallelism.tensor=3"]  # refused on every rank before any process group
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    monkeypatch.setenv("RANK", "1")
+    with pytest.raises(SystemExit) as exit_1:
+        main(argv)
+    assert exit_1.value.code == 2 and capsys.readouterr().err == ""  # silent
+    monkeypatch.setenv("RANK", "0")
+    assert main(argv) == 2
+    assert "does not divide model.n_head=4" in capsys.readouterr().err
+
+
+def test_launch_passes_max_restarts(cfg, capsys):
+    assert main(["launch", "--nproc-per-node", "2", "--max-restarts", "3", cfg, "--dry-run"]) == 0
+    assert "--standalone --max-restarts=3 -m trainperf train" in capsys.readouterr().out
+    assert main(["launch", "--nproc-per-node", "2", "--max-restarts", "-1", cfg, "--dry-run"]) == 2
+
+
+@pytest.mark.distributed
+def test_launch_worker_refusal_is_one_message_and_exit_2(tmp_path):
+    """A refusal only the workers can find (the data directory) ends launch with exit 2 and rank 0's
+    message, without torchrun's ChildFailedError traceback."""
+    p = tmp_path / "c.yaml"
+    p.write_text(TINY.replace("data: {source: synthetic}", f"data: {{path: {tmp_path / 'nowhere'}, prepare_from: null}}"))
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    proc = subprocess.run([sys.executable, "-m", "trainperf", "launch", "--nproc-per-node", "2", str(p)],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out[-3000:]
+    assert out.count("holds no prepared tokens") == 1, out
+    assert "Traceback" not in out and "ChildFailedError" not in out, out
+    assert "trainperf launch: stopped: the run was refused" in out

@@ -11,6 +11,7 @@ import random
 import numpy as np
 import pytest
 
+from trainperf.config import load_config
 from trainperf.config.resolve import DeviceFacts, resolve
 from trainperf.config.schema import Config
 from trainperf.data.sampler import GlobalBatchSampler
@@ -234,12 +235,20 @@ def _resolve(**balance):
 FACTS = DeviceFacts(cpus=2, local_ranks=2)
 
 
+@pytest.mark.parametrize("field,value,pattern", [
+    ("threshold", "0.0", r"threshold=0.0: must be greater than 0; .* to a number > 0"),
+    ("threshold", "-0.1", r"threshold=-0.1: must be greater than 0"),
+    ("window", "1", r"window=1: must be greater than or equal to 2"),
+    ("min_gain", "1.0", r"min_gain=1.0: must be less than 1; .* in \[0, 1\)"),
+    ("min_gain", "-0.1", r"min_gain=-0.1: .* in \[0, 1\)"),
+])
+def test_out_of_range_balance_field_is_refused_when_loading(field, value, pattern):
+    """The field ranges live in the schema (checked whether or not the balancer is enabled)."""
+    with pytest.raises(ConfigError, match=pattern):
+        load_config(None, ["parallelism.balance.enabled=true", f"parallelism.balance.{field}={value}"])
+
+
 @pytest.mark.parametrize("fields,world,pattern", [
-    ({"threshold": 0.0}, 2, r"threshold=0.0 must be > 0"),
-    ({"threshold": -0.1}, 2, r"threshold=-0.1 must be > 0"),
-    ({"window": 1}, 2, r"window=1 must be >= 2"),
-    ({"min_gain": 1.0}, 2, r"min_gain=1.0 must be in \[0, 1\)"),
-    ({"min_gain": -0.1}, 2, r"min_gain=-0.1 must be in \[0, 1\)"),
     ({"min_share": 0.6}, 2, r"min_share=0.6 with 2 data-parallel ranks .* choose min_share <= 0.5"),
     ({"max_share": 0.3}, 2, r"max_share=0.3 with 2 data-parallel ranks .* choose max_share >= 0.5"),
 ])
@@ -266,7 +275,7 @@ def test_balance_with_pipeline_parallelism_is_rejected():
 
 def test_good_balance_config_resolves_and_disabled_is_not_checked():
     resolve(_resolve(enabled=True, min_share=0.1, max_share=0.9), FACTS, world_size=2)
-    resolve(_resolve(enabled=False, threshold=0.0, min_share=0.9), FACTS, world_size=2)
+    resolve(_resolve(enabled=False, min_share=0.9), FACTS, world_size=2)
 
 
 def test_policy_rejects_a_batch_too_small_for_the_micro_steps():

@@ -93,11 +93,11 @@ def test_cross_field_batch_and_shape_checks():
     with pytest.raises(ConfigError, match=r"global_batch=10 is not divisible by .* 4 x 1 = 4"):
         resolve(load_config(None, ["train.global_batch=10", "train.micro_batch=4"]), CPU, world_size=1)
     with pytest.raises(ConfigError, match=r"global_batch=16 .* 3 x 4 = 12"):
-        resolve(load_config(None, ["train.micro_batch=3"]), CPU, world_size=4)
+        resolve(load_config(None, ["train.global_batch=16", "train.micro_batch=3"]), CPU, world_size=4)
     # a micro-batch above a data rank's share trains as that share (same training; distributed issue)
-    r = resolve(load_config(None, ["train.micro_batch=8"]), CPU, world_size=4)
+    r = resolve(load_config(None, ["train.global_batch=16", "train.micro_batch=8"]), CPU, world_size=4)
     assert "micro-batches of 4" in r.notes["train.micro_batch"] and r.cfg.train.micro_batch == 8
-    with pytest.raises(ConfigError, match=r"parallelism.tensor=3 does not divide model.n_head=4; choose among 1, 2, 4"):
+    with pytest.raises(ConfigError, match=r"parallelism.tensor=3 does not divide model.n_head=4 .*choose parallelism.tensor among 1, 2, 4"):
         resolve(load_config(None, ["parallelism.tensor=3"]), CPU, world_size=3)
     with pytest.raises(ConfigError, match="exceeds model.n_layer=4"):
         resolve(load_config(None, ["parallelism.pipeline=8", "parallelism.microbatches=1"]), CPU, world_size=8)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from typing import Any
 
@@ -24,5 +23,7 @@ def add_config_args(parser, *, required: bool = True) -> None:
 
 
 def print_json(obj: Any) -> None:
-    json.dump(obj, sys.stdout, indent=2, default=str)
-    sys.stdout.write("\n")
+    """Every ``--json`` output: strict JSON (NaN/Infinity as null; trainperf.runio.dumps_strict)."""
+    from trainperf.runio import dumps_strict
+
+    sys.stdout.write(dumps_strict(obj) + "\n")

@@ -15,7 +15,7 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     from trainperf.monitor.compare import compare_text
-    from trainperf.monitor.rundir import dumps_strict
+    from trainperf.runio import dumps_strict
 
     result, text = compare_text(args.run_dirs)
     print(dumps_strict(result) if args.json else text)  # strict JSON: null, never NaN

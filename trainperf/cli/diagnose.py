@@ -14,7 +14,7 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     from trainperf.monitor.diagnose import diagnose, format_findings
-    from trainperf.monitor.rundir import dumps_strict
+    from trainperf.runio import dumps_strict
 
     result = diagnose(args.run_dir)
     if args.json:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import subprocess
 import sys
 
 from trainperf.cli._common import add_config_args
@@ -28,6 +27,9 @@ def register(subparsers) -> None:
     p.add_argument("--rdzv-endpoint", default=None, metavar="HOST:PORT",
                    help="rendezvous endpoint for several nodes (default: --standalone on one node)")
     p.add_argument("--resume", default="auto", metavar="auto|never|PATH", help="passed to trainperf train")
+    p.add_argument("--max-restarts", type=int, default=0, metavar="N",
+                   help="restart the workers up to N times after one fails (torchrun's elastic restart); each "
+                        "restart resumes from the newest complete checkpoint (set checkpoint.every)")
     p.add_argument("--dry-run", action="store_true", help="print the command (or script) instead of running it")
     s = p.add_argument_group("slurm")
     s.add_argument("--slurm", action="store_true", help="write an sbatch script instead of launching")
@@ -42,19 +44,32 @@ def register(subparsers) -> None:
 
 
 def check_layout(args) -> None:
-    """Load the config and validate its layout for nnodes x nproc-per-node processes (exit 2 if wrong)."""
+    """Check before spawning what can be checked: the config loads, its layout fits nnodes x nproc-per-node
+    processes (ParallelDims), the batch splits, the model shape fits; on this node (not --slurm, which
+    runs elsewhere) the whole resolution against this machine's hardware. ConfigError: exit 2."""
     from trainperf.config import load_config
-    from trainperf.config.resolve import check_model_shape, derive_data_degree
+    from trainperf.config.resolve import (
+        DeviceFacts, check_batch, check_model_shape, derive_data_degree, resolve, resolve_global_batch,
+    )
     from trainperf.distributed.parallel_dims import ParallelDims
     from trainperf.errors import ConfigError
 
     if args.nproc_per_node < 1 or args.nnodes < 1:
-        raise ConfigError("--nproc-per-node and --nnodes must be at least 1")
+        raise ConfigError(f"--nproc-per-node={args.nproc_per_node} and --nnodes={args.nnodes} must be at least 1")
+    if args.max_restarts < 0:
+        raise ConfigError(f"--max-restarts={args.max_restarts} must be >= 0 (0: no restart)")
     cfg = load_config(args.config, args.overrides)
     world = args.nproc_per_node * args.nnodes
-    cfg.parallelism.data = derive_data_degree(cfg, world)
-    ParallelDims.from_config(cfg, world)
-    check_model_shape(cfg)
+    if args.slurm:  # the allocation's hardware is not this machine's: structural checks only
+        cfg.parallelism.data = derive_data_degree(cfg, world)
+        ParallelDims.from_config(cfg, world)
+        resolve_global_batch(cfg)
+        check_batch(cfg)
+        check_model_shape(cfg)
+        return
+    facts = DeviceFacts.probe()
+    facts.local_ranks = args.nproc_per_node
+    resolve(cfg, facts, world_size=world)
 
 
 def train_args(args) -> list[str]:
@@ -76,6 +91,8 @@ def torchrun_command(args) -> list[str]:
             cmd += ["--rdzv-backend=c10d", f"--rdzv-endpoint={args.rdzv_endpoint}"]
         if args.node_rank is not None:
             cmd.append(f"--node-rank={args.node_rank}")
+    if args.max_restarts:
+        cmd.append(f"--max-restarts={args.max_restarts}")
     return cmd + train_args(args)
 
 
@@ -111,6 +128,7 @@ def sbatch_script(args) -> str:
         f"    --nproc-per-node={args.nproc_per_node} \\",
         "    --rdzv-id=\"$SLURM_JOB_ID\" --rdzv-backend=c10d \\",
         f"    --rdzv-endpoint=\"$head_node:{args.port}\" \\",
+        *([f"    --max-restarts={args.max_restarts} \\"] if args.max_restarts else []),
         "    " + " ".join(shlex.quote(a) for a in train_args(args)),
         "",
     ]
@@ -133,6 +151,53 @@ def run(args) -> int:
     if args.dry_run:
         print(" ".join(shlex.quote(c) for c in cmd))
         return 0
-    env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", "1")
-    return subprocess.call(cmd, env=env)
+    return run_torchrun(cmd[3:])  # the arguments after "python -m torch.distributed.run"
+
+
+def run_torchrun(torchrun_argv: list[str]) -> int:
+    """torchrun in this process (its elastic agent), so that a failed worker ends in one line and an exit
+    code rather than torchrun's ChildFailedError traceback: 2 when a worker refused its input (a
+    UserError: rank 0 printed it), else 1 naming the first failed rank and its exit code or signal."""
+    import logging
+
+    import torch.distributed.run as torchrun
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    # the agent's "failed (exitcode: 2)" line would repeat a refusal rank 0 already printed
+    quiet = _QuietRefusal()
+    agent_log = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
+    agent_log.addFilter(quiet)
+    try:
+        torchrun.run(torchrun.parse_args(torchrun_argv))
+    except ChildFailedError as exc:
+        failures = sorted(exc.failures.items())
+        if any(f.exitcode == 2 for _, f in failures):  # trainperf's exit code for a UserError
+            print("trainperf launch: stopped: the run was refused (the message above); nothing was trained "
+                  "past that point", file=sys.stderr)
+            return 2
+        rank, f = failures[0]
+        how = f"signal {f.signal_name()}" if f.exitcode < 0 else f"exit code {f.exitcode}"
+        hint = "" if any(a.startswith("--max-restarts") for a in torchrun_argv) else \
+            "; --max-restarts N restarts the job from its newest checkpoint"
+        print(f"trainperf launch: failed: rank {rank} ended with {how} (its report is above{hint})", file=sys.stderr)
+        return 1
+    except Exception as exc:  # noqa: BLE001 - torchrun itself (rendezvous, ports): one line, not its traceback
+        first = next((ln for ln in str(exc).splitlines() if ln.strip()), "")[:300]
+        print(f"trainperf launch: torchrun failed: {type(exc).__name__}: {first}", file=sys.stderr)
+        return 1
+    finally:
+        agent_log.removeFilter(quiet)
+    return 0
+
+
+class _QuietRefusal:
+    """A logging filter for the agent: drops its "failed (exitcode: 2)" line (rank 0 printed the refusal) and
+    its "closing signal" lines (the stopped ranks say so in their own report, and launch names the failed rank)."""
+
+    def filter(self, record) -> bool:
+        try:
+            msg = record.getMessage()
+        except Exception:  # noqa: BLE001 - a malformed record is not ours to judge
+            return True
+        return "(exitcode: 2)" not in msg and "closing signal" not in msg

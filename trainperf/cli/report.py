@@ -18,7 +18,7 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from trainperf.monitor.rundir import dumps_strict
+    from trainperf.runio import dumps_strict
 
     if len(args.run_dirs) == 1:
         from trainperf.monitor.report import build_report

@@ -16,6 +16,52 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
+    """Under torchrun a refusal (UserError) is printed by rank 0 only; the other ranks exit 2 silently, so
+    one message reaches the user, not one per rank."""
+    from trainperf.errors import UserError
+
+    try:
+        return _train(args)
+    except UserError as exc:
+        if _launched_rank() > 0:
+            raise SystemExit(exc.exit_code) from None
+        raise
+
+
+def _resume_after_restart(resume: str, cfg) -> str:
+    """Under torchrun's elastic restarts (``--max-restarts``; TORCHELASTIC_RESTART_COUNT > 0) every restart
+    continues from the newest complete checkpoint: ``--resume never`` meant the first attempt, and a
+    ``--resume PATH`` yields to the run's own newer checkpoints once there are some."""
+    import os
+    from pathlib import Path
+
+    try:
+        attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    except ValueError:
+        attempt = 0
+    if attempt < 1 or resume == "auto":
+        return resume
+    from trainperf.distributed.checkpoint import latest
+
+    ckpt_dir = cfg.checkpoint.dir or Path(cfg.run_dir()) / "checkpoints"
+    if resume != "never" and latest(ckpt_dir) is None:
+        return resume  # nothing saved by this run yet: start again from PATH
+    if _launched_rank() == 0:
+        print(f"train: restart {attempt} (torchrun --max-restarts): resuming from the newest complete checkpoint "
+              f"in {ckpt_dir} instead of --resume {resume}", flush=True)
+    return "auto"
+
+
+def _launched_rank() -> int:
+    import os
+
+    try:
+        return int(os.environ.get("RANK", "0")) if int(os.environ.get("WORLD_SIZE", "1")) > 1 else 0
+    except ValueError:
+        return 0
+
+
+def _train(args) -> int:
     import os
 
     from trainperf.config import load_config
@@ -25,6 +71,7 @@ def run(args) -> int:
 
     cfg = load_config(args.config, args.overrides)
     resolved = resolve(cfg)
+    args.resume = _resume_after_restart(args.resume, resolved.cfg)
     # test and benchmark knobs (a slowed rank, injected faults) come from the environment here, at the
     # edge, and are handed to the trainer as an object
     summary = train(resolved, resume=args.resume, verbose=not args.json, knobs=from_environ(os.environ))

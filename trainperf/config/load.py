@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import typing
 from typing import Any, Iterable
 
 import yaml
@@ -16,17 +17,30 @@ from pydantic import BaseModel, ValidationError
 from trainperf.config.schema import Config
 from trainperf.errors import ConfigError
 
+MAX_CONFIG_BYTES = 4 * 2**20  # a config is a few KiB; more is a wrong file
+
 
 def _read_yaml(path: str) -> dict:
+    """The mapping in a YAML config file; any unreadable content (binary, not UTF-8, cut mid-way,
+    nested too deep) is a ConfigError naming the file and where."""
     if not os.path.exists(path):
         raise ConfigError(f"config file {path!r} does not exist; pass the path of a YAML file (see configs/)")
     if os.path.isdir(path):
         raise ConfigError(f"config path {path!r} is a directory; pass a YAML file inside it (see configs/)")
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+        with open(path, "rb") as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)
     except OSError as exc:
         raise ConfigError(f"cannot read config file {path!r}: {exc.strerror}; check its permissions") from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{path}: larger than {MAX_CONFIG_BYTES // 2**20} MiB, not a config file; "
+                          "pass the YAML config (see configs/)")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}, line {line}: {raw[exc.start:exc.start + 1]!r}); "
+                          "a config is a UTF-8 YAML file: re-save it as UTF-8 or pass the right file") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -34,6 +48,8 @@ def _read_yaml(path: str) -> dict:
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise ConfigError(f"{path}: YAML syntax error{where}: {problem}; fix the YAML there") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply to be a config; pass the YAML config (see configs/)") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -75,19 +91,94 @@ def apply_overrides(data: dict, overrides: Iterable[str]) -> dict:
     return data
 
 
-def _fields_at(loc: tuple) -> list[str]:
-    """Valid keys of the section at ``loc`` (a pydantic error location)."""
-    model: type[BaseModel] = Config
+def _field_at(loc: tuple) -> tuple[list[str], Any, type[BaseModel] | None]:
+    """The field path in ``loc`` (a pydantic error location), its FieldInfo (None at the top) and, when
+    the location is a section, its model. Union tags and tuple indices after the field are dropped."""
+    model: type[BaseModel] | None = Config
+    path: list[str] = []
+    info = None
     for part in loc:
-        field = model.model_fields.get(part) if isinstance(part, str) else None
-        if field is None:
+        if model is None or not isinstance(part, str) or part not in model.model_fields:
             break
-        ann = field.annotation
-        if isinstance(ann, type) and issubclass(ann, BaseModel):
-            model = ann
-        else:
-            break
-    return list(model.model_fields)
+        info = model.model_fields[part]
+        path.append(part)
+        ann = info.annotation
+        model = ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
+    return path, info, model
+
+
+def _fields_at(loc: tuple) -> list[str]:
+    """Valid keys of the section at ``loc``."""
+    _, _, model = _field_at(loc)
+    return list((model or Config).model_fields)
+
+
+def _bounds(annotation: Any, metadata: list, out: dict) -> dict:
+    """Collect ge/gt/le/lt and whether 'auto' / None are allowed, through Union/Annotated/tuple."""
+    for m in metadata:
+        for key in ("ge", "gt", "le", "lt"):
+            if getattr(m, key, None) is not None:
+                out.setdefault(key, getattr(m, key))
+        if hasattr(m, "metadata"):  # a FieldInfo inside Annotated[...]
+            _bounds(None, m.metadata, out)
+    if annotation is None:
+        return out
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Literal:
+        out.setdefault("choices", []).extend(args)
+    elif origin is typing.Annotated or hasattr(annotation, "__metadata__"):
+        _bounds(args[0] if args else None, list(getattr(annotation, "__metadata__", ())), out)
+    elif annotation is type(None):
+        out["none"] = True
+    elif args:
+        for a in args:
+            if a is not Ellipsis:
+                _bounds(a, [], out)
+    elif isinstance(annotation, type) and annotation in (int, float, bool, str):
+        out.setdefault("kinds", set()).add(annotation.__name__)
+    return out
+
+
+def _num(v: Any) -> str:
+    if isinstance(v, int) and v > 2**20 and (v & (v - 1)) == 0:
+        return f"2**{v.bit_length() - 1}"
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def _range_text(b: dict) -> str:
+    lo = f"[{_num(b['ge'])}" if "ge" in b else f"({_num(b['gt'])}" if "gt" in b else None
+    hi = f"{_num(b['le'])}]" if "le" in b else f"{_num(b['lt'])})" if "lt" in b else None
+    if lo and hi:
+        return f"in {lo}, {hi}"
+    if lo:
+        return f">= {lo[1:]}" if lo[0] == "[" else f"> {lo[1:]}"
+    if hi:
+        return f"<= {hi[:-1]}" if hi[-1] == "]" else f"< {hi[:-1]}"
+    return ""
+
+
+def _fix(path: str, info: Any) -> str:
+    """How to fix the field at ``path``: its type and range, 'auto' if allowed, and its default."""
+    if info is None:
+        return ""
+    b = _bounds(info.annotation, list(info.metadata), {})
+    kinds = b.get("kinds", set())
+    what = ("a whole number" if kinds == {"int"} else "a number" if kinds & {"int", "float"} else
+            "true or false" if "bool" in kinds else "a string" if "str" in kinds else "")
+    if kinds == {"int"} and path.endswith("_bytes"):
+        what = "a size (bytes, or with a unit like '512MB')"
+    rng = _range_text(b)
+    choices = [c for c in b.get("choices", []) if c != "auto" or not (what or rng)]
+    parts = [" ".join(x for x in (what, rng) if x)] if (what or rng) else []
+    if choices:
+        parts.append("one of " + ", ".join(repr(c) for c in choices))
+    if "auto" in b.get("choices", []) and (what or rng):
+        parts.append("'auto'")
+    if b.get("none"):
+        parts.append("null")
+    default = info.get_default(call_default_factory=True)
+    dtext = "" if isinstance(default, BaseModel) else f" (default: {default!r})"
+    return f"set {path} to " + " or ".join(p for p in parts if p) + dtext if parts else ""
 
 
 def _describe(value: Any) -> str:
@@ -96,23 +187,41 @@ def _describe(value: Any) -> str:
 
 
 def format_validation_error(exc: ValidationError, source: str) -> str:
-    lines = []
+    """One line per field: path=value, what is wrong (the constraint), and the fix (range, default)."""
+    lines: list[str] = []
+    by_field: dict[str, list[dict]] = {}
     for err in exc.errors():
         loc = tuple(err["loc"])
-        path = ".".join(str(p) for p in loc)
+        path_parts, info, model = _field_at(loc)
+        path = ".".join(path_parts)
         if err["type"] == "extra_forbidden":
             valid = _fields_at(loc[:-1])
             close = difflib.get_close_matches(str(loc[-1]), valid, n=1, cutoff=0.5)
             hint = f"did you mean {'.'.join([*map(str, loc[:-1]), close[0]])!r}? " if close else ""
-            lines.append(f"{path}: unknown key; {hint}valid keys here: {', '.join(valid)}")
+            lines.append(f"{'.'.join(map(str, loc))}: unknown key; {hint}valid keys here: {', '.join(valid)}")
+        elif err["type"] == "invalid_key":
+            where = ".".join(map(str, loc[:-1])) or "the top level"
+            lines.append(f"{where}: key {loc[-1]!r} is not a field name; valid keys here: "
+                         f"{', '.join(_fields_at(loc[:-1]))}")
+        elif model is not None and err["type"] == "model_type":
+            where = path or "the top level"
+            lines.append(f"{where}={_describe(err.get('input'))}: must be a mapping of field names to values; "
+                         f"valid keys here: {', '.join((model or Config).model_fields)}")
         else:
-            msg = err["msg"]
-            if msg.startswith("Value error, "):
-                msg = msg[len("Value error, "):]
-            ctx = err.get("ctx") or {}
-            if "expected" in ctx and "expected" not in msg:
-                msg += f" (expected {ctx['expected']})"
-            lines.append(f"{path}={_describe(err.get('input'))}: {msg}")
+            by_field.setdefault(path, []).append({**err, "_info": info})
+    for path, errs in by_field.items():
+        # a Union["auto", int] field reports one error per member: keep the informative one
+        main = [e for e in errs if not (e["type"] == "literal_error" and e.get("ctx", {}).get("expected") == "'auto'")]
+        err = (main or errs)[0]
+        msg = err["msg"]
+        if msg.startswith("Value error, "):
+            msg = msg[len("Value error, "):]
+        msg = msg.replace("Input should be", "must be")
+        ctx = err.get("ctx") or {}
+        if "expected" in ctx and "expected" not in msg and "must be" not in msg:
+            msg += f" (expected {ctx['expected']})"
+        fix = _fix(path, err["_info"])
+        lines.append(f"{path}={_describe(err.get('input'))}: {msg}" + (f"; {fix}" if fix else ""))
     head = f"invalid config ({source})" if source else "invalid config"
     return head + ":\n  " + "\n  ".join(lines)
 

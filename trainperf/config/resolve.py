@@ -8,6 +8,7 @@ dict ``notes`` mapping each resolved field path to the reason, shown by
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -180,6 +181,7 @@ def resolve(cfg: Config, facts: DeviceFacts | None = None, world_size: int | Non
 
     xla = cfg.run.device == "xla"  # XLA processes are data-parallel through torch_xla (the backend), no mesh
     dims = ParallelDims.single() if xla else ParallelDims.from_config(cfg, world_size)
+    resolve_global_batch(cfg, notes)
     # micro_batch is a memory knob, the global batch the contract: a micro-batch larger than a data
     # rank's share (e.g. gpt-tiny's 16 at data=2) trains as that share (no accumulation), the same
     # training. The field keeps its value (evaluation batches stay those of one process).
@@ -189,9 +191,7 @@ def resolve(cfg: Config, facts: DeviceFacts | None = None, world_size: int | Non
         notes["train.micro_batch"] = (f"{cfg.train.micro_batch} > the per-rank batch {share} (global_batch "
                                       f"{cfg.train.global_batch} / {n_dp} data ranks): each rank trains "
                                       f"micro-batches of {share}")
-        configured, cfg.train.micro_batch = cfg.train.micro_batch, share
-        check_batch(cfg)
-        cfg.train.micro_batch = configured
+        check_batch(cfg, micro_batch=share)
     else:
         check_batch(cfg)
     check_model_shape(cfg)
@@ -252,23 +252,63 @@ def seq_len_of(cfg: Config) -> int:
     return model_shape(cfg)["block_size"]
 
 
-def check_batch(cfg: Config) -> None:
+def resolve_global_batch(cfg: Config, notes: dict | None = None) -> int:
+    """``train.global_batch: auto`` -> micro_batch x data-parallel degree (x parallelism.microbatches when
+    pipelining), the Megatron convention; the number replaces ``auto`` in ``cfg`` (degrees already resolved)."""
     t, p = cfg.train, cfg.parallelism
+    if t.global_batch == "auto":
+        dp = max(1, p.data) * p.data_shard
+        m = p.microbatches if p.pipeline > 1 else 1
+        t.global_batch = t.micro_batch * dp * m
+        if notes is not None:
+            notes["train.global_batch"] = (
+                f"micro_batch {t.micro_batch} x data-parallel degree {dp}"
+                + (f" x parallelism.microbatches {m} (pipelining)" if p.pipeline > 1 else "")
+                + " (the Megatron convention)")
+    return t.global_batch
+
+
+def _largest_divisor_at_most(n: int, cap: int) -> int:
+    return max(d for d in range(1, max(1, min(n, cap)) + 1) if n % d == 0)
+
+
+def check_batch(cfg: Config, micro_batch: int | None = None) -> None:
+    """The global batch must split into micro_batch x data-parallel degree (and, when pipelining, each
+    replica's batch into parallelism.microbatches). The error names every way out. ``micro_batch``: the
+    micro-batch actually trained, when it differs from train.micro_batch (capped at a rank's share)."""
+    t, p = cfg.train, cfg.parallelism
+    if t.global_batch == "auto":
+        resolve_global_batch(cfg)
+    B, b = t.global_batch, micro_batch or t.micro_batch
     dp = max(1, p.data) * p.data_shard
-    per_step = t.micro_batch * dp
-    if t.global_batch % per_step:
-        raise ConfigError(
-            f"train.global_batch={t.global_batch} is not divisible by train.micro_batch x data-parallel degree = "
-            f"{t.micro_batch} x {dp} = {per_step}; choose a global_batch that is a multiple of {per_step} "
-            f"or a micro_batch among {_divisors(t.global_batch // dp) if t.global_batch % dp == 0 else '(none: change the data degree)'}"
-        )
-    if p.pipeline > 1:
-        local = t.global_batch // dp
-        if local % p.microbatches:
-            raise ConfigError(
-                f"per-replica batch {local} (train.global_batch / data degree) is not divisible by "
-                f"parallelism.microbatches={p.microbatches}; choose microbatches among {_divisors(local)}"
-            )
+    m = p.microbatches if p.pipeline > 1 else 1
+    unit = math.lcm(b * dp, dp * m)  # every valid global batch is a multiple of this
+    if B % unit == 0:
+        return
+    problems = []
+    if B % (b * dp):
+        problems.append(f"train.global_batch={B} is not divisible by train.micro_batch x data-parallel degree = "
+                        f"{b} x {dp} = {b * dp}")
+    if p.pipeline > 1 and B % (dp * m):
+        problems.append(f"the per-replica batch (train.global_batch / data degree = {B} / {dp}) is not divisible "
+                        f"by parallelism.microbatches={m}")
+    up, down = -(-B // unit) * unit, B // unit * unit
+    ways = [f"raise train.global_batch to {up}"]
+    if down >= unit:
+        ways.append(f"lower it to {down}")
+    if B % dp == 0:
+        local = B // dp
+        if local % b:
+            ways.append(f"lower train.micro_batch to {_largest_divisor_at_most(local, b)} "
+                        f"(any divisor of the per-replica batch {local}: {_divisors(local)})")
+        if p.pipeline > 1 and local % m:
+            ways.append(f"lower parallelism.microbatches to {_largest_divisor_at_most(local, m)} "
+                        f"(any divisor of {local}: {_divisors(local)})")
+    else:
+        ways.append(f"use a data-parallel degree that divides {B} ({_divisors(B)})")
+    ways.append(f"set train.global_batch: auto (= micro_batch x data degree{' x microbatches' if m > 1 else ''} "
+                f"= {t.micro_batch * dp * m})")
+    raise ConfigError("; ".join(problems) + ": " + ", or ".join(ways))
 
 
 def model_shape(cfg: Config) -> dict:
@@ -296,8 +336,13 @@ def check_model_shape(cfg: Config) -> None:
         )
     p = cfg.parallelism
     if s["n_head"] % p.tensor:
+        from trainperf.models.presets import PRESETS
+
+        fits = [n for n, sh in PRESETS.items() if sh.n_head % p.tensor == 0 and sh.n_layer >= p.pipeline * p.interleave]
         raise ConfigError(
-            f"parallelism.tensor={p.tensor} does not divide model.n_head={s['n_head']}; choose among {_divisors(s['n_head'])}"
+            f"parallelism.tensor={p.tensor} does not divide model.n_head={s['n_head']} (model.preset="
+            f"{cfg.model.preset!r}); choose parallelism.tensor among {_divisors(s['n_head'])}, or a model whose head "
+            f"count is a multiple of {p.tensor} (model.n_head, or a model.preset such as {', '.join(fits[:3]) or '(none)'})"
         )
     if p.pipeline * p.interleave > s["n_layer"]:
         raise ConfigError(

@@ -10,11 +10,16 @@ Precedence: ``--set`` overrides > YAML file > the defaults written here.
 
 from __future__ import annotations
 
-from typing import Literal, Optional, Union
+import math
+from typing import Annotated, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 Auto = Literal["auto"]
+# Numeric ranges, shared by the fields below (the loader names the range and the default in its errors).
+PosInt = Annotated[int, Field(ge=1)]
+NonNegInt = Annotated[int, Field(ge=0)]
+Fraction = Annotated[float, Field(ge=0, le=1)]
 
 
 class Section(BaseModel):
@@ -23,12 +28,15 @@ class Section(BaseModel):
         use_attribute_docstrings=True,
         validate_assignment=True,
         protected_namespaces=(),
+        allow_inf_nan=False,  # .nan / .inf are never a valid setting
     )
 
 
 def _parse_bytes(value):
     """Accept 1024, "512MB", "50GB", "8GiB"."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if not math.isfinite(value):
+            raise ValueError(f"{value!r} is not a size; write bytes as a number or with a unit, e.g. '512MB'")
         return int(value)
     if isinstance(value, str):
         text = value.strip().replace(" ", "")
@@ -42,24 +50,24 @@ def _parse_bytes(value):
         if unit in units and num:
             try:
                 return int(float(num) * units[unit])
-            except ValueError:
+            except (ValueError, OverflowError):
                 pass
     raise ValueError(f"{value!r} is not a size; write bytes as a number or with a unit, e.g. '512MB' or '50GB'")
 
 
 # --------------------------------------------------------------------------- run
 class RunConfig(Section):
-    name: str = "run"
+    name: str = Field("run", min_length=1)
     """Name of the run; used in the default run directory."""
     dir: Optional[str] = None
     """Run directory (metrics, checkpoints, summary.json). Default: runs/<name>."""
     steps: int = Field(200, ge=1)
     """Number of optimizer steps to train."""
-    seed: int = 1337
+    seed: int = Field(1337, ge=0, lt=2**64)
     """Seed for parameters, data order and dropout; the same seed gives the same run."""
     device: Literal["auto", "cpu", "cuda", "xla"] = "auto"
     """Where to train: auto picks cuda when available, else cpu; xla: a torch_xla device (PJRT_DEVICE=TPU|CUDA|CPU)."""
-    threads: Union[Auto, int] = "auto"
+    threads: Union[Auto, PosInt] = "auto"
     """CPU threads for intra-op parallelism (auto: usable CPUs / local ranks)."""
     log_every: int = Field(10, ge=1)
     """Print and log a progress line every this many steps."""
@@ -88,7 +96,7 @@ class ModelConfig(Section):
     """Hidden size (default: from the preset)."""
     block_size: Optional[int] = Field(None, ge=1)
     """Context length in tokens (default: from the preset)."""
-    vocab_size: Union[Auto, int] = "auto"
+    vocab_size: Union[Auto, Annotated[int, Field(ge=2)]] = "auto"
     """Vocabulary size; auto takes it from the data (padded up to a multiple of 64)."""
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
     """Dropout probability in attention and MLP outputs."""
@@ -102,14 +110,14 @@ class ModelConfig(Section):
 class CacheConfig(Section):
     dir: Optional[str] = None
     """Disk cache directory shared by the processes of a node (None: no disk cache)."""
-    max_bytes: int = 50 * 10**9
+    max_bytes: int = Field(50 * 10**9, ge=1)
     """Size bound of the disk cache; least recently used entries are evicted ("50GB", "512MB")."""
 
     _size = field_validator("max_bytes", mode="before")(lambda cls, v: _parse_bytes(v))
 
 
 class PrefetchConfig(Section):
-    device_bytes: int = 8 * 2**30
+    device_bytes: int = Field(8 * 2**30, ge=1)
     """Bound of the device prefetch ring in bytes ("8GiB" as in the founding document)."""
     depth: int = Field(4, ge=1)
     """Batches prepared ahead of use (upper bound; the byte bound may lower it)."""
@@ -135,13 +143,15 @@ class DataConfig(Section):
     prepare_from: Optional[str] = "stdlib"
     """If `path` holds no prepared data: prepare it from this directory of text files, or from
     "stdlib" (the Python standard library's source). None: fail with instructions."""
-    prepare_max_bytes: int = 16 * 10**6
+    prepare_max_bytes: int = Field(16 * 10**6, ge=1)
     """Bound on the text read when preparing (bytes)."""
+
+    _size = field_validator("prepare_max_bytes", mode="before")(lambda cls, v: _parse_bytes(v))
     val_fraction: float = Field(0.05, gt=0, lt=0.5)
     """Fraction of the prepared tokens held out for validation."""
     dataset_entrypoint: Optional[str] = None
     """For source=dataset: "package.module:function" returning a map-style Dataset."""
-    num_workers: Union[Auto, int] = "auto"
+    num_workers: Union[Auto, NonNegInt] = "auto"
     """Loader workers per rank; auto = min(32, usable CPUs / local ranks) where workers help."""
     pin_memory: Union[Auto, bool] = "auto"
     """Pin host batches (auto: on when training on CUDA)."""
@@ -165,8 +175,9 @@ class DataConfig(Section):
 
 # --------------------------------------------------------------------------- train
 class TrainConfig(Section):
-    global_batch: int = Field(16, ge=1)
-    """Sequences per optimizer step, summed over all data-parallel ranks and micro-steps."""
+    global_batch: Union[Auto, PosInt] = "auto"
+    """Sequences per optimizer step, summed over all data-parallel ranks and micro-steps. auto: micro_batch x
+    data-parallel degree (x parallelism.microbatches when pipelining), the Megatron convention."""
     micro_batch: int = Field(16, ge=1)
     """Sequences per forward/backward on one rank; accumulation = global / (micro * data ranks)."""
     grad_clip: float = Field(1.0, ge=0)
@@ -185,7 +196,7 @@ class OptimizerConfig(Section):
     """Peak learning rate."""
     weight_decay: float = Field(0.1, ge=0)
     """Decoupled weight decay, applied to matrices only (not biases, norms or embeddings' bias)."""
-    betas: tuple[float, float] = (0.9, 0.95)
+    betas: tuple[Annotated[float, Field(ge=0, lt=1)], Annotated[float, Field(ge=0, lt=1)]] = (0.9, 0.95)
     """Adam betas."""
     eps: float = Field(1e-8, gt=0)
     """Adam epsilon."""
@@ -215,7 +226,7 @@ class CheckpointingConfig(Section):
     """Activation checkpointing: none, full (every block), ratio (a fraction of blocks, spread
     evenly), every_k (one block in k), selective (op level: keep matmul outputs), budget (least
     recompute that fits memory.checkpointing.budget_gb)."""
-    ratio: float = 0.25
+    ratio: float = Field(0.25, gt=0, le=1)
     """For mode=ratio: fraction of blocks checkpointed (0.25 = one in four, the founding document's)."""
     every_k: int = Field(4, ge=1)
     """For mode=every_k: checkpoint one block in this many."""
@@ -256,25 +267,25 @@ class CompressionConfig(Section):
 class BalanceConfig(Section):
     enabled: bool = False
     """Rebalance per-rank shares of the global batch to follow measured speed (trainperf.distributed.balance)."""
-    window: int = 100
+    window: int = Field(100, ge=2)
     """Most recent per-rank compute-time measurements kept (the founding document's 100); the medians
     over them (taken with the current shares) are the speeds. Must be >= 2."""
-    threshold: float = 0.2
+    threshold: float = Field(0.2, gt=0)
     """Rebalance when the coefficient of variation (std / mean) of the per-rank median step compute
     times exceeds this (the founding document's 0.2). Must be > 0."""
-    min_share: float = 0.0
+    min_share: Fraction = 0.0
     """Smallest fraction of the global batch a rank may get (min_share x ranks must be <= 1); a rank
     always gets at least one sample per micro-step."""
-    max_share: float = 1.0
+    max_share: float = Field(1.0, gt=0, le=1)
     """Largest fraction of the global batch a rank may get (max_share x ranks must be >= 1); bounds the
     fast ranks' micro-batch size, hence their activation memory."""
-    min_gain: float = 0.02
+    min_gain: float = Field(0.02, ge=0, lt=1)
     """In [0, 1). A move must be predicted to cut the step's compute time (slowest rank) by at least this
     fraction. After a move the balancer keeps refining (no threshold needed) while such a move exists,
     then waits for the threshold again: the hysteresis. Moves that are only rounding are never made."""
-    min_steps: int = 10
+    min_steps: PosInt = 10
     """Measurements needed under the current shares before the balancer judges them (again after each move)."""
-    sync_every: int = 1
+    sync_every: PosInt = 1
     """Exchange the measurements (one all_gather) every this many steps; on CUDA each exchange is a
     host-device sync."""
 
@@ -282,7 +293,7 @@ class BalanceConfig(Section):
 class ParallelismConfig(Section):
     data: int = -1
     """Data-parallel replicas (DDP); -1 derives it from the world size."""
-    data_shard: int = 1
+    data_shard: int = Field(1, ge=1)
     """FSDP2 sharding degree (fully_shard)."""
     tensor: int = Field(1, ge=1)
     """Tensor-parallel degree (DTensor); must divide model.n_head."""
@@ -303,7 +314,7 @@ class ParallelismConfig(Section):
     balance: BalanceConfig = BalanceConfig()
     """Dynamic load balancer."""
 
-    @field_validator("data", "data_shard")
+    @field_validator("data")
     @classmethod
     def _degree(cls, v: int) -> int:
         if v == 0 or v < -1:

@@ -61,11 +61,13 @@ def decode_entry(blob: bytes) -> np.ndarray | None:
     try:
         n = payload[0]
         dt = np.dtype(bytes(payload[1:1 + n]).decode())
+        if dt.kind not in "biufc" or dt.hasobject:  # samples are numbers; anything else is corruption
+            return None
         ndim = payload[1 + n]
         shape = struct.unpack_from(f"<{ndim}q", payload, 2 + n)
         data = payload[2 + n + 8 * ndim:]
         return np.frombuffer(data, dtype=dt).reshape(shape)
-    except (ValueError, TypeError, struct.error):
+    except (ValueError, TypeError, IndexError, struct.error):  # cut or garbled metadata
         return None
 
 

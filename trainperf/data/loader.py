@@ -69,6 +69,11 @@ class Data:
 def build_data(cfg: Config, *, seq_len: int, device: torch.device, dp_rank: int = 0, dp_world: int = 1,
                verbose: bool = True) -> Data:
     d = cfg.data
+    if not isinstance(cfg.train.global_batch, int):
+        from trainperf.errors import ConfigError
+
+        raise ConfigError(f"train.global_batch={cfg.train.global_batch!r} is not resolved yet; pass the config "
+                          "through trainperf.config.resolve.resolve(cfg) first (it turns auto into a number)")
     if d.source == "synthetic":
         vocab = cfg.model.vocab_size if cfg.model.vocab_size != "auto" else VOCAB_SIZE
         train_src = SyntheticTokens(vocab, seq_len, seed=cfg.run.seed)
@@ -80,6 +85,8 @@ def build_data(cfg: Config, *, seq_len: int, device: torch.device, dp_rank: int 
         vocab = int(meta["vocab_size"])
         train_src = TokenWindows(d.path, "train", seq_len)
         val_src = TokenWindows(d.path, "val", seq_len)
+        for src in (train_src, val_src):
+            src.check_vocab(vocab)
     else:
         from trainperf.data import sources  # files / dataset sources (HybridLoader work)
 

@@ -119,19 +119,33 @@ def prepare_tokens(src: str, out_dir: str, *, max_bytes: int = 16 * 10**6, val_f
 
 
 def read_meta(path: str) -> dict | None:
+    """The prepared data's meta.json, checked against its token files; None if there is none.
+    Garbage (binary, cut off, wrong fields) or a token file of the wrong size is a DataError."""
+    from trainperf.errors import UserError
+    from trainperf.runio import read_json
+
     meta_path = Path(path) / META
     if not meta_path.exists():
         return None
+    redo = f"delete {path!r} and run `trainperf data prepare` again"
     try:
-        meta = json.loads(meta_path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise DataError(f"{meta_path}: unreadable ({exc}); delete {path!r} and run `trainperf data prepare` again") from None
-    for split, info in meta.get("splits", {}).items():
+        meta = read_json(meta_path, what="prepared-data manifest")
+    except UserError as exc:
+        raise DataError(f"{exc}; {redo}") from None
+    vocab, splits = meta.get("vocab_size"), meta.get("splits")
+    if isinstance(vocab, bool) or not isinstance(vocab, int) or not 2 <= vocab <= 2**16:
+        raise DataError(f"{meta_path}: vocab_size={vocab!r} is not a vocabulary size of uint16 tokens "
+                        f"(2..65536); {redo}")
+    if not isinstance(splits, dict) or not {"train", "val"} <= set(splits):
+        raise DataError(f"{meta_path}: no 'splits' with train and val; {redo}")
+    for split, info in splits.items():
+        size = info.get("bytes") if isinstance(info, dict) else None
+        if split not in ("train", "val") or isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise DataError(f"{meta_path}: splits.{split} has no byte count; {redo}")
         f = Path(path) / f"{split}.bin"
-        if not f.exists() or f.stat().st_size != info["bytes"]:
+        if not f.is_file() or f.stat().st_size != size:
             raise DataError(
-                f"{f}: missing or truncated ({f.stat().st_size if f.exists() else 0} of {info['bytes']} bytes); "
-                f"delete {path!r} and run `trainperf data prepare` again"
+                f"{f}: missing or truncated ({f.stat().st_size if f.is_file() else 0} of {size} bytes); {redo}"
             )
     return meta
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import hashlib
 import inspect
-import json
 import os
 import threading
 import time
@@ -71,6 +70,20 @@ def fingerprint(src) -> str:
 
 
 # --------------------------------------------------------------------------- files
+def check_token_ids(arr: np.ndarray, vocab_size: int | None, index: int, where: str) -> np.ndarray:
+    """``arr`` if it holds integer token ids in [0, vocab_size), else BadSample (data.on_bad_sample decides):
+    a garbled sample is caught here, not by an IndexError in the embedding."""
+    if vocab_size is None or arr.size == 0:
+        return arr
+    if arr.dtype.kind not in "iu":
+        raise BadSample(index, where, f"dtype {arr.dtype} is not integer token ids")
+    lo, hi = int(arr.min()), int(arr.max())
+    if lo < 0 or hi >= vocab_size:
+        raise BadSample(index, where, f"token id {hi if hi >= vocab_size else lo} is outside the vocabulary of "
+                                      f"{vocab_size}")
+    return arr
+
+
 class SampleFiles:
     """A directory of sample files.
 
@@ -80,6 +93,8 @@ class SampleFiles:
     (stride ``seq_len``, like the token memmap). ``"auto"``: shard when every raw
     file holds at least two windows, else sample.
     """
+
+    vocab_size: int | None = None  # set by build_sources: ids past it are bad samples
 
     def __init__(self, root: str, seq_len: int | None = None, *, dtype: str = "uint16", layout: str = "auto"):
         self.root = Path(root)
@@ -156,7 +171,7 @@ class SampleFiles:
                     raw = fh.read(want)
                 if len(raw) < want:
                     raise BadSample(i, str(path), f"truncated: read {len(raw)} of {want} bytes")
-                return np.frombuffer(raw, dtype=self.dtype)
+                return check_token_ids(np.frombuffer(raw, dtype=self.dtype), self.vocab_size, i, f"{path} window {w}")
             if path.suffix == ".npy":
                 arr = np.load(path, allow_pickle=False)
             else:
@@ -169,7 +184,7 @@ class SampleFiles:
             if arr.ndim != 1 or arr.size < self.seq_len + 1:
                 raise BadSample(i, str(path), f"truncated: {arr.size} tokens, need {self.seq_len + 1}")
             arr = arr[: self.seq_len + 1]
-        return arr
+        return check_token_ids(arr, self.vocab_size, i, str(path))
 
     def gather(self, idx) -> np.ndarray:
         return _stack(self, idx)
@@ -184,6 +199,8 @@ def load_entrypoint(spec: str):
 
 class DatasetSource:
     """Any map-style Dataset (``__len__``, ``__getitem__`` -> 1-D tokens) as a source."""
+
+    vocab_size: int | None = None  # set by build_sources: ids past it are bad samples
 
     def __init__(self, dataset, name: str = "dataset", seq_len: int | None = None):
         if not hasattr(dataset, "__len__") or not hasattr(dataset, "__getitem__"):
@@ -213,7 +230,7 @@ class DatasetSource:
             if arr.ndim != 1 or arr.size < self.seq_len + 1:
                 raise BadSample(i, self.describe(i), f"{arr.size} tokens, need {self.seq_len + 1}")
             arr = arr[: self.seq_len + 1]
-        return arr
+        return check_token_ids(arr, self.vocab_size, i, self.describe(i))
 
     def gather(self, idx) -> np.ndarray:
         return _stack(self, idx)
@@ -279,13 +296,29 @@ class SlowStorage:
 
 # --------------------------------------------------------------------------- config
 def _read_dir_meta(path: Path) -> dict:
+    from trainperf.errors import UserError
+    from trainperf.runio import read_json
+
     f = path / "meta.json"
     if not f.exists():
         return {}
     try:
-        return json.loads(f.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise DataError(f"{f}: unreadable ({exc}); fix or delete it") from None
+        meta = read_json(f, what="sample-files manifest")
+    except UserError as exc:
+        raise DataError(f"{exc}; fix or delete it") from None
+    vocab = meta.get("vocab_size")
+    if vocab is not None and (isinstance(vocab, bool) or not isinstance(vocab, int) or vocab < 2):
+        raise DataError(f"{f}: vocab_size={vocab!r} is not a vocabulary size (an integer >= 2); fix or delete it")
+    dtype = meta.get("dtype", "uint16")
+    try:
+        ok = isinstance(dtype, str) and np.dtype(dtype).kind in "iu"
+    except TypeError:
+        ok = False
+    if not ok:
+        raise DataError(f"{f}: dtype={dtype!r} is not an integer token dtype (e.g. 'uint16', 'int32'); fix or delete it")
+    if not isinstance(meta.get("layout", "auto"), str) or not isinstance(meta.get("tokenizer", ""), str):
+        raise DataError(f"{f}: 'layout' and 'tokenizer' must be strings; fix or delete it")
+    return meta
 
 
 def build_sources(cfg, seq_len: int):
@@ -314,6 +347,7 @@ def build_sources(cfg, seq_len: int):
             val_note = str(root / "val")
         else:
             val, val_note = train, "train (no val/ directory: validation overlaps training)"
+        train.vocab_size = val.vocab_size = int(vocab)
         return train, val, {"tokenizer": meta.get("tokenizer", "unknown"), "vocab_size": int(vocab),
                             "source": str(root), "layout": train.layout, "files": train.num_files, "val": val_note}
     if d.source == "dataset":
@@ -334,6 +368,7 @@ def build_sources(cfg, seq_len: int):
             )
         train = DatasetSource(train_ds, d.dataset_entrypoint, seq_len)
         val = DatasetSource(val_ds, d.dataset_entrypoint + " (val)", seq_len)
+        train.vocab_size = val.vocab_size = int(vocab)
         return train, val, {"tokenizer": getattr(train_ds, "tokenizer", "unknown"), "vocab_size": int(vocab),
                             "source": d.dataset_entrypoint}
     raise DataError(f"data.source={d.source!r} is not built by trainperf.data.sources")

@@ -36,6 +36,18 @@ class TokenWindows:
     def __len__(self) -> int:
         return (self.n_tokens - 1) // self.seq_len
 
+    def check_vocab(self, vocab_size: int, chunk: int = 1 << 24) -> None:
+        """Every token id below ``vocab_size`` (one pass over the file, in chunks): a corrupt or foreign
+        token file is refused here, not by an IndexError in the embedding mid-run."""
+        mm = self.tokens
+        for start in range(0, mm.size, chunk):
+            top = int(mm[start:start + chunk].max())
+            if top >= vocab_size:
+                at = start + int(np.argmax(mm[start:start + chunk] >= vocab_size))
+                raise DataError(f"{self.file}: token id {int(mm[at])} at position {at} is outside the vocabulary of "
+                                f"{vocab_size} (meta.json); the file is corrupt or from other data: delete "
+                                f"{self.file.parent} and run `trainperf data prepare` again")
+
     def __getitem__(self, i: int) -> np.ndarray:
         if not 0 <= i < len(self):
             raise IndexError(f"sample {i} out of range [0, {len(self)})")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import warnings
 from pathlib import Path
 
 import torch
@@ -81,7 +82,7 @@ def _prune(ckpt_dir: Path, keep: int) -> None:
 
 
 def list_checkpoints(ckpt_dir: str | Path) -> list[tuple[int, Path]]:
-    """Complete checkpoints, oldest first."""
+    """Complete checkpoints (COMPLETE marker present), oldest first."""
     d = Path(ckpt_dir)
     if not d.is_dir():
         return []
@@ -94,8 +95,61 @@ def list_checkpoints(ckpt_dir: str | Path) -> list[tuple[int, Path]]:
 
 
 def latest(ckpt_dir: str | Path) -> Path | None:
-    found = list_checkpoints(ckpt_dir)
-    return found[-1][1] if found else None
+    """The newest complete checkpoint whose marker, DCP metadata and ``trainer.pt`` read back; each
+    unreadable newer one is reported (a warning) and skipped."""
+    for step, path in reversed(list_checkpoints(ckpt_dir)):
+        try:
+            check_readable(path)
+        except CheckpointError as exc:
+            warnings.warn(f"checkpoint of step {step} is unusable: {exc}; trying the previous one", stacklevel=2)
+            continue
+        return path
+    return None
+
+
+_FIX = "resume from an earlier checkpoint (delete this one) or start over with --resume never"
+
+
+def check_readable(path: str | Path) -> dict:
+    """Read-only checks of one DCP checkpoint, before any collective: the COMPLETE marker names its
+    step, DCP's metadata unpickles, ``trainer.pt`` loads (weights_only). Returns the trainer state."""
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"{path} is not a distributed checkpoint directory (step-XXXXXXXX/); {_FIX}")
+    try:
+        marker = (path / "COMPLETE").read_bytes()[:64]
+    except OSError:
+        raise CheckpointError(f"{path} is not a complete distributed checkpoint (no COMPLETE marker); {_FIX}") from None
+    m = _NAME.match(path.name)
+    if m and marker.strip() != str(int(m.group(1))).encode():
+        raise CheckpointError(f"{path / 'COMPLETE'}: holds {marker[:20]!r}, not the step {int(m.group(1))}; "
+                              f"the marker is corrupt; {_FIX}")
+    try:
+        from torch.distributed.checkpoint import FileSystemReader
+
+        FileSystemReader(str(path)).read_metadata()
+    except Exception as exc:  # noqa: BLE001 - any failure to unpickle means unusable
+        raise CheckpointError(f"{path}: DCP metadata (.metadata) unreadable ({_why(exc)}); {_FIX}") from None
+    return read_trainer_state(path)
+
+
+def read_trainer_state(path: str | Path) -> dict:
+    """``trainer.pt`` of a DCP checkpoint (step, schedule, loader, RNG, config), loaded with weights_only=True."""
+    f = Path(path) / "trainer.pt"
+    if not f.is_file():
+        raise CheckpointError(f"{f}: missing; {_FIX}")
+    try:
+        state = torch.load(f, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - any unpickling failure means unusable
+        raise CheckpointError(f"{f}: cannot be loaded ({_why(exc)}); {_FIX}") from None
+    if not isinstance(state, dict) or not isinstance(state.get("step"), int):
+        raise CheckpointError(f"{f}: not a trainer state (no integer 'step'); {_FIX}")
+    return state
+
+
+def _why(exc: Exception) -> str:
+    first = next((ln for ln in str(exc).splitlines() if ln.strip()), "")
+    return f"{type(exc).__name__}: {first[:200]}" if first else type(exc).__name__
 
 
 def load(path: str | Path, modules: list, optimizers: list) -> dict:
@@ -105,27 +159,18 @@ def load(path: str | Path, modules: list, optimizers: list) -> dict:
     from torch.distributed.checkpoint.state_dict import set_state_dict
 
     path = Path(path)
-    if not (path / "COMPLETE").exists():
-        raise CheckpointError(f"{path} is not a complete distributed checkpoint (no COMPLETE marker); "
-                              "resume from an earlier one or start over with --resume never")
+    extra = check_readable(path)  # every rank reads the same files: all refuse together, before a collective
     state = model_optim_state(modules, optimizers)  # the shapes and shards this layout wants
-    dcp.load(state, checkpoint_id=str(path))
+    try:
+        dcp.load(state, checkpoint_id=str(path))
+    except Exception as exc:  # noqa: BLE001 - a missing or cut shard file, a shape this model does not have
+        raise CheckpointError(f"{path}: cannot be loaded into this model ({_why(exc)}); {_FIX}") from None
     for m, o in zip(modules, optimizers):
         names = _fqns(m)
         msd = {k: v for k, v in state["model"].items() if k in names}
         osd = {k: v for k, v in state["optim"].items() if _optim_key_fqn(k) in names}
         set_state_dict(m, o, model_state_dict=msd, optim_state_dict=osd, options=_options())
-    return read_extra(path)
-
-
-def read_extra(path: str | Path) -> dict:
-    """A checkpoint's ``trainer.pt`` (step, loader position, RNG, config), loaded with weights_only=True."""
-    f = Path(path) / "trainer.pt"
-    try:
-        return torch.load(f, map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - unreadable or not a checkpoint
-        raise CheckpointError(f"{f}: cannot be loaded ({type(exc).__name__}: {str(exc)[:200]}); resume from an "
-                              "earlier checkpoint or start over with --resume never") from None
+    return extra
 
 
 def _fqns(module) -> set[str]:
@@ -165,7 +210,7 @@ class DcpCheckpointer:
         path = latest(self.dir) if mode == "auto" else Path(mode)
         if path is None:
             return None
-        check_resume_compatible(read_extra(path).get("config", {}), trainer.cfg.model_dump(mode="json"))
+        check_resume_compatible(read_trainer_state(path).get("config", {}), trainer.cfg.model_dump(mode="json"))
         extra = load(path, trainer.pm.modules, trainer.optimizer.optimizers)
         trainer.load_extra_state(extra)
         return trainer.step

@@ -91,8 +91,29 @@ def init_distributed(*, backend: str = "auto", device_type: str = "cpu", timeout
     kwargs = {}
     if device_type == "cuda":
         kwargs["device_id"] = torch.device("cuda", env.local_rank)
+    store = attempt_store(env.world_size, timeout_s)
+    if store is not None:
+        kwargs.update(store=store, rank=env.rank, world_size=env.world_size)
     dist.init_process_group(backend=env.backend, timeout=timedelta(seconds=timeout_s), **kwargs)
     return env
+
+
+def attempt_store(world_size: int, timeout_s: float, environ=None):
+    """The launcher's store, seen through a prefix unique to this attempt, under torchrun (None otherwise).
+
+    torchrun's workers all connect to the agent's shared TCPStore, and torch (2.13) keeps that store across
+    the restarts of ``--max-restarts`` without separating the attempts: the workers of a restart would read
+    the keys of the dead attempt (gloo's peer addresses: "Connection refused" to the dead rank's port). The
+    prefix ``trainperf/attempt_<TORCHELASTIC_RESTART_COUNT>/`` gives every attempt its own keys."""
+    environ = os.environ if environ is None else environ
+    attempt = environ.get("TORCHELASTIC_RESTART_COUNT")
+    if environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or attempt is None:
+        return None
+    from torch.distributed import PrefixStore, TCPStore
+
+    tcp = TCPStore(environ["MASTER_ADDR"], int(environ["MASTER_PORT"]), world_size=world_size, is_master=False,
+                   timeout=timedelta(seconds=timeout_s))
+    return PrefixStore(f"trainperf/attempt_{attempt}/", tcp)
 
 
 def destroy_distributed() -> None:

@@ -35,6 +35,42 @@ def gpt_config(cfg: Config, data_vocab: int | None = None) -> GPTConfig:
     )
 
 
+def model_vocab(model: nn.Module) -> tuple[int | None, str]:
+    """A user's model's vocabulary size and where it was read: its input embedding
+    (``get_input_embeddings()``, Hugging Face), ``config.vocab_size``, ``vocab_size``, or the first
+    nn.Embedding. (None, "") when the model shows none of them."""
+    get = getattr(model, "get_input_embeddings", None)
+    if callable(get):
+        try:
+            emb = get()
+        except Exception:  # noqa: BLE001 - not implemented by this model
+            emb = None
+        if isinstance(emb, nn.Embedding):
+            return emb.num_embeddings, "get_input_embeddings()"
+    for owner, where in ((getattr(model, "config", None), "config.vocab_size"), (model, "vocab_size")):
+        v = getattr(owner, "vocab_size", None) if owner is not None else None
+        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+            return v, where
+    for name, m in model.named_modules():
+        if isinstance(m, nn.Embedding):
+            return m.num_embeddings, f"the first nn.Embedding ({name})"
+    return None, ""
+
+
+def check_model_vocab(model: nn.Module, data_vocab: int | None, entrypoint: str) -> None:
+    """Refuse, before the first step, a model whose vocabulary is smaller than the data's (the first batch
+    with a token id past it would stop the run with an IndexError in the embedding)."""
+    vocab, where = model_vocab(model)
+    if data_vocab and vocab is not None and vocab < data_vocab:
+        raise ConfigError(
+            f"model.entrypoint={entrypoint!r}: the model's vocabulary ({vocab} tokens, from {where}) is smaller "
+            f"than the data's ({data_vocab}, from the data's meta.json / vocab_size): token ids up to "
+            f"{data_vocab - 1} would index past its embedding. Use data tokenized with the model's tokenizer, or "
+            f"enlarge the model's vocabulary to at least {data_vocab} (Hugging Face: "
+            f"model.resize_token_embeddings({data_vocab}))"
+        )
+
+
 def build_model(cfg: Config, *, data_vocab: int | None = None, device: str | torch.device = "cpu",
                 materialize: bool = True) -> nn.Module:
     """Build on ``meta``; with ``materialize`` move to ``device`` (to_empty) and initialize with run.seed.
@@ -47,6 +83,7 @@ def build_model(cfg: Config, *, data_vocab: int | None = None, device: str | tor
         model = fn(cfg) if len(inspect.signature(fn).parameters) >= 1 else fn()
         if not isinstance(model, nn.Module):
             raise ConfigError(f"model.entrypoint={cfg.model.entrypoint!r} returned {type(model).__name__}, not an nn.Module")
+        check_model_vocab(model, data_vocab, cfg.model.entrypoint)
         return model.to(device)
     gcfg = gpt_config(cfg, data_vocab)
     with torch.device("meta"):

@@ -231,7 +231,7 @@ def measured_matmul_peak(device: torch.device, dtype: str = "fp32", *, n: int | 
         try:
             data = json.loads(cache.read_text()) if cache.exists() else {}
             old = float(data.get(skey, {}).get("peak_flops", 0.0))
-        except (OSError, ValueError, AttributeError):
+        except (OSError, ValueError, AttributeError, TypeError):  # unreadable or garbage: measure afresh
             data, old = {}, 0.0
         if old > flops:
             flops, how = old, f"best seen on this machine, cached in {cache}"

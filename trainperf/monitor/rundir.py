@@ -3,15 +3,35 @@
 All file reading of those three commands is here: ``load_run(run_dir)`` returns the step and eval
 records per rank, the sampler records, summary.json and config.yaml. A crashed run (no
 summary.json, a last line cut in half) loads; a directory that is not a run is a ``UserError``.
-``strict(obj)`` makes an object safe for strict JSON (NaN and infinities become None).
+Strict JSON output: :func:`trainperf.runio.dumps_strict`.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """The JSON objects of a JSONL file (none if it is missing); lines cut by a crash are skipped, a file of
+    garbage is a UserError naming it (trainperf.runio)."""
+    from trainperf.runio import read_jsonl as _read
+
+    return _read(path, what="trainperf metrics/samples log") if path.is_file() else []
+
+
+def _read_json(path: Path) -> dict:
+    """summary.json, or {} when it is missing or unreadable (a crashed run has none; the records still load)."""
+    from trainperf.errors import UserError
+    from trainperf.runio import read_json
+
+    if not path.is_file():
+        return {}
+    try:
+        return read_json(path, what="run summary")
+    except UserError:
+        return {}
 
 
 def _read_text(path: Path) -> str:
@@ -21,31 +41,6 @@ def _read_text(path: Path) -> str:
         return path.read_bytes().decode("utf-8", errors="replace")
     except OSError as exc:
         raise UserError(f"cannot read {path}: {exc.strerror or exc}; check the file's permissions") from exc
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    """The JSON objects of a JSONL file; lines that do not parse (cut by a crash, garbage) are skipped."""
-    if not path.is_file():
-        return []
-    out = []
-    for line in _read_text(path).splitlines():
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(rec, dict):
-            out.append(rec)
-    return out
-
-
-def _read_json(path: Path) -> dict:
-    if not path.is_file():
-        return {}
-    try:
-        obj = json.loads(_read_text(path))
-    except ValueError:
-        return {}
-    return obj if isinstance(obj, dict) else {}
 
 
 def _read_yaml(path: Path) -> dict:
@@ -104,21 +99,3 @@ def load_run(run_dir: str | Path) -> dict[str, Any]:
     return {"dir": d, "ranks": ranks, "evals": evals, "samples": samples, "sample_meta": sample_meta,
             "summary": _read_json(d / "summary.json"), "config": _read_yaml(d / "config.yaml"),
             "crashed": not (d / "summary.json").is_file()}
-
-
-def strict(obj: Any) -> Any:
-    """A copy that ``json.dumps(..., allow_nan=False)`` accepts: non-finite floats become None,
-    tuples lists, paths and other objects their ``str``."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if obj is None or isinstance(obj, (bool, int, str)):
-        return obj
-    if isinstance(obj, dict):
-        return {str(k): strict(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [strict(v) for v in obj]
-    return str(obj)
-
-
-def dumps_strict(obj: Any) -> str:
-    return json.dumps(strict(obj), indent=2, allow_nan=False)

@@ -20,12 +20,13 @@ class JSONLSink:
     def _truncate(self, step: int) -> None:
         """On resume: drop lines of steps after the checkpoint (they will be recomputed)."""
         keep = []
-        for line in self.path.read_text(encoding="utf-8").splitlines():
+        for line in self.path.read_text(encoding="utf-8", errors="replace").splitlines():
             try:
                 rec = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line cut by a crash
-            if rec.get("step", -1) <= step:
+            except (json.JSONDecodeError, RecursionError):
+                continue  # a line cut by a crash, or garbage
+            s = rec.get("step", -1) if isinstance(rec, dict) else None
+            if isinstance(s, (int, float)) and not isinstance(s, bool) and s <= step:
                 keep.append(line)
         self.path.write_text("".join(k + "\n" for k in keep), encoding="utf-8")
 

@@ -62,6 +62,31 @@ def atomic_write(path: Path, data: bytes, *, kill_midway: bool = False) -> None:
     _fsync_dir(path.parent)
 
 
+def read_manifest(path: Path, step: int) -> dict:
+    """A checkpoint's manifest, checked field by field: CheckpointError naming the file if it is not one."""
+    from trainperf.errors import UserError
+    from trainperf.runio import read_json
+
+    try:
+        manifest = read_json(path, what="checkpoint manifest")
+    except UserError as exc:
+        raise CheckpointError(str(exc)) from None
+    name = f"step-{step:08d}.pt"
+    problems = []
+    if manifest.get("file") != name:
+        problems.append(f"file={manifest.get('file')!r} (expected {name!r})")
+    size = manifest.get("bytes")
+    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+        problems.append(f"bytes={size!r} (expected a byte count)")
+    digest = manifest.get("sha256")
+    if not (isinstance(digest, str) and re.fullmatch(r"[0-9a-f]{64}", digest)):
+        problems.append(f"sha256={digest!r} (expected 64 hex digits)")
+    if problems:
+        raise CheckpointError(f"{path}: not a valid checkpoint manifest ({'; '.join(problems)}); "
+                              "delete this checkpoint's .json and .pt, or start over with --resume never")
+    return manifest
+
+
 class CheckpointManager:
     """Single-file checkpoints in a directory. ``kill_step``: a test knob (``Knobs.checkpoint_kill_step``)
     that SIGKILLs this process half-way through writing that step's file (crash consistency)."""
@@ -103,15 +128,12 @@ class CheckpointManager:
 
     def verify_and_load(self, step: int, map_location: str | torch.device = "cpu") -> dict:
         manifest_path = self.dir / f"step-{step:08d}.json"
-        try:
-            manifest = json.loads(manifest_path.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise CheckpointError(f"{manifest_path}: unreadable manifest ({exc})") from None
+        manifest = read_manifest(manifest_path, step)
         path = self.dir / manifest["file"]
         try:
             data = path.read_bytes()
         except OSError as exc:
-            raise CheckpointError(f"{path}: cannot read ({exc.strerror})") from None
+            raise CheckpointError(f"{path}: cannot read ({exc.strerror or exc})") from None
         if len(data) != manifest["bytes"]:
             raise CheckpointError(f"{path}: truncated ({len(data)} of {manifest['bytes']} bytes)")
         if hashlib.sha256(data).hexdigest() != manifest["sha256"]:
@@ -147,6 +169,8 @@ class CheckpointManager:
         p = Path(path)
         if not p.exists():
             raise CheckpointError(f"--resume {path!r}: no such file; pass a step-XXXXXXXX.pt file or 'auto'")
+        if p.is_dir():
+            raise CheckpointError(f"--resume {path!r} is a directory; pass a step-XXXXXXXX.pt file inside it, or 'auto'")
         m = re.match(r"^step-(\d{8})\.pt$", p.name)
         if m and (p.parent / f"step-{m.group(1)}.json").exists():
             return CheckpointManager(p.parent).verify_and_load(int(m.group(1)), map_location)

@@ -1,0 +1,143 @@
+"""Reading and writing the JSON files of a run (summary.json, metrics.jsonl, manifests), strictly.
+
+Writing: :func:`dumps_strict` is standard JSON only: NaN and +-Infinity become ``null`` (Python's
+``json`` would write the non-standard ``NaN``), numpy scalars become numbers, anything else
+unknown its ``str``. :func:`write_json` writes it atomically (temporary file, fsync, rename).
+
+Reading: :func:`read_json` and :func:`read_jsonl` accept nothing but JSON text: binary, non-UTF-8,
+empty or cut-off files raise :class:`~trainperf.errors.UserError` naming the file and the fix.
+Old files holding ``NaN``/``Infinity`` still load; those values read as ``None``, as a strictly
+written file would hold them. A JSON-lines file may hold lines cut or zero-filled by a crash (skipped).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import numbers
+import os
+from pathlib import Path
+from typing import Any
+
+from trainperf.errors import UserError
+
+MAX_JSON_BYTES = 256 * 2**20  # summaries and manifests are KiB; metrics of long runs some MiB
+
+
+def strict(obj: Any) -> Any:
+    """A copy of ``obj`` with non-finite floats as None and numpy scalars as Python numbers."""
+    if isinstance(obj, dict):
+        return {str(k) if not isinstance(k, (str, int, float, bool)) and k is not None else k: strict(v)
+                for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [strict(v) for v in obj]
+    if isinstance(obj, bool) or obj is None or isinstance(obj, str):
+        return obj
+    if isinstance(obj, numbers.Integral):
+        return int(obj)
+    if isinstance(obj, numbers.Real):
+        f = float(obj)
+        return f if math.isfinite(f) else None
+    if hasattr(obj, "tolist") and not isinstance(obj, (bytes, bytearray)):  # numpy arrays, tensors
+        try:
+            return strict(obj.tolist())
+        except Exception:  # noqa: BLE001 - not convertible: its text
+            return str(obj)
+    return obj
+
+
+def dumps_strict(obj: Any, *, indent: int | None = 2, **kwargs) -> str:
+    """``json.dumps`` that never writes NaN/Infinity (they become null); unknown objects as their str."""
+    return json.dumps(strict(obj), indent=indent, allow_nan=False, default=str, **kwargs)
+
+
+def write_json(path: str | os.PathLike, obj: Any, *, indent: int | None = 2) -> Path:
+    """Write ``obj`` as strict JSON, atomically: a reader sees the old file or the new one, never half."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = (dumps_strict(obj, indent=indent) + "\n").encode("utf-8")
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def _nan_as_none(_constant: str) -> None:
+    return None
+
+
+def _read_text(path: Path, what: str, *, lenient: bool = False) -> str:
+    """The file's text; binary (NUL) or non-UTF-8 content is a UserError, unless ``lenient`` (a log whose
+    last block a crash may have left zero-filled or cut inside a character: its lines are judged one by one)."""
+    if not path.exists():
+        raise UserError(f"{path}: no such file ({what})")
+    if path.is_dir():
+        raise UserError(f"{path}: is a directory, expected the {what} file")
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_JSON_BYTES + 1)
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read the {what} ({exc.strerror}); check its permissions") from None
+    if len(raw) > MAX_JSON_BYTES:
+        raise UserError(f"{path}: larger than {MAX_JSON_BYTES // 2**20} MiB, not a {what}; pass the right file")
+    if lenient:
+        return raw.decode("utf-8", errors="replace")
+    nul = raw.find(b"\0")
+    if nul >= 0:
+        raise UserError(f"{path}: binary content (a NUL byte at offset {nul}), not a {what}; "
+                        "the file is corrupt or not the right one")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path}: not UTF-8 text (byte {exc.start}), not a {what}; the file is corrupt "
+                        "or not the right one") from None
+
+
+def read_json(path: str | os.PathLike, *, what: str = "JSON file", expect: type | None = dict) -> Any:
+    """The JSON value in ``path`` (a dict unless ``expect`` says otherwise); NaN/Infinity read as None.
+    Raises UserError naming the file for anything that is not such a value."""
+    path = Path(path)
+    text = _read_text(path, what)
+    if not text.strip():
+        raise UserError(f"{path}: empty, not a {what} (a write was interrupted?); delete it or rerun what wrote it")
+    try:
+        value = json.loads(text, parse_constant=_nan_as_none)
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}), not a "
+                        f"{what}; the file is cut off or corrupt: delete it or rerun what wrote it") from None
+    except RecursionError:
+        raise UserError(f"{path}: nested too deeply to be a {what}") from None
+    if expect is not None and not isinstance(value, expect):
+        raise UserError(f"{path}: holds a JSON {type(value).__name__}, expected a {expect.__name__} ({what})")
+    return value
+
+
+def read_jsonl(path: str | os.PathLike, *, what: str = "JSON-lines log") -> list[dict]:
+    """The object records of a JSON-lines file, in order. Lines that do not parse (the last one cut by a
+    crash) are skipped; a non-empty file of which no line parses raises UserError naming it."""
+    path = Path(path)
+    text = _read_text(path, what, lenient=True)
+    out: list[dict] = []
+    bad = 0
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line, parse_constant=_nan_as_none)
+        except (json.JSONDecodeError, RecursionError):
+            bad += 1
+            continue
+        if isinstance(rec, dict):
+            out.append(rec)
+        else:
+            bad += 1
+    if bad and not out:
+        raise UserError(f"{path}: none of its {bad} line(s) is a JSON object, not a {what}; "
+                        "the file is corrupt or not the right one")
+    return out
