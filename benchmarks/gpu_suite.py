@@ -75,10 +75,9 @@ def build(overrides: list[str]):
 
 
 def estimate_bytes(trainer) -> int | None:
-    try:
-        from trainperf.memory.estimate import GPTShape, estimate_gpt, plan_of
-    except ImportError:
-        return None
+    from trainperf.memory.estimate import GPTShape, estimate_gpt
+    from trainperf.memory.plan import plan_of
+
     cfg, model = trainer.cfg, trainer.model
     if not hasattr(model, "cfg"):
         return None

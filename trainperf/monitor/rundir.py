@@ -22,16 +22,10 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 def _read_json(path: Path) -> dict:
-    """summary.json, or {} when it is missing or unreadable (a crashed run has none; the records still load)."""
-    from trainperf.errors import UserError
+    """summary.json, or {} when it is missing (a crashed run has none); garbage is a UserError naming it."""
     from trainperf.runio import read_json
 
-    if not path.is_file():
-        return {}
-    try:
-        return read_json(path, what="run summary")
-    except UserError:
-        return {}
+    return read_json(path, what="run summary") if path.is_file() else {}
 
 
 def _read_text(path: Path) -> str:

@@ -6,6 +6,8 @@ import json
 import os
 from pathlib import Path
 
+from trainperf.runio import dumps_strict
+
 
 class JSONLSink:
     def __init__(self, path: str | os.PathLike, *, truncate_after_step: int | None = None):
@@ -31,7 +33,7 @@ class JSONLSink:
         self.path.write_text("".join(k + "\n" for k in keep), encoding="utf-8")
 
     def write(self, record: dict) -> None:
-        self._f.write(json.dumps(record, default=float) + "\n")
+        self._f.write(dumps_strict(record, indent=None) + "\n")  # strict JSON: a NaN loss is logged as null
 
     def close(self) -> None:
         self._f.close()

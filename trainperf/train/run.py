@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 import time
@@ -13,6 +12,7 @@ import torch
 from trainperf.config.load import dump_yaml
 from trainperf.monitor.monitor import Monitor
 from trainperf.monitor.sinks import JSONLSink
+from trainperf.runio import write_json
 from trainperf.train.loop import Trainer
 
 
@@ -104,7 +104,7 @@ def fit(trainer: Trainer, *, resume: str = "auto", verbose: bool = True) -> dict
     }
     monitor.finish(summary)  # mfu, hfu, peak and conventions, sampler status; stops the threads
     if main:
-        _write_json(run_dir / "summary.json", summary)
+        write_json(run_dir / "summary.json", summary)  # strict JSON (NaN -> null), atomic
         if sink:
             sink.close()
     if verbose and main:
@@ -139,29 +139,14 @@ def _flush(pending, sink, trainer: Trainer, bar, say) -> float:
     return losses[-1]
 
 
-def _write_json(path: Path, obj) -> None:
-    """Atomically, as strict JSON (NaN and infinities become null)."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(_strict(obj), indent=2, default=str, allow_nan=False))
-    tmp.replace(path)
-
-
-def _strict(obj):
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {k: _strict(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_strict(v) for v in obj]
-    return obj
-
-
 def _already_finished(trainer: Trainer, run_dir: Path, step: int, say) -> dict:
     """Running a finished run again: nothing to train; the summary on disk stays as it is."""
-    path = run_dir / "summary.json"
+    from trainperf.errors import UserError
+    from trainperf.runio import read_json
+
     try:
-        summary = json.loads(path.read_text())
-    except (OSError, ValueError):
+        summary = read_json(run_dir / "summary.json", what="run summary")
+    except UserError:
         summary = {"steps": step, "final_loss": None}
     summary["already_finished"] = True
     say(f"train: {run_dir} already finished ({step} of run.steps={trainer.cfg.run.steps} steps, checkpoint at step "
