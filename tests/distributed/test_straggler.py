@@ -1,0 +1,91 @@
+"""A straggler that trainperf did not make: rank 1 shares its core with a busy process.
+
+Two gloo ranks of `trainperf train` (data=2), each pinned to its own CPU, launched the way torchrun
+would (RANK, WORLD_SIZE, MASTER_ADDR/PORT); in the second run a busy loop is pinned to rank 1's CPU.
+The diagnosis compares the ranks by their own compute clock (``rank_compute_s``: wall time to the
+last gradient on CPU, before the all-reduce waits for the other rank), so the busy run names rank 1,
+and the quiet run has no straggler finding. Needs two usable CPUs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from trainperf.distributed.harness import free_port
+
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+CONFIG = """\
+run: {name: s, steps: 40, seed: 7, log_every: 5, eval_every: 0, eval_batches: 1, sample_tokens: 0, progress: false, threads: 1}
+model: {n_layer: 2, n_head: 4, n_embd: 128, block_size: 128, vocab_size: 64}
+data: {source: synthetic, num_workers: 0, loader: simple}
+train: {global_batch: 16, micro_batch: 8}
+checkpoint: {every: 0, at_end: false}
+monitor: {mfu: false}
+parallelism: {data: 2}
+"""
+CPUS = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+
+
+def _pinned(cpu: int):
+    return lambda: os.sched_setaffinity(0, {cpu})
+
+
+def _train(tmp: Path, name: str, busy: bool) -> Path:
+    run_dir = tmp / name
+    hog = None
+    if busy:  # a process outside trainperf, on rank 1's core
+        hog = subprocess.Popen([sys.executable, "-c", "while True: pass"], preexec_fn=_pinned(CPUS[1]))
+    port = str(free_port())
+    procs = []
+    try:
+        for rank in (0, 1):
+            env = dict(os.environ, OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=port, RANK=str(rank),
+                       LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2")
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "trainperf", "train", str(tmp / "c.yaml"), "--resume", "never",
+                 "--set", f"run.dir={run_dir}"], cwd=REPO, env=env, preexec_fn=_pinned(CPUS[rank]),
+                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+        for p in procs:
+            _, err = p.communicate(timeout=240)
+            assert p.returncode == 0, err[-2000:]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        if hog is not None:
+            hog.kill()
+            hog.wait()
+    return run_dir
+
+
+def _findings(run_dir: Path) -> dict:
+    out = subprocess.run([sys.executable, "-m", "trainperf", "diagnose", str(run_dir), "--json"], cwd=REPO,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return {f["id"]: f for f in json.loads(out.stdout)["findings"]}
+
+
+@pytest.mark.skipif(len(CPUS) < 2, reason="needs two usable CPUs to pin the ranks apart")
+def test_a_rank_sharing_its_core_is_named_and_a_quiet_run_is_not(tmp_path):
+    (tmp_path / "c.yaml").write_text(CONFIG)
+    quiet = _findings(_train(tmp_path, "quiet", busy=False))
+    busy_dir = _train(tmp_path, "busy", busy=True)
+    busy = _findings(busy_dir)
+    assert "straggler" in busy, busy
+    f = busy["straggler"]
+    assert f["rank"] == 1 and f["ratio"] > 1.3, f["evidence"]
+    assert "rank 1" in f["evidence"]
+    assert "straggler" not in quiet, quiet["straggler"]["evidence"]
+    # the per-rank figures are in metrics.jsonl: the clock, and the CPU time that shows the waiting for a core
+    recs = [json.loads(x) for x in (busy_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    ranks = [r for r in recs if "rank_compute_s" in r]
+    assert ranks and all(len(r["rank_compute_s"]) == 2 and len(r["rank_cpu_s"]) == 2 for r in ranks)
+    assert ranks[0]["rank_clock"] == "wall_to_last_grad"
