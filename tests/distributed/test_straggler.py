@@ -77,6 +77,9 @@ def _findings(run_dir: Path) -> dict:
 def test_a_rank_sharing_its_core_is_named_and_a_quiet_run_is_not(tmp_path):
     (tmp_path / "c.yaml").write_text(CONFIG)
     quiet = _findings(_train(tmp_path, "quiet", busy=False))
+    if "host_contention" in quiet:  # something else keeps these cores busy: no clean control to compare with
+        pytest.skip("the machine is busy (the quiet run was diagnosed host_contention): " +
+                    quiet["host_contention"]["evidence"][:200])
     busy_dir = _train(tmp_path, "busy", busy=True)
     busy = _findings(busy_dir)
     assert "straggler" in busy, busy
