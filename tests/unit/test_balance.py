@@ -17,7 +17,7 @@ from trainperf.config.schema import Config
 from trainperf.data.sampler import GlobalBatchSampler
 from trainperf.distributed.balance import (BalancePolicy, DynamicBalancer, coefficient_of_variation,
                                            local_loss_scale, micro_batch_sizes, micro_loss_scale,
-                                           proportional_shares, share_bounds)
+                                           proportional_shares, proportional_targets, share_bounds)
 from trainperf.errors import ConfigError
 
 
@@ -324,3 +324,25 @@ def test_from_config_and_state_dict_round_trip():
     other = DynamicBalancer.from_config(cfg, 64, micro_steps=2, world=2, rank=0, gather=both_ranks)
     other.load_state_dict(bal.state_dict())  # another global batch: start again from equal shares
     assert other.shares == [32, 32]
+
+
+def test_a_straggler_below_the_cv_threshold_is_moved_on_the_predicted_gain():
+    # 1.4x slower rank: CV of the step times 0.167 < 0.2, but equal shares of 64 -> [37, 27] cut the step 15.6%
+    pol = BalancePolicy(64, 2, window=20, min_steps=5)
+    simulate(pol, lambda s: [1e-3, 1.4e-3], 200, noise=0.02, seed=1)
+    assert pol.decisions and pol.decisions[0].trigger == "gain"
+    assert pol.decisions[0].imbalance < 0.2 and pol.decisions[0].predicted_gain >= 0.15
+    assert pol.shares[0] > pol.shares[1]
+    off = BalancePolicy(64, 2, window=20, min_steps=5, trigger_gain=0.5)  # the CV rule alone: no move
+    simulate(off, lambda s: [1e-3, 1.4e-3], 200, noise=0.02, seed=1)
+    assert off.decisions == []
+
+
+def test_fixed_time_moves_more_samples_off_a_rank_slow_at_everything():
+    # rank 1 is 2x slower per sample and also at its per-step fixed work (optimizer): 10 ms vs 5 ms.
+    # Proportional shares of compute alone give [43, 21]; equalizing fixed + compute gives fewer to rank 1.
+    targets = proportional_targets([1000.0, 500.0], 64, offsets=[0.005, 0.010])
+    assert sum(targets) == pytest.approx(64)
+    assert 0.005 + targets[0] / 1000 == pytest.approx(0.010 + targets[1] / 500)  # equal predicted time
+    assert targets[1] < 64 / 3
+    assert proportional_targets([1000.0, 500.0], 64) == pytest.approx([64 * 2 / 3, 64 / 3])  # no offsets

@@ -283,6 +283,11 @@ class BalanceConfig(Section):
     """In [0, 1). A move must be predicted to cut the step's compute time (slowest rank) by at least this
     fraction. After a move the balancer keeps refining (no threshold needed) while such a move exists,
     then waits for the threshold again: the hysteresis. Moves that are only rounding are never made."""
+    trigger_gain: float = Field(0.15, gt=0, lt=1)
+    """In (0, 1). Also act, below the CV threshold, when the measured speeds predict a move that cuts the
+    step's time by at least this fraction: with two ranks a CV of 0.2 is a 1.5x speed ratio, so the CV alone
+    leaves a 1.4x straggler (a core shared with another process) alone; the move must hold over the whole
+    window and its newer half for min_steps judgements in a row."""
     min_steps: PosInt = 10
     """Measurements needed under the current shares before the balancer judges them (again after each move)."""
     sync_every: PosInt = 1

@@ -122,26 +122,30 @@ def share_bounds(global_batch: int, world: int, *, min_share: float = 0.0, max_s
     return lo, hi
 
 
-def proportional_targets(speeds: Sequence[float], global_batch: int, *, lo: int = 1, hi: int | None = None) -> list[float]:
-    """Real-valued shares ``clamp(lam x speed, lo, hi)``, ``lam`` chosen so they sum to ``global_batch``.
+def proportional_targets(speeds: Sequence[float], global_batch: int, *, lo: int = 1, hi: int | None = None,
+                         offsets: Sequence[float] | None = None) -> list[float]:
+    """Real-valued shares ``clamp(speed x (T - offset), lo, hi)``, the step time ``T`` chosen so they sum to
+    ``global_batch``: every unclamped rank then takes ``offset + share / speed = T`` (``offset``: its
+    per-step time that does not scale with samples; none: shares in proportion to speed).
 
-    Clamped ranks sit at their bound and the others share the rest in proportion to speed.
+    Clamped ranks sit at their bound and the others share the rest.
     """
     n = len(speeds)
+    offsets = [0.0] * n if offsets is None else [max(0.0, float(o)) for o in offsets]
     hi = global_batch if hi is None else hi
     if n == 0 or lo * n > global_batch or hi * n < global_batch:
         raise ValueError(f"no shares of {global_batch} for {n} ranks within [{lo}, {hi}]")
     if any(not (s > 0 and math.isfinite(s)) for s in speeds):
         raise ValueError(f"speeds must be positive and finite, got {list(speeds)}")
 
-    def total(lam: float) -> float:  # nondecreasing in lam: bisection
-        return sum(min(hi, max(lo, lam * s)) for s in speeds)
+    def total(t: float) -> float:  # nondecreasing in t: bisection
+        return sum(min(hi, max(lo, (t - o) * s)) for s, o in zip(speeds, offsets))
 
-    a, b = 0.0, global_batch / min(speeds)
+    a, b = 0.0, max(offsets) + global_batch / min(speeds)
     for _ in range(200):
         mid = (a + b) / 2
         a, b = (mid, b) if total(mid) < global_batch else (a, mid)
-    return [min(hi, max(lo, b * s)) for s in speeds]
+    return [min(hi, max(lo, (b - o) * s)) for s, o in zip(speeds, offsets)]
 
 
 def round_shares(target: Sequence[float], global_batch: int, *, lo: int = 1, hi: int | None = None) -> list[int]:
@@ -193,6 +197,7 @@ class BalanceDecision:
 
     step: int
     speeds: list[float]        # samples/s per rank (current share / median step compute time)
+    fixed_times: list[float]   # median per-step time that does not scale with samples (data, optimizer) (s)
     step_times: list[float]    # median step compute time per rank, newer half of the window, old shares (s)
     old_shares: list[int]
     new_shares: list[int]
@@ -201,6 +206,7 @@ class BalanceDecision:
     predicted_gain: float      # 1 - predicted step time / measured step time (slowest rank)
     measurements: int          # steps the medians were taken over
     refinement: bool = False   # made while refining after a move (no threshold needed), not on a trigger
+    trigger: str = "threshold"  # what started it: "threshold" (CV), "gain" (predicted cut), "refinement"
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -213,12 +219,19 @@ class BalanceDecision:
 class BalancePolicy:
     """The balancer's arithmetic, for all ranks at once; no process group (unit-testable).
 
-    Call :meth:`update` once per step with every rank's compute time of that step.
+    Call :meth:`update` once per step with every rank's compute time of that step (forward+backward, which
+    scales with its samples) and, optionally, its fixed time (data, optimizer: the same whatever its share;
+    on a rank that shares its core with another process it is slow too). A rank's time is modelled as
+    ``fixed + share / speed``; new shares equalize it.
+
+    When to act: the CV of the per-rank step times above ``threshold`` (the founding document's rule), or
+    a predicted cut of the step time of at least ``trigger_gain`` (the CV alone misses a 1.4x straggler
+    between two ranks); after a move, refine while a move gains ``min_gain``.
     """
 
     def __init__(self, global_batch: int, world: int, *, window: int = 100, threshold: float = 0.2,
                  min_share: float = 0.0, max_share: float = 1.0, min_gain: float = 0.02, min_steps: int = 10,
-                 micro_steps: int = 1, shares: Sequence[int] | None = None):
+                 micro_steps: int = 1, shares: Sequence[int] | None = None, trigger_gain: float = 0.15):
         check_balance_args(window=window, threshold=threshold, min_gain=min_gain, min_steps=min_steps)
         if world < 1 or global_batch < world * micro_steps:
             raise ConfigError(
@@ -226,7 +239,7 @@ class BalancePolicy:
                 f"{micro_steps} micro-step(s) of at least one sample; use a global batch >= {world * micro_steps}"
             )
         self.global_batch, self.world = global_batch, world
-        self.window, self.threshold, self.min_gain = window, threshold, min_gain
+        self.window, self.threshold, self.min_gain, self.trigger_gain = window, threshold, min_gain, trigger_gain
         self.min_steps = min(min_steps, window)
         self.micro_steps = micro_steps
         self.lo, self.hi = share_bounds(global_batch, world, min_share=min_share, max_share=max_share,
@@ -235,9 +248,11 @@ class BalancePolicy:
         if len(self.shares) != world or sum(self.shares) != global_batch:
             raise ValueError(f"shares {self.shares} must be {world} counts summing to {global_batch}")
         self._buf = np.zeros((window, world))  # ring of the last `window` steps' compute times
+        self._fixed = np.zeros((window, world))  # and their fixed (share-independent) times
         self._count = 0  # measurements under the current shares (capped at window)
         self._next = 0
         self.engaged = False  # refining: True from a move until a judgement finds no move worth making
+        self._gain_streak = 0  # consecutive judgements below the CV threshold that found a move worth trigger_gain
         self._previous: list[int] | None = None  # the shares before the last move
         self.decisions: list[BalanceDecision] = []
 
@@ -246,11 +261,12 @@ class BalancePolicy:
         """Steps measured under the current shares and kept (at most ``window``)."""
         return self._count
 
-    def medians(self, last: int | None = None) -> list[float]:
-        """Per-rank median step compute time over the window (or its ``last`` measurements)."""
+    def medians(self, last: int | None = None, *, fixed: bool = False) -> list[float]:
+        """Per-rank median step compute time (``fixed``: fixed time) over the window (or its ``last``
+        measurements)."""
         k = min(last or self._count, self._count)
         idx = (self._next - 1 - np.arange(k)) % self.window  # the k newest rows
-        return np.median(self._buf[idx], axis=0).tolist()  # (k, world) -> (world,)
+        return np.median((self._fixed if fixed else self._buf)[idx], axis=0).tolist()  # (k, world) -> (world,)
 
     def imbalance(self) -> float | None:
         """CV of the per-rank median step compute times under the current shares (None: too few)."""
@@ -258,23 +274,24 @@ class BalancePolicy:
             return None
         return coefficient_of_variation(self.medians())
 
-    def update(self, step: int, compute_times: Sequence[float]) -> BalanceDecision | None:
-        """Record one step's compute time per rank; return a decision when the shares change."""
+    def update(self, step: int, compute_times: Sequence[float],
+               fixed_times: Sequence[float] | None = None) -> BalanceDecision | None:
+        """Record one step's compute (and fixed) time per rank; return a decision when the shares change."""
         if len(compute_times) != self.world:
             raise ValueError(f"expected {self.world} compute times, got {len(compute_times)}")
         self._buf[self._next] = np.maximum(np.asarray(compute_times, dtype=np.float64), 1e-12)
+        self._fixed[self._next] = 0.0 if fixed_times is None else np.maximum(np.asarray(fixed_times, float), 0.0)
         self._next = (self._next + 1) % self.window
         self._count = min(self._count + 1, self.window)
         if self._count < self.min_steps:
             return None
-        cv = coefficient_of_variation(self.medians())
-        if not self.engaged and cv <= self.threshold:
-            return None
+        cv = coefficient_of_variation([c + f for c, f in zip(self.medians(), self.medians(fixed=True))])
         # The trigger uses the whole window (robust to blips); the speeds its newer half (at least
         # min_steps), so a change that has just outweighed the older half is not averaged with it.
-        times = self.medians(max(self.min_steps, self._count // 2))
+        newer = max(self.min_steps, self._count // 2)
+        times, fixed = self.medians(newer), self.medians(newer, fixed=True)
         speeds = [s / t for s, t in zip(self.shares, times)]
-        target = proportional_targets(speeds, self.global_batch, lo=self.lo, hi=self.hi)
+        target = proportional_targets(speeds, self.global_batch, lo=self.lo, hi=self.hi, offsets=fixed)
         if all(abs(s - x) < 1 for s, x in zip(self.shares, target)):
             self.engaged = False  # the current shares are already a rounding of the target: settled
             return None
@@ -283,19 +300,35 @@ class BalancePolicy:
             self.engaged = False  # refining back to the shares just left: noise between neighbours
             return None
         per_sample = [t / s for s, t in zip(self.shares, times)]
-        predicted = [n * p for n, p in zip(new, per_sample)]
-        gain = 1.0 - max(predicted) / max(times)
+        predicted = [f + n * p for f, n, p in zip(fixed, new, per_sample)]
+        gain = 1.0 - max(predicted) / max(f + t for f, t in zip(fixed, times))
+        trigger = "refinement" if self.engaged else ("threshold" if cv > self.threshold else "gain")
+        if trigger == "gain":
+            # below the CV threshold, a move must be worth trigger_gain by the newer half and the whole window
+            # alike, for min_steps evaluations in a row: a noisy excursion does not start a move
+            held = min(gain, self._window_gain(new)) >= self.trigger_gain
+            self._gain_streak = self._gain_streak + 1 if held else 0
+            if self._gain_streak < self.min_steps:
+                return None
         if gain < self.min_gain:
             self.engaged = False  # not worth a move: noise, or a residual the bounds keep
             return None
-        decision = BalanceDecision(step=step, speeds=speeds, step_times=times, old_shares=list(self.shares),
-                                   new_shares=new, imbalance=cv, predicted_imbalance=coefficient_of_variation(predicted),
-                                   predicted_gain=gain, measurements=self._count, refinement=self.engaged)
+        decision = BalanceDecision(step=step, speeds=speeds, fixed_times=fixed, step_times=times,
+                                   old_shares=list(self.shares), new_shares=new, imbalance=cv,
+                                   predicted_imbalance=coefficient_of_variation(predicted), predicted_gain=gain,
+                                   measurements=self._count, refinement=self.engaged, trigger=trigger)
         self._previous, self.shares = self.shares, new
+        self._gain_streak = 0
         self._count = 0  # times under the old shares are not comparable
         self.engaged = True
         self.decisions.append(decision)
         return decision
+
+    def _window_gain(self, new: list[int]) -> float:
+        """Predicted cut of the step time from ``new`` shares, by the whole window's medians."""
+        times, fixed = self.medians(), self.medians(fixed=True)
+        predicted = [f + n * t / s for f, n, t, s in zip(fixed, new, times, self.shares)]
+        return 1.0 - max(predicted) / max(f + t for f, t in zip(fixed, times))
 
     def state_dict(self) -> dict:
         return {"shares": list(self.shares), "global_batch": self.global_batch, "world": self.world}
@@ -447,7 +480,7 @@ class DynamicBalancer:
         b = balance_cfg
         return cls(global_batch, group=group, device=device, sync_every=b.sync_every, window=b.window,
                    threshold=b.threshold, min_share=b.min_share, max_share=b.max_share, min_gain=b.min_gain,
-                   min_steps=b.min_steps, micro_steps=micro_steps, **kwargs)
+                   min_steps=b.min_steps, micro_steps=micro_steps, trigger_gain=b.trigger_gain, **kwargs)
 
     @property
     def shares(self) -> list[int]:
@@ -477,21 +510,23 @@ class DynamicBalancer:
         dist.all_gather(out, local, group=self.group)
         return [o.tolist() for o in out]  # host sync (every sync_every steps)
 
-    def step(self, step: int, compute_s: float) -> BalanceDecision | None:
-        """Record this rank's compute time of ``step``; every ``sync_every`` steps exchange and decide.
+    def step(self, step: int, compute_s: float, fixed_s: float = 0.0) -> BalanceDecision | None:
+        """Record this rank's compute time of ``step`` (and its fixed time: data, optimizer); every
+        ``sync_every`` steps exchange and decide.
 
         Collective: every rank of the group must call it at the same steps. Returns the decision
         when the shares change (apply them from the next step on), else None.
         """
-        self._pending.append(float(compute_s))
-        if len(self._pending) < self.sync_every:
+        self._pending += [float(compute_s), float(fixed_s)]
+        if len(self._pending) < 2 * self.sync_every:
             return None
         rows = self._gather(self._pending)
         self._pending = []
-        n = len(rows[0])
+        n = len(rows[0]) // 2
         for j in range(n):
             # All buffered steps ran with the current shares; a decision mid-buffer makes the rest stale.
-            decision = self.policy.update(step - n + 1 + j, [rows[r][j] for r in range(self.world)])
+            decision = self.policy.update(step - n + 1 + j, [rows[r][2 * j] for r in range(self.world)],
+                                          [rows[r][2 * j + 1] for r in range(self.world)])
             if decision is not None:
                 return decision
         return None

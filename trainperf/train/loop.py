@@ -99,6 +99,7 @@ class Trainer:
         self.tokens_per_step = c.train.global_batch * data.seq_len
         self._compile_pending = bool(c.compile.enabled)  # the first step compiles (its own phase)
         self.balancer = self.clock = None
+        self._fixed_clock = lambda: 0.0
         self._window: list = []  # this rank's (compute, cpu) seconds per step since the last exchange
         if pm.dims.distributed and self.dp_world > 1:
             self._build_clock()
@@ -136,6 +137,10 @@ class Trainer:
         cpu_fsdp = pm.kind == "fsdp" and self.device.type == "cpu"
         self.clock = ThreadCpuClock() if cpu_fsdp else ComputeClock(pm.modules[0], self.device.type)
         self.clock_name = "thread_cpu" if cpu_fsdp else ("cuda_events" if self.device.type == "cuda" else "wall_to_last_grad")
+        # the balancer's fixed time (data + optimizer, which a rank's share does not scale): the compute clock's
+        # kind on CPU; on CUDA the optimizer's kernels run asynchronously (identical GPUs: nothing to model)
+        self._fixed_clock = (time.thread_time if cpu_fsdp else time.perf_counter) if self.device.type == "cpu" \
+            else (lambda: 0.0)
         if c.parallelism.balance.enabled:  # parallelism.balance: per-rank shares of the global batch
             self.balancer = DynamicBalancer.from_config(
                 c.parallelism.balance, c.train.global_batch, micro_steps=self.accum, world=self.dp_world,
@@ -155,10 +160,13 @@ class Trainer:
             group["lr"] = lr
 
         timer.phase("data")
+        fixed_clock = self._fixed_clock
+        f0 = fixed_clock()
         forced = shares is not None
         if bal is not None and not forced:
             shares = bal.shares
         x, y = self.data.train.next_batch(shares=shares) if shares else self.data.train.next_batch()  # (local, T)
+        fixed = fixed_clock() - f0
 
         compiling, self._compile_pending = self._compile_pending, False
         timer.phase("compile" if compiling else "forward")
@@ -180,11 +188,13 @@ class Trainer:
             self._window.append((compute, cpu))
 
         timer.phase("optimizer")
+        f1 = fixed_clock()
         self.backend.reduce_gradients(self.optimizer)
         grad_norm = self._optimizer_step()
+        fixed += fixed_clock() - f1  # data + optimizer: this rank's time that its share does not scale
         timer.phase("comm")
         loss = pm.global_loss(local)  # mean loss of the global batch (one all-reduce when distributed)
-        decision = bal.step(self.step + 1, compute) if (bal is not None and not forced) else None  # collective
+        decision = bal.step(self.step + 1, compute, fixed) if (bal is not None and not forced) else None  # collective
         extras = self.backend.end_step(self.data)
         phases = timer.end_step()
         self.step += 1
@@ -197,6 +207,7 @@ class Trainer:
         if bal is not None:
             extras["balance/shares"] = shares  # the shares this step ran with
             extras["balance/compute_s"] = compute  # this (the logging) rank's compute clock
+            extras["balance/fixed_s"] = fixed  # and its data + optimizer time
             if decision is not None:
                 extras.update(decision.as_metrics())  # speeds, step times, old -> new shares (from next step)
         return StepResult(loss=loss, grad_norm=grad_norm, phases=phases, step_time=time.perf_counter() - t0,
