@@ -40,3 +40,9 @@ def test_control_reruns_with_equal_speeds_and_no_balancing(monkeypatch, capsys):
     assert calls == [{"slowdown": 3.0, "settle_steps": 150}, {"slowdown": 1.0, "settle_steps": 0}]
     ctl = json.loads(capsys.readouterr().out)["control"]
     assert ctl["ideal_step_s"] == 0.2 and ctl["step_s"] == 0.22 and ctl["unbalanced_vs_ideal"] == 3.05
+
+
+def test_busy_straggler_needs_pinned_ranks(capsys):
+    """--busy puts a busy process on the slow rank's CPU: without pinning there is no such CPU."""
+    assert main(["bench", "balance", "--busy", "--no-pin"]) == 2
+    assert "--busy needs the ranks pinned" in capsys.readouterr().err

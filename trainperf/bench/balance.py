@@ -74,7 +74,7 @@ def measure(args) -> dict:
         # The noise floor: the same run with every rank at the same speed and equal shares; its step
         # over its own ideal is what per-step jitter, the all-reduce and the optimizer cost when
         # there is nothing to balance.
-        ctl = run_bench(argparse.Namespace(**{**vars(args), "slowdown": 1.0, "settle_steps": 0}))
+        ctl = run_bench(argparse.Namespace(**{**vars(args), "slowdown": 1.0, "settle_steps": 0, "busy": False}))
         res["control"] = {"ideal_step_s": ctl["ideal_step_s"], "step_s": ctl["balanced_step_s"],
                           "vs_ideal": ctl["balanced_vs_ideal"], "unbalanced_vs_ideal": ctl["unbalanced_vs_ideal"],
                           "slowest_compute_vs_ideal": ctl["balanced_slowest_compute_vs_ideal"],
@@ -90,15 +90,35 @@ def run_bench(args) -> dict:
     # them to the OS (mmap/munmap + page faults each step cost ~10% of a CPU step and jitter).
     os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", str(1 << 30))
     os.environ.setdefault("MALLOC_TRIM_THRESHOLD_", str(1 << 32))
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp, "result.json")
-        # All ranks are local: they meet through a file store, not a TCP port. (A port picked free
-        # here can be taken before rank 0 listens on it, or a rank's retried connect can land on
-        # itself, and the ranks then wait for each other until the timeout.)
-        init = f"file://{Path(tmp, 'store')}"
-        mp.start_processes(_worker, args=(args.ranks, init, vars(args), str(out)), nprocs=args.ranks,
-                           join=True, start_method="spawn")
-        return json.loads(out.read_text())
+    hog = _busy_process(args) if getattr(args, "busy", False) else None
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp, "result.json")
+            # All ranks are local: they meet through a file store, not a TCP port. (A port picked free
+            # here can be taken before rank 0 listens on it, or a rank's retried connect can land on
+            # itself, and the ranks then wait for each other until the timeout.)
+            init = f"file://{Path(tmp, 'store')}"
+            mp.start_processes(_worker, args=(args.ranks, init, vars(args), str(out)), nprocs=args.ranks,
+                               join=True, start_method="spawn")
+            return json.loads(out.read_text())
+    finally:
+        if hog is not None:
+            hog.kill()
+            hog.wait()
+
+
+def _busy_process(args):
+    """``--busy``: the straggler comes from outside: a busy loop pinned to the slow rank's CPU (the ranks
+    are pinned one per CPU), as a host shared with another job; the slow rank's model does normal work."""
+    import subprocess
+    import sys
+
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if not args.pin or len(cpus) < args.ranks:
+        raise UserError(f"--busy needs the ranks pinned one per CPU (--pin) and at least --ranks {args.ranks} usable "
+                        f"CPUs; this process may use {len(cpus)}")
+    cpu = cpus[args.slow_rank]
+    return subprocess.Popen([sys.executable, "-c", "while True: pass"], preexec_fn=lambda: os.sched_setaffinity(0, {cpu}))
 
 
 def _model(dim: int, slowdown: float):
@@ -197,7 +217,7 @@ def _worker(rank: int, world: int, init_method: str, a: dict, out: str) -> None:
                             timeout=timedelta(seconds=a.get("timeout_s", 300.0)))
     B = a["global_batch"]
     cfg = bench_config(a, world)
-    model = _model(a["dim"], a["slowdown"] if rank == a["slow_rank"] else 1.0)
+    model = _model(a["dim"], a["slowdown"] if (rank == a["slow_rank"] and not a.get("busy")) else 1.0)
     g = torch.Generator().manual_seed(1)
     n_samples = 4 * B
     x = torch.randn(n_samples, a["seq"], a["dim"], generator=g)
@@ -303,5 +323,5 @@ def summarize(gathered: list[dict], B: int, bal, equal: list[int], settled: list
         "decisions": [d.as_dict() for d in bal.decisions],
         "setup": {k2: a[k2] for k2 in ("ranks", "slow_rank", "slowdown", "steps", "block", "global_batch",
                                        "micro_steps", "seq", "dim", "window", "min_steps", "threshold", "min_gain",
-                                       "sync_every", "pin")},
+                                       "sync_every", "pin")}, "busy": bool(a.get("busy")),
     }

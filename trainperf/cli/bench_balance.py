@@ -14,6 +14,9 @@ def register(subparsers) -> None:
     p.add_argument("--ranks", type=int, default=2, help="gloo processes (data-parallel ranks)")
     p.add_argument("--slow-rank", type=int, default=1, help="the rank that does more work per sample")
     p.add_argument("--slowdown", type=float, default=2.0, help="work per sample on the slow rank, x the others' (>= 1)")
+    p.add_argument("--busy", action="store_true",
+                   help="a straggler from outside instead: a busy process shares the slow rank's CPU (--slowdown "
+                        "is then not applied)")
     p.add_argument("--steps", type=int, default=60, help="measured steps per arrangement (unbalanced, balanced)")
     p.add_argument("--block", type=int, default=5, help="steps per block when alternating the two arrangements")
     p.add_argument("--global-batch", type=int, default=64, help="samples per step over all ranks")
@@ -48,7 +51,9 @@ def balance_command(args) -> int:
     if args.json:
         print_json(res)
     else:
-        print(f"balance bench: {args.ranks} gloo ranks, rank {args.slow_rank} does {args.slowdown}x work per sample, "
+        who = (f"rank {args.slow_rank} shares its CPU with a busy process" if args.busy else
+               f"rank {args.slow_rank} does {args.slowdown}x work per sample")
+        print(f"balance bench: {args.ranks} gloo ranks, {who}, "
               f"global batch {args.global_batch}, {args.steps} measured steps per arrangement")
         print(f"  per-sample compute (ms): {', '.join(f'{1e3 * p:.2f}' for p in res['per_sample_s'])}")
         print(f"  ideal step      {1e3 * res['ideal_step_s']:8.1f} ms  (global batch / summed speeds; compute only)")
