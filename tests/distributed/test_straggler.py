@@ -85,7 +85,7 @@ def test_a_rank_sharing_its_core_is_named_and_a_quiet_run_is_not(tmp_path):
     assert "straggler" in busy, busy
     f = busy["straggler"]
     assert f["rank"] == 1 and f["ratio"] > 1.3, f["evidence"]
-    assert "rank 1" in f["evidence"]
+    assert "rank 1" in f["evidence"] and "waited for a core" in f["evidence"]
     assert "straggler" not in quiet, quiet["straggler"]["evidence"]
     # the per-rank figures are in metrics.jsonl: the clock, and the CPU time that shows the waiting for a core
     recs = [json.loads(x) for x in (busy_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]

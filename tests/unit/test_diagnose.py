@@ -351,3 +351,16 @@ def test_diagnose_json_is_strict(tmp_path, capsys):
     assert main(["diagnose", str(d), "--json"]) == 0
     out = capsys.readouterr().out
     assert "NaN" not in out and json.loads(out)["summary"]["mfu_run"] is None
+
+
+def test_straggler_evidence_says_when_the_rank_waited_for_a_core(tmp_path):
+    recs = [{"step": i, "loss": 3.0, "step_time_s": 0.3, "tokens_per_s": 100.0,
+             "phases_s": {"data": 0.0, "forward": 0.1, "backward": 0.2},
+             "rank_compute_s": [0.07, 0.15], "rank_cpu_s": [0.07, 0.075], "rank_clock": "wall_to_last_grad"}
+            for i in range(1, 21)]
+    f = {x["id"]: x for x in diagnose(write_run(tmp_path / "r", {0: recs}))["findings"]}["straggler"]
+    assert f["rank"] == 1 and "waited for a core" in f["evidence"]
+    for r in recs:
+        r["rank_cpu_s"] = [0.07, 0.148]  # the same CPU time as its clock: a slower device, not a shared core
+    f = {x["id"]: x for x in diagnose(write_run(tmp_path / "s", {0: recs}))["findings"]}["straggler"]
+    assert "computes slower" in f["evidence"]

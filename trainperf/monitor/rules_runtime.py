@@ -40,18 +40,22 @@ def rank_compute_windows(recs: list[dict]) -> dict | None:
     every record carries its list weighs by its steps), "n_windows"}, the first 10% of the rows (at
     least one of three or more) left out as warm-up; None when the run has no such records."""
     rows: list[list[float | None]] = []
+    cpu_rows: list[list[float | None] | None] = []
     clock = None
     for r in recs:
         v = r.get("rank_compute_s")
         if isinstance(v, list) and len(v) >= 2:
             rows.append([x if (x or 0) > 0 else None for x in map(_num, v)])
+            c = r.get("rank_cpu_s")  # CPU seconds of the same work: far below the clock = waiting for a core
+            cpu_rows.append([_num(x) for x in c] if isinstance(c, list) and len(c) == len(v) else None)
             clock = r.get("rank_clock", clock)
     if not rows:
         return None
     if len(rows) >= 3:
-        rows = rows[max(1, math.ceil(0.1 * len(rows))):]
+        skip = max(1, math.ceil(0.1 * len(rows)))
+        rows, cpu_rows = rows[skip:], cpu_rows[skip:]
     n_windows = sum(1 for i, row in enumerate(rows) if i == 0 or row != rows[i - 1])
-    return {"clock": clock, "windows": rows, "n_windows": n_windows}
+    return {"clock": clock, "windows": rows, "n_windows": n_windows, "cpu_windows": cpu_rows}
 
 
 def _vs_others(row: list[float | None], rank: int) -> float | None:
@@ -83,7 +87,22 @@ def _straggler_by_clock(rc: dict) -> dict | None:
             "evidence": f"rank {worst} computes {slow_s * 1000:.0f} ms per step against {base_s * 1000:.0f} ms "
                         f"for the median of the other ranks: {ratio:.2f}x (median over {rc['n_windows']} log windows, "
                         f"above {STRAGGLER_RATIO}x in {pct(above / len(ratios[worst]))} of the steps they cover); "
-                        f"clock: {CLOCKS.get(clock, clock or '?')}"}
+                        f"clock: {CLOCKS.get(clock, clock or '?')}" + _cpu_evidence(rc, worst, slow_s)}
+
+
+def _cpu_evidence(rc: dict, rank: int, slow_s: float) -> str:
+    """Where the CPU clock was recorded too: a rank whose CPU time is far below its compute clock waited
+    for a core (another process shares it), not for a slower device."""
+    if rc.get("clock") != "wall_to_last_grad":  # a CPU clock already, or GPU work the host CPU does not see
+        return ""
+    cpu = [w[rank] for w in rc.get("cpu_windows") or [] if w and len(w) > rank and w[rank]]
+    if not cpu or not slow_s:
+        return ""
+    share = statistics.median(cpu) / slow_s
+    if share >= 0.8:
+        return f"; its CPU time is {pct(share)} of that: it computes slower (a slower or throttled device)"
+    return (f"; its CPU time is only {pct(share)} of that: it waited for a core (another process shares its CPU: "
+            "pin the job to free cores)")
 
 
 def _straggler_by_files(s: dict) -> dict | None:
