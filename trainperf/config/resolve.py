@@ -224,6 +224,10 @@ def model_shape(cfg: Config) -> dict:
     """The reference GPT shape this config asks for (preset + explicit fields)."""
     from trainperf.models.presets import get_shape
 
+    if cfg.model.hf is not None:  # a Hugging Face model: its config says its shape
+        from trainperf.models.hf import shape_for_resolve
+
+        return shape_for_resolve(cfg)
     shape = get_shape(cfg.model.preset).as_dict()
     for key in ("n_layer", "n_head", "n_embd", "block_size"):
         val = getattr(cfg.model, key)
@@ -235,6 +239,15 @@ def model_shape(cfg: Config) -> dict:
 
 
 def check_model_shape(cfg: Config) -> None:
+    if cfg.model.hf is not None:
+        if cfg.model.entrypoint:
+            raise ConfigError("model.hf and model.entrypoint are both set; keep one")
+        if cfg.parallelism.tensor > 1:
+            from trainperf.distributed.hf_tp import check_tp_degree
+
+            s = model_shape(cfg)
+            check_tp_degree(s["n_head"], s["n_kv_head"], cfg.parallelism.tensor)
+        return
     if cfg.model.entrypoint:
         return
     s = model_shape(cfg)
