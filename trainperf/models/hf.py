@@ -170,7 +170,9 @@ def _trainperf_class(base: type) -> type:
 
     def forward(self, idx=None, targets=None, *args, **kwargs):
         if args or kwargs or idx is None:  # called the Hugging Face way (generate, Trainer, a user)
-            return base.forward(self, idx, *args, **kwargs)
+            if idx is not None:
+                args = (idx, targets, *args) if targets is not None else (idx, *args)
+            return base.forward(self, *args, **kwargs)
         out = base.forward(self, input_ids=idx, use_cache=False, return_dict=True)
         logits = out.logits
         if targets is None:
