@@ -112,8 +112,11 @@ def lightning_run(steps: int, with_cb: bool, out: Path) -> tuple[float, float | 
 
 
 def measure(fn, steps: int, reps: int) -> dict:
+    import contextlib
+
     ratios, hooks, with_s, without_s = [], [], [], []
-    with tempfile.TemporaryDirectory() as d:
+    # the frameworks print their own summaries: keep stdout for this script's result
+    with tempfile.TemporaryDirectory() as d, contextlib.redirect_stdout(sys.stderr):
         fn(10, True, Path(d) / "warm")  # imports, peak measurement, allocator warm-up
         for r in range(reps):
             order = (False, True) if r % 2 == 0 else (True, False)
