@@ -164,3 +164,23 @@ def test_targets_are_contiguous():
     for x, y in (windows_to_batch(w, torch.device("cpu")), split_lm(torch.from_numpy(w.astype(np.int64)))):
         assert x.is_contiguous() and y.is_contiguous()
         assert torch.equal(y.view(-1), torch.from_numpy(w[:, 1:].astype(np.int64)).reshape(-1))
+
+
+def test_trainperf_train_with_model_hf(tmp_path):
+    """End to end through the CLI: resolve (shape and sequence length from the HF config), build, train
+    with selective checkpointing, MFU from the model's real shape."""
+    import json
+
+    from trainperf.cli import main
+
+    cfg = tmp_path / "hf.yaml"
+    cfg.write_text(
+        "model: {hf: {config: {model_type: llama, hidden_size: 32, intermediate_size: 64, num_hidden_layers: 2,\n"
+        "  num_attention_heads: 4, num_key_value_heads: 2, vocab_size: 320, max_position_embeddings: 16}}}\n"
+        "data: {source: synthetic}\ntrain: {global_batch: 2, micro_batch: 2}\n"
+        "run: {steps: 3, log_every: 1, eval_every: 0, eval_batches: 1, sample_tokens: 0, progress: false, threads: 1,"
+        " device: cpu}\nmemory: {checkpointing: {mode: selective}}\ncheckpoint: {at_end: false}\n")
+    assert main(["train", str(cfg), "--set", f"run.dir={tmp_path / 'run'}", "--resume", "never"]) == 0
+    s = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert s["steps"] == 3 and s["tokens"] == 3 * 2 * 16  # sequence length 16 from max_position_embeddings
+    assert s["mfu"] is not None and s["flops_per_token_formula"] > 0

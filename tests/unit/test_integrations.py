@@ -120,6 +120,7 @@ def _hf_train(run_dir, config, delay_s: float, steps: int = 12):
     return cb
 
 
+@pytest.mark.slow  # the first Trainer import (accelerate) takes seconds
 @pytest.mark.parametrize("delay_s,bound", [(0.01, True), (0.0, False)])
 def test_hf_trainer_callback_diagnosed(tmp_path, tiny_llama_config, delay_s, bound):
     cb = _hf_train(tmp_path / "run", tiny_llama_config, delay_s)
@@ -129,6 +130,20 @@ def test_hf_trainer_callback_diagnosed(tmp_path, tiny_llama_config, delay_s, bou
     ids = [f["id"] for f in _diagnose(tmp_path / "run")["findings"]]
     assert ("data_bound" in ids) is bound, ids
     assert cb.summary["monitor_overhead"]["fraction_of_step"] < 0.05
+
+
+def test_mfu_formula_found_inside_a_lightning_module(tiny_llama_config):
+    from trainperf.integrations.core import model_flops_per_token
+
+    class Holder(torch.nn.Module):  # a LightningModule holding a transformers model, as users write them
+        def __init__(self):
+            super().__init__()
+            self.lm = transformers.AutoModelForCausalLM.from_config(tiny_llama_config)
+
+    fpt, note = model_flops_per_token(Holder(), SEQ)
+    n = sum(p.numel() for p in Holder().lm.parameters()) - VOCAB * 32  # untied: the input embedding is a lookup
+    assert fpt == 6 * n + 12 * 2 * 32 * SEQ and "PaLM" in note
+    assert model_flops_per_token(torch.nn.Linear(2, 2), SEQ)[0] is None
 
 
 # ---------------------------------------------------------------------- plain loop
