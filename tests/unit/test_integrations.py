@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -92,6 +93,12 @@ def test_lightning_callback_diagnosed(tmp_path, delay_s, bound):
     assert summary["integration"] == "lightning" and cb.summary is not None
     ids = [f["id"] for f in _diagnose(tmp_path / "run")["findings"]]
     assert ("data_bound" in ids) is bound, ids
+    if bound:  # `trainperf report` reads the same directory
+        pytest.importorskip("matplotlib")
+        from trainperf.monitor.report import build_report
+
+        rep = build_report(tmp_path / "run")
+        assert {"loss", "phases", "throughput"} <= {Path(c).stem for c in rep["charts"]}, rep
 
 
 # ---------------------------------------------------------------------- Hugging Face Trainer
