@@ -93,3 +93,51 @@ def test_tp_refusals():
         check_tp_degree(6, 6, 4)
     with pytest.raises(ConfigError, match="Llama-style decoder"):
         _layers(torch.nn.Linear(2, 2))
+
+
+def _fsdp_tp_worker(rank: int, world: int, out: str):
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from trainperf.distributed.hf_tp import apply_hf_tp
+    from trainperf.models.blocks import find_blocks
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{Path(out, 'store')}", rank=rank, world_size=world)
+    try:
+        mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+        x = torch.randint(0, 64, (4, 17), generator=torch.Generator().manual_seed(0))
+        idx, tgt = x[:, :-1].contiguous(), x[:, 1:].contiguous()
+        ref = _model()
+        _, ref_loss = ref(idx, tgt)
+        ref_loss.backward()
+        m = _model()
+        apply_hf_tp(m, mesh["tp"], sequence_parallel=True)
+        path, blocks = find_blocks(m)  # the block path recorded by model.hf: the decoder layers
+        for b in blocks:
+            fully_shard(b, mesh=mesh["dp"])
+        fully_shard(m, mesh=mesh["dp"])
+        r = mesh["dp"].get_local_rank()
+        _, loss = m(idx[2 * r:2 * r + 2], tgt[2 * r:2 * r + 2])  # each data rank: half the batch
+        loss.backward()
+        mean = loss.detach().clone()
+        dist.all_reduce(mean, group=mesh["dp"].get_group())
+        worst = max(((p.grad.full_tensor() - p0.grad).abs().max() / p0.grad.abs().max()).item()
+                    for p, p0 in zip(m.parameters(), ref.parameters()))
+        if rank == 0:
+            Path(out, "res.json").write_text(json.dumps({"loss": mean.item() / 2, "ref": ref_loss.item(),
+                                                         "grad_rel": worst, "path": path}))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_llama_fsdp2_x_tp2_with_sp_matches_one_process(tmp_path):
+    """FSDP2 (per decoder layer, through the block finder) x TP=2 with sequence parallelism, 4 gloo processes."""
+    import torch.multiprocessing as mp
+
+    mp.spawn(_fsdp_tp_worker, args=(4, str(tmp_path)), nprocs=4, join=True)
+    res = json.loads((tmp_path / "res.json").read_text())
+    assert res["path"] == "model.layers"
+    assert res["loss"] == pytest.approx(res["ref"], rel=1e-5)
+    assert res["grad_rel"] < 1e-5, res

@@ -130,6 +130,17 @@ def test_config_errors_name_the_fix(tmp_path):
     assert model_shape(_cfg({"config": LLAMA}, block_size=16))["block_size"] == 16
     with pytest.raises(ConfigError, match="learned position embeddings"):
         model_shape(_cfg({"config": GPT2}, block_size=64))
+    # tensor parallelism is checked before any work
+    from trainperf.config.resolve import check_model_shape
+
+    c = _cfg({"config": LLAMA})
+    c.parallelism.tensor = 4
+    with pytest.raises(ConfigError, match="num_key_value_heads=2"):
+        check_model_shape(c)
+    c = _cfg({"config": GPT2})
+    c.parallelism.tensor, c.parallelism.data_shard = 2, 2
+    with pytest.raises(ConfigError, match="not supported for GPT-2"):
+        check_model_shape(c)
 
 
 def test_local_directory_round_trip_after_checkpointing(tmp_path):

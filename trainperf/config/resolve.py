@@ -247,6 +247,11 @@ def check_model_shape(cfg: Config) -> None:
 
             s = model_shape(cfg)
             check_tp_degree(s["n_head"], s["n_kv_head"], cfg.parallelism.tensor)
+            if s.get("model_type") == "gpt2" and cfg.parallelism.data_shard > 1:
+                raise ConfigError(
+                    f"parallelism.tensor={cfg.parallelism.tensor} with data_shard={cfg.parallelism.data_shard} "
+                    "(FSDP2) is not supported for GPT-2: its fused c_attn bias, sharded by both, did not give the "
+                    "one-process gradients; use tensor parallelism with DDP (parallelism.data) or FSDP2 alone")
         return
     if cfg.model.entrypoint:
         return

@@ -124,7 +124,8 @@ def shape_for_resolve(cfg) -> dict:
     config = hf_config(cfg.model.hf)
     s = hf_shape(config)
     return {"n_layer": s["n_layer"], "n_head": s["n_head"], "n_kv_head": s["n_kv_head"], "n_embd": s["n_embd"],
-            "block_size": hf_seq_len(cfg), "vocab_size": s["vocab_size"]}
+            "block_size": hf_seq_len(cfg), "vocab_size": s["vocab_size"],
+            "model_type": getattr(config, "model_type", None)}
 
 
 def default_block_path(model: nn.Module) -> str | None:
