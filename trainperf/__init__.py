@@ -8,6 +8,10 @@ Library use, for your own loop::
     model = tp.optimize(model, cfg)       # activation checkpointing -> compile, in that order
     loader = tp.HybridLoader(...)         # see trainperf.data.hybrid
 
+    run = tp.track("runs/mine", model=model)   # measure a loop of your own (trainperf.integrations)
+    with run.step(batch):
+        with run.phase("forward"): ...
+
 Importing this package does not import torch; the names below load on first use.
 """
 
@@ -26,6 +30,7 @@ _LAZY = {
     "HybridLoader": ("trainperf.data.hybrid", "HybridLoader"),
     "Monitor": ("trainperf.monitor", "Monitor"),
     "UserError": ("trainperf.errors", "UserError"),
+    "track": ("trainperf.integrations.loop", "track"),
 }
 
 __all__ = ["__version__", *_LAZY]

@@ -7,7 +7,12 @@ Three loaders read the same items from the same simulated slow storage (a real
 * ``dataloader_default`` -- ``DataLoader(ds, batch_size=B, shuffle=True)`` as most code writes it;
 * ``dataloader_tuned``   -- the founding document's settings with the worker fix: workers =
   min(32, usable CPUs / local ranks), pin_memory on CUDA, prefetch_factor=3, persistent workers;
-* ``hybrid``             -- HybridLoader, same worker count, a fresh disk cache, IO thread pools.
+* ``hybrid``             -- HybridLoader, same worker count, a fresh disk cache, IO thread pools;
+* ``torchdata_stateful`` -- a peer: torchdata's ``StatefulDataLoader`` (resumable DataLoader) with the
+  tuned settings, on the same source and decode (skipped with a note when torchdata is absent);
+* ``mosaic_streaming``   -- a peer: Mosaic ``StreamingDataset``. Not measured: the row says why
+  (mosaicml-streaming 0.13 pins transformers<5 and numpy 2.1, and imports torchvision, whose PyPI build
+  does not load with a CPU torch 2.13; its shard-file model also needs an MDS copy of the items).
 
 For each: samples/s of the first (cold) epoch, including worker start, and of the
 following (warm) epochs; then one more epoch in a loop with a fixed compute time per
@@ -79,6 +84,28 @@ class _Items:  # torch Dataset: source + decode, a float32 tensor per item
         return torch.from_numpy(self.decode(self.src[i]))
 
 
+KINDS = ("dataloader_default", "dataloader_tuned", "hybrid", "torchdata_stateful", "mosaic_streaming")
+PEERS = ("dataloader_tuned", "torchdata_stateful", "mosaic_streaming")
+
+
+def _missing_peer(kind: str) -> str | None:
+    """Why a peer row cannot run here (None when it can)."""
+    if kind == "torchdata_stateful":
+        try:
+            from torchdata.stateful_dataloader import StatefulDataLoader  # noqa: F401
+        except ImportError as exc:
+            return f"torchdata is not installed ({exc}): pip install torchdata"
+    if kind == "mosaic_streaming":
+        try:
+            import streaming  # noqa: F401
+        except Exception as exc:  # noqa: BLE001 - ImportError, or torchvision failing to load its ops
+            return (f"mosaicml-streaming does not import here ({type(exc).__name__}: {str(exc)[:120]}); 0.13 pins "
+                    "transformers<5 and numpy 2.1 and needs a torchvision built for this torch")
+        return ("not measured: the Mosaic row needs the items written as an MDS directory and read through "
+                "StreamingDataset's shard downloads; not implemented in this version")
+    return None
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser("data", help="HybridLoader vs torch DataLoader on a slow source", description=__doc__)
     p.add_argument("--latency-ms", type=float, default=5.0, help="simulated latency per read (default 5)")
@@ -94,7 +121,7 @@ def register(subparsers) -> None:
     p.add_argument("--io-threads", type=int, default=8, help="HybridLoader IO threads per worker (default 8)")
     p.add_argument("--cache-dir", default=None,
                    help="where HybridLoader's disk cache goes (a fresh sub-directory; default: the temp directory)")
-    p.add_argument("--only", action="append", choices=["hybrid", "dataloader_default", "dataloader_tuned"],
+    p.add_argument("--only", action="append", choices=list(KINDS),
                    help="run only these loaders (repeatable)")
     p.add_argument("--quick", action="store_true", help="a few-second smoke run (small epoch and latencies)")
     add_json_flag(p)
@@ -126,6 +153,12 @@ def _epoch_iter(kind: str, state: dict):
     return lambda: iter(dl)
 
 
+def _dataloader(cls, ds, s: dict, cuda: bool):
+    """The tuned DataLoader settings (founding document + worker fix), for DataLoader and its peers."""
+    return cls(ds, batch_size=s["batch"], shuffle=True, drop_last=True, num_workers=s["workers"], pin_memory=cuda,
+               prefetch_factor=3 if s["workers"] else None, persistent_workers=s["workers"] > 0)
+
+
 def _build(kind: str, src, decode, s: dict, cuda: bool, cache_dir: str):
     import torch
 
@@ -141,10 +174,12 @@ def _build(kind: str, src, decode, s: dict, cuda: bool, cache_dir: str):
     ds = _Items(src, decode)
     if kind == "dataloader_default":
         dl = torch.utils.data.DataLoader(ds, batch_size=s["batch"], shuffle=True, drop_last=True)
+    elif kind == "torchdata_stateful":
+        from torchdata.stateful_dataloader import StatefulDataLoader
+
+        dl = _dataloader(StatefulDataLoader, ds, s, cuda)
     else:
-        dl = torch.utils.data.DataLoader(ds, batch_size=s["batch"], shuffle=True, drop_last=True,
-                                         num_workers=s["workers"], pin_memory=cuda, prefetch_factor=3,
-                                         persistent_workers=True)
+        dl = _dataloader(torch.utils.data.DataLoader, ds, s, cuda)
     return {"loader": dl}
 
 
@@ -221,7 +256,9 @@ def run(args) -> int:
     cuda = torch.cuda.is_available()
     src = SlowStorage(BenchItems(s["samples"], int(s["item_kb"] * 1024)), s["latency_ms"], s["bandwidth_mb_s"])
     decode = Decode(s["decode_ms"])
-    kinds = args.only or ["dataloader_default", "dataloader_tuned", "hybrid"]
+    kinds = args.only or list(KINDS)
+    skipped = {k: why for k in kinds if (why := _missing_peer(k))}
+    kinds = [k for k in kinds if k not in skipped]
     steps = (s["samples"] // s["batch"]) * (s["epochs"] + 1) * len(kinds)
     from tqdm import tqdm
 
@@ -241,6 +278,10 @@ def run(args) -> int:
     if "hybrid" in by and "dataloader_tuned" in by:
         summary["warm_speedup_vs_tuned"] = by["hybrid"]["warm_samples_per_s"] / by["dataloader_tuned"]["warm_samples_per_s"]
         summary["cold_speedup_vs_tuned"] = by["hybrid"]["cold_samples_per_s"] / by["dataloader_tuned"]["cold_samples_per_s"]
+    if "hybrid" in by:  # HybridLoader's warm-epoch throughput over each peer's
+        summary["hybrid_warm_ratio_vs"] = {k: by["hybrid"]["warm_samples_per_s"] / by[k]["warm_samples_per_s"]
+                                           for k in PEERS if k in by}
+    rows += [{"name": k, "skipped": why} for k, why in skipped.items()]
     out = {"settings": {**s, "device": "cuda" if cuda else "cpu"}, "loaders": rows, "summary": summary,
            "command": "trainperf bench data " + " ".join(sys.argv[3:] if sys.argv[1:3] == ["bench", "data"] else [])}
     if args.json:
@@ -252,10 +293,15 @@ def run(args) -> int:
           f"compute {s['compute_ms']:.1f} ms per step in the wait loop")
     print(f"{'loader':<20} {'cold samples/s':>15} {'warm samples/s':>15} {'data wait':>10} {'CPU ms/sample':>14}")
     for r in rows:
+        if "skipped" in r:
+            print(f"{r['name']:<20} skipped: {r['skipped']}")
+            continue
         print(f"{r['name']:<20} {r['cold_samples_per_s']:>15.0f} {r['warm_samples_per_s']:>15.0f} "
               f"{100 * r['data_wait_fraction']:>9.1f}% {r['warm_cpu_ms_per_sample']:>14.2f}")
-    if summary:
+    if "warm_speedup_vs_tuned" in summary:
         print(f"hybrid vs dataloader_tuned: warm {summary['warm_speedup_vs_tuned']:.1f}x, "
               f"cold {summary['cold_speedup_vs_tuned']:.1f}x")
+    for k, v in (summary.get("hybrid_warm_ratio_vs") or {}).items():
+        print(f"hybrid warm-epoch samples/s / {k}'s: {v:.2f}x")
     return 0
 

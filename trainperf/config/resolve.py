@@ -211,8 +211,15 @@ def resolve(cfg: Config, facts: DeviceFacts | None = None, world_size: int | Non
 
 
 def check_layout(cfg: Config, dims) -> None:
-    """The degrees against the model: a reference GPT's heads, width and blocks; a user's model
-    (``model.entrypoint``) trains with data parallelism only."""
+    """The degrees against the model: a reference GPT's heads, width and blocks; a Hugging Face model
+    (``model.hf``) with data and tensor parallelism (its heads checked in check_model_shape); a user's
+    model (``model.entrypoint``) with data parallelism only."""
+    if cfg.model.hf is not None:
+        if dims.pp_enabled:
+            raise ConfigError(
+                f"parallelism.pipeline={dims.pp} needs the reference GPT's stage split; a Hugging Face model (model.hf) "
+                "trains with data parallelism (parallelism.data / data_shard) and tensor parallelism; set pipeline=1")
+        return
     if cfg.model.entrypoint:
         if dims.tp_enabled or dims.pp_enabled:
             raise ConfigError(
@@ -315,6 +322,10 @@ def model_shape(cfg: Config) -> dict:
     """The reference GPT shape this config asks for (preset + explicit fields)."""
     from trainperf.models.presets import get_shape
 
+    if cfg.model.hf is not None:  # a Hugging Face model: its config says its shape
+        from trainperf.models.hf import shape_for_resolve
+
+        return shape_for_resolve(cfg)
     shape = get_shape(cfg.model.preset).as_dict()
     for key in ("n_layer", "n_head", "n_embd", "block_size"):
         val = getattr(cfg.model, key)
@@ -326,6 +337,20 @@ def model_shape(cfg: Config) -> dict:
 
 
 def check_model_shape(cfg: Config) -> None:
+    if cfg.model.hf is not None:
+        if cfg.model.entrypoint:
+            raise ConfigError("model.hf and model.entrypoint are both set; keep one")
+        if cfg.parallelism.tensor > 1:
+            from trainperf.distributed.hf_tp import check_tp_degree
+
+            s = model_shape(cfg)
+            check_tp_degree(s["n_head"], s["n_kv_head"], cfg.parallelism.tensor)
+            if s.get("model_type") == "gpt2" and cfg.parallelism.data_shard > 1:
+                raise ConfigError(
+                    f"parallelism.tensor={cfg.parallelism.tensor} with data_shard={cfg.parallelism.data_shard} "
+                    "(FSDP2) is not supported for GPT-2: its fused c_attn bias, sharded by both, did not give the "
+                    "one-process gradients; use tensor parallelism with DDP (parallelism.data) or FSDP2 alone")
+        return
     if cfg.model.entrypoint:
         return
     s = model_shape(cfg)

@@ -82,6 +82,21 @@ class RunConfig(Section):
 
 
 # --------------------------------------------------------------------------- model
+class HFModelConfig(Section):
+    config: Optional[dict] = None
+    """A Hugging Face config as data: {"model_type": "llama", "hidden_size": 256, ...} (built with
+    AutoConfig.for_model, weights initialized from run.seed). Exactly one of config / path."""
+    path: Optional[str] = None
+    """A local directory with config.json (and weights: loaded with from_pretrained; nothing is
+    downloaded). Exactly one of config / path."""
+    pretrained: bool = True
+    """With path: load the directory's weights (False: only its config, weights from run.seed)."""
+    attn_implementation: Literal["sdpa", "eager"] = "sdpa"
+    """Hugging Face attention implementation."""
+    overrides: dict = {}
+    """Config fields set on top of config / path's config.json (e.g. {"attention_dropout": 0.0})."""
+
+
 class ModelConfig(Section):
     preset: str = "tiny"
     """Reference GPT shape (tiny, gpt2-124m, gpt2-350m, ...; see trainperf.models.presets)."""
@@ -104,6 +119,14 @@ class ModelConfig(Section):
     """Use bias in linear layers and layer norms."""
     init_std: float = Field(0.02, gt=0)
     """Standard deviation of the normal weight initialization."""
+    hf: Optional[HFModelConfig] = None
+    """A decoder-only Hugging Face transformers causal LM (trainperf.models.hf): model.hf.config
+    (a config as data) or model.hf.path (a local directory). Sequence length: model.block_size,
+    default min(the config's max_position_embeddings, 1024)."""
+    blocks: Optional[str] = None
+    """Dotted path of the model's repeated blocks (e.g. "model.layers", "transformer.h"), used by
+    activation checkpointing, FSDP per-block wrapping and tensor parallelism alike; None: the block
+    finder picks the largest list of identical blocks."""
 
 
 # --------------------------------------------------------------------------- data

@@ -34,6 +34,12 @@ from trainperf.data.sources import BadSample, fingerprint
 from trainperf.errors import DataError
 
 
+def split_lm(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, T + 1) windows -> inputs (B, T) and targets shifted by one (B, T), each contiguous, so a
+    user's ``targets.view(-1)`` works (slices of one tensor would be strided views)."""
+    return t[:, :-1].contiguous(), t[:, 1:].contiguous()
+
+
 def check_shm(needed_bytes: int, *, what: str, path: str = "/dev/shm") -> str | None:
     """A warning when ``needed_bytes`` of shared memory would not fit comfortably in ``path``."""
     try:
@@ -186,7 +192,7 @@ class HybridLoader:
                 raise ValueError(f"shares {list(shares)} do not sum to the global batch {self.sampler.global_batch}")
             self._restart(shares=shares)
         b = self.next()
-        return (b[:, :-1], b[:, 1:]) if self.lm else b  # (B, T), (B, T)
+        return split_lm(b) if self.lm else b  # (B, T), (B, T), contiguous
 
     def state_dict(self) -> dict:
         return {"sampler": dict(self._state)}
@@ -329,7 +335,7 @@ class DataLoaderLoader:
         self.batches += 1
         self._state = self._states.popleft()
         b = b.to(self.device, non_blocking=b.is_pinned())
-        return (b[:, :-1], b[:, 1:]) if self.lm else b
+        return split_lm(b) if self.lm else b
 
     def state_dict(self) -> dict:
         return {"sampler": dict(self._state)}

@@ -25,11 +25,12 @@ from trainperf.data.tokens import SyntheticTokens, TokenWindows
 
 
 def windows_to_batch(w: np.ndarray, device: torch.device, pin: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    t = torch.from_numpy(w.astype(np.int64))  # (B, T + 1)
+    w = np.asarray(w)
+    xs = [torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)) for a in (w[:, :-1], w[:, 1:])]  # (B, T) each
     if pin:
-        t = t.pin_memory()
-    t = t.to(device, non_blocking=pin)
-    return t[:, :-1], t[:, 1:]  # (B, T), (B, T)
+        xs = [x.pin_memory() for x in xs]
+    x, y = (t.to(device, non_blocking=pin) for t in xs)
+    return x, y  # (B, T), (B, T), contiguous
 
 
 class SimpleLoader:

@@ -9,7 +9,9 @@ as the disk cache's namespace, so a changed source never serves stale entries).
   (``.npy`` arrays or raw tokens) or shard files of raw tokens cut into windows.
   Its index (file names, window offsets) is kept in numpy arrays, not Python
   lists, so forked workers do not copy it page by page as refcounts change.
-* :class:`DatasetSource` -- any map-style Dataset from ``"package.module:function"``.
+* :class:`DatasetSource` -- any map-style Dataset from ``"package.module:function"``, one sample per item.
+* :class:`PackedRows` -- rows of any length (a tokenized Hugging Face ``datasets`` dataset of dict rows, or
+  any map-style or iterable Dataset) packed into windows.
 * :class:`SlowStorage` -- adds a real per-read latency and a bandwidth cap, like a
   network filesystem (``data.simulate``).
 
@@ -225,12 +227,120 @@ class DatasetSource:
             raise
         except Exception as exc:  # user code: report where
             raise BadSample(i, self.describe(i), f"{type(exc).__name__}: {exc}") from None
-        arr = item.numpy() if hasattr(item, "numpy") else np.asarray(item)
+        try:
+            arr = _row_tokens(item, "input_ids")
+        except KeyError as exc:
+            raise BadSample(i, self.describe(i), str(exc)) from None
         if self.seq_len is not None:
             if arr.ndim != 1 or arr.size < self.seq_len + 1:
                 raise BadSample(i, self.describe(i), f"{arr.size} tokens, need {self.seq_len + 1}")
             arr = arr[: self.seq_len + 1]
         return check_token_ids(arr, self.vocab_size, i, self.describe(i))
+
+    def gather(self, idx) -> np.ndarray:
+        return _stack(self, idx)
+
+
+def _row_tokens(item, key: str) -> np.ndarray:
+    """The token ids of one row: a dict row's ``key`` (Hugging Face ``datasets``: ``input_ids``), else the
+    row itself (a tensor, array or list)."""
+    if isinstance(item, dict):
+        if key not in item:
+            raise KeyError(f"the row has no {key!r} (keys: {sorted(item)[:8]})")
+        item = item[key]
+    arr = item.numpy() if hasattr(item, "numpy") else np.asarray(item)
+    return arr.reshape(-1)
+
+
+def is_row_dataset(dataset) -> bool:
+    """Rows to pack rather than one sample per item: dict rows (a tokenized Hugging Face dataset) or an
+    iterable (no ``__getitem__``)."""
+    if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
+        return hasattr(dataset, "__iter__")
+    try:
+        return len(dataset) > 0 and isinstance(dataset[0], dict)
+    except Exception:  # noqa: BLE001 - the item itself reports its errors later
+        return False
+
+
+class PackedRows:
+    """Token rows of any length (documents: a tokenized Hugging Face ``datasets`` dataset of dict rows,
+    or any map-style or iterable Dataset) concatenated into one stream and cut into windows of
+    ``seq_len + 1`` tokens, stride ``seq_len`` (like the token memmap): sample i is tokens
+    ``[i*seq_len, i*seq_len + seq_len + 1)`` of the stream, so access is by index and resume is exact.
+
+    One pass at construction reads every row's length (and the largest token, for a dataset without a
+    ``vocab_size``). A map-style dataset is read by row on demand (in the loader's workers); an iterable
+    one has no random access and is materialized in memory in that pass. No separator token is inserted
+    between rows (tokenize with the EOS your model expects)."""
+
+    def __init__(self, dataset, name: str, seq_len: int, key: str = "input_ids"):
+        self.name, self.seq_len, self.key = name, int(seq_len), key
+        lengths, self.max_token = [], -1
+        if hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__"):
+            self.dataset, self.tokens = dataset, None
+            column = None
+            if hasattr(dataset, "column_names") and key in getattr(dataset, "column_names", ()):
+                column = dataset[key]  # a Hugging Face Dataset: one columnar read, not row by row
+            rows = column if column is not None else (dataset[i] for i in range(len(dataset)))
+            for i, r in enumerate(rows):
+                arr = self._tokens_of(r if column is None else {key: r}, i)
+                lengths.append(arr.size)
+                if arr.size:
+                    self.max_token = max(self.max_token, int(arr.max()))
+        else:  # iterable: materialize
+            parts = []
+            for i, r in enumerate(dataset):
+                arr = self._tokens_of(r, i)
+                parts.append(arr.astype(np.int64))
+                lengths.append(arr.size)
+                if arr.size:
+                    self.max_token = max(self.max_token, int(arr.max()))
+            self.dataset, self.tokens = None, (np.concatenate(parts) if parts else np.zeros(0, np.int64))
+        self.offsets = np.concatenate([[0], np.cumsum(np.asarray(lengths, dtype=np.int64))])
+        self.n_tokens = int(self.offsets[-1])
+        if len(self) < 1:
+            raise DataError(f"{name}: {self.n_tokens} tokens in {len(lengths)} rows, fewer than one sample of "
+                            f"{self.seq_len + 1} (model.block_size + 1); use more rows or a shorter block_size")
+
+    def _tokens_of(self, item, i: int) -> np.ndarray:
+        try:
+            arr = _row_tokens(item, self.key)
+        except Exception as exc:  # noqa: BLE001 - user data: say which row
+            raise BadSample(i, self.describe_row(i), f"{type(exc).__name__}: {exc}") from None
+        if arr.size and not np.issubdtype(arr.dtype, np.integer):
+            raise BadSample(i, self.describe_row(i), f"token ids must be integers, got {arr.dtype}")
+        return arr
+
+    def describe_row(self, r: int) -> str:
+        return f"{self.name} row {r}"
+
+    def describe(self, i: int) -> str:
+        r = int(np.searchsorted(self.offsets, i * self.seq_len, side="right")) - 1
+        return f"{self.name} sample {i} (from row {r})"
+
+    def fingerprint(self) -> str:
+        return f"packed:{self.name}:{len(self.offsets) - 1}:{self.n_tokens}:{self.seq_len}:{self.key}"
+
+    def __len__(self) -> int:
+        return (self.n_tokens - 1) // self.seq_len
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        if not 0 <= i < len(self):
+            raise IndexError(f"sample {i} out of range [0, {len(self)})")
+        start, end = i * self.seq_len, i * self.seq_len + self.seq_len + 1
+        if self.tokens is not None:
+            return self.tokens[start:end]
+        r = int(np.searchsorted(self.offsets, start, side="right")) - 1
+        parts = []
+        while start < end:
+            row = self._tokens_of(self.dataset[r], r)
+            lo = start - int(self.offsets[r])
+            take = row[lo:lo + (end - start)]
+            parts.append(take.astype(np.int64))
+            start += take.size
+            r += 1
+        return np.concatenate(parts)
 
     def gather(self, idx) -> np.ndarray:
         return _stack(self, idx)
@@ -321,6 +431,29 @@ def _read_dir_meta(path: Path) -> dict:
     return meta
 
 
+def dataset_vocab(cfg, dataset, packed: PackedRows | None) -> tuple[int, str]:
+    """The data's vocabulary: the dataset's ``vocab_size``, else model.vocab_size, else the model's (model.hf),
+    else the largest token id + 1 seen (a packed dataset reads every token once): (vocab, how it was found)."""
+    v = getattr(dataset, "vocab_size", None)
+    if v:
+        return int(v), ""
+    if cfg.model.vocab_size != "auto":
+        return int(cfg.model.vocab_size), "the dataset has no vocab_size: model.vocab_size used"
+    if cfg.model.hf is not None:
+        from trainperf.config.resolve import model_shape
+
+        mv = model_shape(cfg).get("vocab_size")
+        if mv:
+            return int(mv), "the dataset has no vocab_size: the model's vocab_size used"
+    if packed is not None and packed.max_token >= 0:
+        return packed.max_token + 1, (f"the dataset has no vocab_size: largest token id {packed.max_token} + 1 "
+                                      "used (set model.vocab_size if the tokenizer's vocabulary is larger)")
+    raise DataError(
+        f"data.dataset_entrypoint={cfg.data.dataset_entrypoint!r}: the dataset has no vocab_size attribute; "
+        "give it one or set model.vocab_size"
+    )
+
+
 def build_sources(cfg, seq_len: int):
     """(train_source, val_source, meta) for ``data.source`` in files / dataset."""
     d = cfg.data
@@ -360,15 +493,18 @@ def build_sources(cfg, seq_len: int):
 
         train_ds = make("train")
         val_ds = make("val") if "split" in params else train_ds
-        vocab = getattr(train_ds, "vocab_size", None) or model_vocab
-        if vocab is None:
-            raise DataError(
-                f"data.dataset_entrypoint={d.dataset_entrypoint!r}: the dataset has no vocab_size attribute; "
-                "give it one or set model.vocab_size"
-            )
-        train = DatasetSource(train_ds, d.dataset_entrypoint, seq_len)
-        val = DatasetSource(val_ds, d.dataset_entrypoint + " (val)", seq_len)
-        train.vocab_size = val.vocab_size = int(vocab)
-        return train, val, {"tokenizer": getattr(train_ds, "tokenizer", "unknown"), "vocab_size": int(vocab),
-                            "source": d.dataset_entrypoint}
+        packed = is_row_dataset(train_ds)
+        if packed:  # rows of any length (tokenized HF datasets, iterables): packed into windows
+            train = PackedRows(train_ds, d.dataset_entrypoint, seq_len)
+            val = train if val_ds is train_ds else PackedRows(val_ds, d.dataset_entrypoint + " (val)", seq_len)
+        else:
+            train = DatasetSource(train_ds, d.dataset_entrypoint, seq_len)
+            val = DatasetSource(val_ds, d.dataset_entrypoint + " (val)", seq_len)
+        vocab, note = dataset_vocab(cfg, train_ds, train if packed else None)
+        train.vocab_size = val.vocab_size = int(vocab)  # token ids are checked against it per sample
+        meta = {"tokenizer": getattr(train_ds, "tokenizer", "unknown"), "vocab_size": int(vocab),
+                "source": d.dataset_entrypoint, "layout": "packed rows" if packed else "one sample per item"}
+        if note:
+            meta["vocab_note"] = note
+        return train, val, meta
     raise DataError(f"data.source={d.source!r} is not built by trainperf.data.sources")

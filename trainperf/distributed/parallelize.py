@@ -326,10 +326,10 @@ def tensor_parallel_plan(model: nn.Module):
         from trainperf.distributed.tensor_parallel import apply_tp
 
         return apply_tp
-    raise ConfigError(
-        f"parallelism.tensor > 1 needs a tensor-parallel plan for {type(model).__name__}; trainperf has one for the "
-        "reference GPT (model.preset); train this model with data parallelism (parallelism.data / data_shard)"
-    )
+    # Hugging Face Llama-style decoders and GPT-2 (a ConfigError names what it needs for anything else)
+    from trainperf.distributed.hf_tp import apply_hf_tp
+
+    return apply_hf_tp
 
 
 def _kind(dims: ParallelDims) -> str:
@@ -370,7 +370,8 @@ def parallelize(model: nn.Module, dims: ParallelDims, cfg, *, rank: int = 0, dev
     p = cfg.parallelism
     from trainperf.models.gpt import GPT
 
-    # the reference GPT names its blocks (a pipeline stage may hold one); other models: the largest list
+    # the reference GPT names its blocks (a pipeline stage may hold one); other models: model.blocks (recorded
+    # on the model by the builder) or the largest list of identical blocks
     block_path = cfg.memory.checkpointing.blocks or ("layers" if isinstance(model, GPT) else None)
     notes: dict = {"layout": dims.describe()}
     if dims.distributed:

@@ -37,11 +37,28 @@ def block_candidates(model: nn.Module) -> list[tuple[str, int]]:
     return [(name, n) for name, n, _ in found]
 
 
+_PATH_ATTR = "_trainperf_block_path"
+
+
+def set_block_path(model: nn.Module, path: str | None) -> None:
+    """Record ``model``'s block path (``model.blocks``) on it, so every caller of :func:`find_blocks`
+    without an explicit path (checkpointing, FSDP, tensor parallelism, compile) uses the same blocks."""
+    setattr(model, _PATH_ATTR, path)
+
+
+def block_path(model: nn.Module) -> str | None:
+    """The path recorded by :func:`set_block_path`, or None."""
+    return getattr(model, _PATH_ATTR, None)
+
+
 def find_blocks(model: nn.Module, path: str | None = None, *,
                 field: str = "memory.checkpointing.blocks") -> tuple[str | None, list[nn.Module]]:
-    """The repeated blocks: those at ``path`` (dotted, e.g. "transformer.h") or, without a path,
-    the largest container of identical-type children. ``(None, [])`` when there is none.
+    """The repeated blocks: those at ``path`` (dotted, e.g. "transformer.h"), else at the path
+    recorded on the model (:func:`set_block_path`, from ``model.blocks``), else the largest
+    container of identical-type children. ``(None, [])`` when there is none.
     ``field`` names the config key the path came from, for the error message."""
+    if not path and block_path(model):
+        path, field = block_path(model), "model.blocks"
     if path:
         try:
             container = model.get_submodule(path)

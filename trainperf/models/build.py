@@ -77,6 +77,10 @@ def build_model(cfg: Config, *, data_vocab: int | None = None, device: str | tor
 
     Distributed code builds with ``materialize=False``, shards, then calls :func:`materialize`.
     """
+    if cfg.model.hf is not None:  # a Hugging Face causal LM (built materialized, like an entrypoint model)
+        from trainperf.models.hf import build_hf_model
+
+        return build_hf_model(cfg, data_vocab=data_vocab, device=device)
     if cfg.model.entrypoint:
         fn = load_entrypoint(cfg.model.entrypoint)
         torch.manual_seed(cfg.run.seed)
@@ -84,6 +88,12 @@ def build_model(cfg: Config, *, data_vocab: int | None = None, device: str | tor
         if not isinstance(model, nn.Module):
             raise ConfigError(f"model.entrypoint={cfg.model.entrypoint!r} returned {type(model).__name__}, not an nn.Module")
         check_model_vocab(model, data_vocab, cfg.model.entrypoint)
+        _no_kv_cache(model)
+        if cfg.model.blocks:
+            from trainperf.models.blocks import find_blocks, set_block_path
+
+            find_blocks(model, cfg.model.blocks, field="model.blocks")
+            set_block_path(model, cfg.model.blocks)
         return model.to(device)
     gcfg = gpt_config(cfg, data_vocab)
     with torch.device("meta"):
@@ -91,6 +101,17 @@ def build_model(cfg: Config, *, data_vocab: int | None = None, device: str | tor
     if materialize:
         materialize_model(model, device, cfg.run.seed)
     return model
+
+
+def _no_kv_cache(model: nn.Module) -> None:
+    """A Hugging Face model inside a user's wrapper: ``use_cache=False``. HF's default ``True`` makes each
+    layer append to a KV cache during the forward, so a checkpointed block's recompute sees a different
+    cache (other shapes, other ops) than its forward: selective checkpointing fails with "aten.slice.Tensor
+    invocation index N ... not found in storage", full checkpointing with a shape error."""
+    for mod in model.modules():
+        config = getattr(mod, "config", None)
+        if getattr(config, "use_cache", False) is True:
+            config.use_cache = False
 
 
 def materialize_model(model: nn.Module, device, seed: int) -> nn.Module:

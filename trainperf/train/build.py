@@ -69,7 +69,8 @@ def assemble(cfg, dims, model, data, *, backend=None, rank: int = 0, knobs: Knob
     if knobs.oom_above is not None and knobs.oom_above[0] in (-1, rank):
         pm.oom_above = knobs.oom_above[1]
     backend.place(pm)
-    notes = {**(notes or {}), **{k: str(v) for k, v in pm.notes.items()}, **backend.notes}
+    notes = {**(notes or {}), **getattr(model, "trainperf_notes", {}), **{k: str(v) for k, v in pm.notes.items()},
+             **backend.notes}
     dp_world = backend.data_parallel(dims, rank)[1]
     slow = SlowRank.build(knobs.slow_rank, rank, cfg, data_vocab=data.vocab_size, device=pm.device,
                           chunk=min(cfg.train.micro_batch, cfg.train.global_batch // dp_world))

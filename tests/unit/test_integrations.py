@@ -1,0 +1,182 @@
+"""One-line integrations: a Lightning run and a Hugging Face Trainer run, each with an injected slow
+dataset, are diagnosed data_bound by ``trainperf diagnose``; without the slowdown, no such finding.
+Plus the plain-loop context managers. One tiny model per framework, built in code (nothing downloaded)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import run_cli
+
+SEQ, VOCAB, BATCH = 16, 64, 4
+
+
+class Tokens(torch.utils.data.Dataset):
+    """Random token rows; ``delay_s`` per item is the injected slow storage (a real sleep)."""
+
+    def __init__(self, n: int = 64, delay_s: float = 0.0, as_dict: bool = False):
+        g = torch.Generator().manual_seed(0)
+        self.rows = torch.randint(0, VOCAB, (n, SEQ), generator=g)
+        self.delay_s, self.as_dict = delay_s, as_dict
+
+    def __len__(self):
+        return len(self.rows)
+
+    def __getitem__(self, i):
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        row = self.rows[i]
+        return {"input_ids": row, "labels": row.clone()} if self.as_dict else row
+
+
+def _diagnose(run_dir) -> dict:
+    r = run_cli(["diagnose", str(run_dir), "--json"])
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def _check_run_dir(run_dir, steps: int) -> dict:
+    recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps_recs = [r for r in recs if "step_time_s" in r]
+    assert [r["step"] for r in steps_recs] == list(range(1, steps + 1))
+    for r in steps_recs:
+        assert set(r["phases_s"]) >= {"data", "forward", "backward", "optimizer"}
+        assert r["tokens_per_s"] > 0 and "phases_cpu_s" in r and isinstance(r["loss"], float)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == steps and summary["tokens"] == steps * BATCH * SEQ
+    assert summary["peak_flops"] and summary["hfu"] is not None  # counted FLOPs on a real step
+    assert (run_dir / "samples.jsonl").exists()
+    return summary
+
+
+# ---------------------------------------------------------------------- Lightning
+L = pytest.importorskip("lightning.pytorch", reason="lightning not installed")
+
+
+class TinyLM(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = torch.nn.Embedding(VOCAB, 32)
+        # wide enough that a step's compute (~10-20 ms on one core) outweighs Lightning's own work between batches
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(32, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 1024),
+                                       torch.nn.GELU(), torch.nn.Linear(1024, VOCAB))
+
+    def training_step(self, batch, batch_idx):
+        logits = self.mlp(self.emb(batch[:, :-1]))
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), batch[:, 1:].reshape(-1))
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def _lightning_fit(run_dir, delay_s: float, steps: int = 12):
+    from trainperf.integrations.lightning import TrainperfCallback
+
+    cb = TrainperfCallback(run_dir=run_dir, log_every=4)
+    trainer = L.Trainer(max_steps=steps, accelerator="cpu", devices=1, callbacks=[cb], logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    loader = torch.utils.data.DataLoader(Tokens(delay_s=delay_s), batch_size=BATCH)
+    trainer.fit(TinyLM(), loader)
+    return cb
+
+
+@pytest.mark.parametrize("delay_s,bound", [(0.01, True), (0.0, False)])
+def test_lightning_callback_diagnosed(tmp_path, delay_s, bound):
+    cb = _lightning_fit(tmp_path / "run", delay_s)
+    summary = _check_run_dir(tmp_path / "run", 12)
+    assert summary["integration"] == "lightning" and cb.summary is not None
+    ids = [f["id"] for f in _diagnose(tmp_path / "run")["findings"]]
+    assert ("data_bound" in ids) is bound, ids
+    if bound:  # `trainperf report` reads the same directory
+        pytest.importorskip("matplotlib")
+        from trainperf.monitor.report import build_report
+
+        rep = build_report(tmp_path / "run")
+        assert {"loss", "phases", "throughput"} <= {Path(c).stem for c in rep["charts"]}, rep
+
+
+# ---------------------------------------------------------------------- Hugging Face Trainer
+transformers = pytest.importorskip("transformers", reason="transformers not installed")
+
+
+@pytest.fixture(scope="module")
+def tiny_llama_config():
+    return transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                    num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=SEQ)
+
+
+def _hf_train(run_dir, config, delay_s: float, steps: int = 12):
+    from trainperf.integrations.hf import TrainperfCallback
+
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    args = transformers.TrainingArguments(output_dir=str(run_dir / "hf_out"), max_steps=steps,
+                                          per_device_train_batch_size=BATCH, report_to=[], save_strategy="no",
+                                          logging_strategy="no", use_cpu=True, disable_tqdm=True,
+                                          dataloader_num_workers=0)
+    cb = TrainperfCallback(run_dir=run_dir, log_every=4)
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=Tokens(delay_s=delay_s, as_dict=True),
+                                   callbacks=[cb])
+    trainer.train()
+    return cb
+
+
+@pytest.mark.slow  # the first Trainer import (accelerate) takes seconds
+@pytest.mark.parametrize("delay_s,bound", [(0.01, True), (0.0, False)])
+def test_hf_trainer_callback_diagnosed(tmp_path, tiny_llama_config, delay_s, bound):
+    cb = _hf_train(tmp_path / "run", tiny_llama_config, delay_s)
+    summary = _check_run_dir(tmp_path / "run", 12)
+    assert summary["integration"] == "transformers.Trainer"
+    assert summary["mfu"] is not None and "PaLM" in summary["flops_formula_note"]  # from the HF config
+    ids = [f["id"] for f in _diagnose(tmp_path / "run")["findings"]]
+    assert ("data_bound" in ids) is bound, ids
+    assert cb.summary["monitor_overhead"]["fraction_of_step"] < 0.05
+
+
+def test_mfu_formula_found_inside_a_lightning_module(tiny_llama_config):
+    from trainperf.integrations.core import model_flops_per_token
+
+    class Holder(torch.nn.Module):  # a LightningModule holding a transformers model, as users write them
+        def __init__(self):
+            super().__init__()
+            self.lm = transformers.AutoModelForCausalLM.from_config(tiny_llama_config)
+
+    fpt, note = model_flops_per_token(Holder(), SEQ)
+    n = sum(p.numel() for p in Holder().lm.parameters()) - VOCAB * 32  # untied: the input embedding is a lookup
+    assert fpt == 6 * n + 12 * 2 * 32 * SEQ and "PaLM" in note
+    assert model_flops_per_token(torch.nn.Linear(2, 2), SEQ)[0] is None
+
+
+# ---------------------------------------------------------------------- plain loop
+def test_plain_loop_context_managers(tmp_path):
+    import trainperf
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(VOCAB, 16), torch.nn.Linear(16, VOCAB))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = Tokens(n=32)
+    with trainperf.track(tmp_path / "run", model=model, log_every=3) as tp:
+        for i in range(0, 32, BATCH):
+            batch = torch.stack([data[j] for j in range(i, i + BATCH)])
+            time.sleep(0.05)  # a slow fetch between steps: the data phase
+            with tp.step(batch):
+                with tp.phase("forward"):
+                    logits = model(batch[:, :-1])
+                    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), batch[:, 1:].reshape(-1))
+                with tp.phase("backward"):
+                    loss.backward()
+                with tp.phase("optimizer"):
+                    opt.step()
+                    opt.zero_grad()
+                tp.loss(loss)
+    recs = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert len(recs) == 8 and all(r["phases_s"]["data"] >= 0.049 for r in recs[1:])
+    assert recs[0]["phases_s"]["data"] < 0.009  # nothing measured before the first step
+    ids = [f["id"] for f in _diagnose(tmp_path / "run")["findings"]]
+    assert "data_bound" in ids

@@ -1,0 +1,291 @@
+"""``StepRecorder``: the one engine behind the integrations (Lightning, Hugging Face, plain loops).
+
+It owns a :class:`trainperf.monitor.Monitor` (device sampler, sinks, PhaseTimer) and writes the run
+directory exactly as ``trainperf train`` does, so ``trainperf diagnose``, ``report`` and ``compare``
+read it unchanged::
+
+    metrics.jsonl   {"step","loss","lr","step_time_s","tokens_per_s","phases_s","phases_cpu_s","mfu"?}
+    samples.jsonl   device sampler records
+    summary.json    tokens/s, phase seconds, MFU/HFU with the FLOP convention and the peak used
+
+A step's life, as the frameworks' hooks drive it::
+
+    open_step()        end of the previous batch: the data phase starts (data wait = from the end of
+                       one batch to the start of the next; the framework fetches in between)
+    mark("forward")    the batch is on the device, compute starts
+    mark("backward"), mark("optimizer")
+    close_step(...)    end of the batch: one step record
+
+FLOPs: the model FLOPs per token come from the model's shape (``flops_per_token(seq_len)`` when the
+model has it, else a Hugging Face ``config``: see :func:`trainperf.models.hf.hf_flops_per_token`);
+the hardware FLOPs are counted with ``FlopCounterMode`` over the forward + backward of one real
+step (the second: the first warms up), recompute included. The peak is
+:func:`trainperf.monitor.flops.peak_flops` (catalog on CUDA, measured matmul peak on CPU).
+
+Overhead: the time spent inside the recorder's own calls is accumulated (``overhead_s``) and
+reported per step in summary.json (``monitor_overhead``), next to the mean step time.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainperf.monitor.monitor import Monitor
+
+# Which real step's forward + backward FlopCounterMode counts (0-based: the second step).
+COUNT_STEP = 1
+
+
+def count_tokens(batch) -> tuple[int, int, int | None]:
+    """(tokens, samples, seq_len) of a batch: the ``input_ids`` of a dict batch, else the first integer
+    tensor (token ids: every element is a token), else the first tensor's leading dimension as
+    samples (tokens = samples, seq_len unknown)."""
+    t = None
+    if isinstance(batch, dict):
+        t = batch.get("input_ids")
+        if t is None:
+            t = next((v for v in batch.values() if isinstance(v, torch.Tensor)), None)
+    elif isinstance(batch, (list, tuple)):
+        ints = [v for v in batch if isinstance(v, torch.Tensor) and not v.is_floating_point()]
+        t = ints[0] if ints else next((v for v in batch if isinstance(v, torch.Tensor)), None)
+    elif isinstance(batch, torch.Tensor):
+        t = batch
+    if t is None or t.dim() == 0:
+        return 0, 0, None
+    if t.is_floating_point():
+        return int(t.shape[0]), int(t.shape[0]), None
+    seq = int(t.shape[-1]) if t.dim() >= 2 else None
+    return int(t.numel()), int(t.shape[0]), seq
+
+
+def model_flops_per_token(model, seq_len: int | None) -> tuple[float | None, str]:
+    """Model FLOPs per token from the model's shape, with the convention; (None, why) when unknown."""
+    if model is None or not seq_len:
+        return None, "no model or sequence length seen"
+    base = getattr(model, "module", model)  # DDP / Lightning wrappers
+    if hasattr(base, "flops_per_token"):
+        return float(base.flops_per_token(seq_len)), "the model's flops_per_token(seq_len)"
+    config = getattr(base, "config", None)
+    if config is not None and (hasattr(config, "num_hidden_layers") or hasattr(config, "n_layer")):
+        from trainperf.models.hf import hf_flops_per_token
+
+        fpt, note = hf_flops_per_token(base, seq_len)
+        return fpt, note
+    for child in base.children():  # a LightningModule holding a transformers model
+        if hasattr(child, "config") or hasattr(child, "flops_per_token"):
+            return model_flops_per_token(child, seq_len)
+    return None, ("no FLOP formula for this model (it has neither flops_per_token(seq_len) nor a Hugging Face "
+                  "config); MFU not reported, HFU from the counted FLOPs")
+
+
+class StepRecorder:
+    def __init__(self, run_dir: str | Path, *, framework: str, device: str | torch.device | None = None,
+                 precision: str = "fp32", monitor: dict | None = None, count_flops: bool = True,
+                 log_every: int = 10, rank: int | None = None, world: int | None = None):
+        from trainperf.config.schema import MonitorConfig
+
+        self.run_dir = Path(run_dir)
+        self.framework = framework
+        self.precision = precision
+        self.log_every = max(1, int(log_every))
+        self.count_flops = count_flops
+        dev = torch.device(device) if device is not None else torch.device("cpu")
+        self.mon = Monitor(MonitorConfig(**(monitor or {})), self.run_dir, device=dev, rank=rank, world=world)
+        self.timer = self.mon.timer
+        self.device = dev
+        self.step = 0
+        self.in_step = False
+        self.model = None
+        self.seq_len: int | None = None
+        self.notes: dict[str, str] = {}
+        self.overhead_s = 0.0
+        self._t0 = 0.0
+        self._tokens = 0
+        self._samples = 0
+        self._loss_parts: list = []
+        self._pending: list[tuple[dict, Any]] = []
+        self._counter = None
+        self._counted: float | None = None
+        self._counted_note = "not counted (no step reached the counting step)"
+        self.tokens_total = 0
+        self.train_time_s = 0.0
+        self.last_loss: float | None = None
+        self._t_start = time.perf_counter()
+        self._closed = False
+
+    # ------------------------------------------------------------------ the step
+    def open_step(self) -> None:
+        """The previous batch ended: the data phase of the next step starts (restarts if already open)."""
+        t = time.perf_counter()
+        self.timer.start_step()
+        self.timer.phase("data")
+        self._t0 = t
+        self._tokens = self._samples = 0
+        self._loss_parts = []
+        self.in_step = True
+        self.overhead_s += time.perf_counter() - t
+
+    def cancel_step(self) -> None:
+        """Drop an open step (the framework is evaluating or saving, not waiting for data)."""
+        self.timer.start_step()
+        self.in_step = False
+        self._stop_counter(None)
+
+    def mark(self, name: str) -> None:
+        t = time.perf_counter()
+        if not self.in_step:
+            self.open_step()
+        self.timer.phase(name)
+        if name == "forward" and self.count_flops and self.step == COUNT_STEP and self._counter is None \
+                and self._counted is None:
+            self._start_counter()
+        elif name == "optimizer":
+            self._stop_counter(self._tokens)
+        self.overhead_s += time.perf_counter() - t
+
+    def add_batch(self, batch=None, *, tokens: int | None = None, samples: int | None = None,
+                  seq_len: int | None = None) -> None:
+        """Count one micro-batch's tokens (from the batch, or given)."""
+        t = time.perf_counter()
+        if batch is not None and tokens is None:
+            tokens, samples, seq_len = count_tokens(batch)
+        self._tokens += int(tokens or 0)
+        self._samples += int(samples or 0)
+        if seq_len:
+            self.seq_len = seq_len
+        self.overhead_s += time.perf_counter() - t
+
+    def add_loss(self, loss) -> None:
+        """One micro-batch's loss (a tensor stays on the device until the next flush)."""
+        if loss is not None:
+            self._loss_parts.append(loss.detach() if isinstance(loss, torch.Tensor) else float(loss))
+
+    def close_step(self, *, lr: float | None = None) -> None:
+        t = time.perf_counter()
+        if not self.in_step:
+            return
+        self._stop_counter(self._tokens)
+        phases = self.timer.end_step()
+        dt = time.perf_counter() - self._t0
+        self.in_step = False
+        self.step += 1
+        self.mon.after_step(self.step)
+        tokens = self._tokens or self._samples
+        rec: dict[str, Any] = {"step": self.step, "loss": None, "lr": lr, "step_time_s": dt,
+                               "tokens_per_s": tokens / dt if dt > 0 and tokens else None, "phases_s": phases}
+        self.tokens_total += tokens
+        self.train_time_s += dt
+        self._pending.append((rec, list(self._loss_parts)))
+        if len(self._pending) >= self.log_every:
+            self.flush()
+        self.overhead_s += time.perf_counter() - t
+        # the next step's data phase starts now
+        self.open_step()
+
+    def flush(self) -> None:
+        """Bring the pending losses to the host (one sync for several steps) and write the records."""
+        if not self._pending:
+            return
+        tensors = [p for _, parts in self._pending for p in parts if isinstance(p, torch.Tensor)]
+        host = torch.stack([x.float().reshape(()) for x in tensors]).cpu().tolist() if tensors else []
+        it = iter(host)
+        for rec, parts in self._pending:
+            vals = [next(it) if isinstance(p, torch.Tensor) else p for p in parts]
+            if vals:
+                rec["loss"] = sum(vals) / len(vals)
+                self.last_loss = rec["loss"]
+            else:
+                rec.pop("loss")
+            self.mon.write(rec)
+        self._pending = []
+
+    # ------------------------------------------------------------------ FLOPs
+    def _start_counter(self) -> None:
+        from torch.utils.flop_counter import FlopCounterMode
+
+        from trainperf.monitor.flops import _missing_flop_formulas
+
+        try:
+            self._counter = FlopCounterMode(display=False, custom_mapping=_missing_flop_formulas())
+            self._counter.__enter__()
+        except Exception as exc:  # noqa: BLE001 - counting is best effort
+            self._counter = None
+            self._counted_note = f"FlopCounterMode failed: {type(exc).__name__}: {exc}"[:200]
+
+    def _stop_counter(self, tokens: int | None) -> None:
+        if self._counter is None:
+            return
+        counter, self._counter = self._counter, None
+        try:
+            counter.__exit__(None, None, None)
+            total = counter.get_total_flops()
+        except Exception as exc:  # noqa: BLE001
+            self._counted_note = f"FlopCounterMode failed: {type(exc).__name__}: {exc}"[:200]
+            return
+        if tokens and total:
+            self._counted = total / tokens
+            self._counted_note = (f"FlopCounterMode over the forward + backward of real step {COUNT_STEP + 1} "
+                                  f"({tokens} tokens), recompute included")
+        elif tokens is None:
+            self._counted_note = "counting step interrupted (evaluation); not counted"
+
+    # ------------------------------------------------------------------ end of run
+    def finish(self, extra: dict | None = None, *, verbose: bool = False) -> dict:
+        """Write summary.json (rank 0) and stop the monitor's threads; returns the summary."""
+        from trainperf.monitor.flops import peak_flops
+
+        if self._closed:
+            return {}
+        self._closed = True
+        self._stop_counter(None)
+        self.timer.start_step()  # an open data phase after the last batch is not a step
+        self.flush()
+        fpt, fnote = model_flops_per_token(self.model, self.seq_len)
+        self.mon.flops = {
+            "flops_per_token_formula": fpt,
+            "flops_per_token_formula_hfu": None,
+            "flops_per_token_counted": self._counted,
+            "flops_formula_note": fnote,
+            "flops_recompute_note": "in the counted figure (HFU)",
+            "flops_counted_note": self._counted_note,
+        }
+        self.mon.peak = peak_flops(self.device, self.precision)
+        self.mon.seq_len = self.seq_len
+        n_params = sum(p.numel() for p in self.model.parameters()) if self.model is not None else None
+        steps = self.step
+        summary: dict[str, Any] = {
+            "final_loss": self.last_loss, "val_loss": None, "initial_val_loss": None,
+            "steps": steps, "steps_this_run": steps, "resumed_from": None,
+            "tokens": self.tokens_total,
+            "tokens_per_s": self.tokens_total / self.train_time_s if self.train_time_s else None,
+            "elapsed_s": time.perf_counter() - self._t_start, "train_time_s": self.train_time_s,
+            "params": n_params, "phase_seconds": dict(self.timer.totals), "device": str(self.device),
+            "precision": self.precision, "notes": dict(self.notes), "sample": None,
+            "integration": self.framework,
+            "data_wait_definition": "data phase = from the end of one batch to the start of the next "
+                                    "(the framework fetches and moves the batch in between)",
+            "monitor_overhead": {
+                "s_per_step": self.overhead_s / steps if steps else None,
+                "fraction_of_step": (self.overhead_s / self.train_time_s) if self.train_time_s else None,
+                "method": "perf_counter time spent inside trainperf's hooks, over the run's steps",
+            },
+        }
+        summary.update(extra or {})
+        self.mon.finish(summary)
+        if self.mon.rank == 0:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            tmp = self.run_dir / "summary.json.tmp"
+            tmp.write_text(json.dumps(summary, indent=2, default=str))
+            tmp.replace(self.run_dir / "summary.json")
+            if verbose:
+                self.mon.print_findings()
+        return summary
+
+    def close(self) -> None:
+        if not self._closed:
+            self.finish()
