@@ -122,3 +122,37 @@ def oom_recovery(rank: int, world: int) -> dict:
     dist.all_gather_object(gathered, (trainer.micro_batch, trainer.accum))
     out["per_rank"] = gathered
     return out if rank == 0 else None
+
+
+HF_LLAMA = {"model_type": "llama", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 64, "max_position_embeddings": 32,
+            "tie_word_embeddings": False}
+HF_FOUR = {
+    "hf_fsdp2_tp2_sp": {"parallelism.data": 1, "parallelism.data_shard": 2, "parallelism.tensor": 2,
+                        "parallelism.sequence_parallel": True},
+    "hf_data2_tp2": {"parallelism.data": 2, "parallelism.tensor": 2},
+}
+
+
+def hf_config(overrides: dict):
+    """The harness's tiny run with a Hugging Face Llama (GQA, SwiGLU, SDPA) as the model."""
+    from trainperf.config.schema import HFModelConfig
+
+    cfg = H.make_config({"model.block_size": 16, **overrides})
+    cfg.model.hf = HFModelConfig(config=dict(HF_LLAMA))
+    cfg.model.n_layer = cfg.model.n_head = cfg.model.n_embd = None
+    return cfg
+
+
+def hf_four_process(rank: int, world: int) -> dict:
+    """A tiny HF Llama through the real Trainer at FSDP2 x TP=2 (+SP) and DDP x TP=2 against one process."""
+    out = {}
+    for name, ov in HF_FOUR.items():
+        cfg = hf_config(ov)
+        data = H.batches(cfg, STEPS)
+        got = H.run_trainer(cfg, data, rank=rank, world=world)
+        if rank == 0:
+            ref = H.run_reference(cfg, data)
+            out[name] = {"losses": got["losses"], "ref_losses": ref["losses"], "params": got["params"],
+                         "ref_params": ref["params"], "notes": got["notes"]}
+    return out if rank == 0 else None
