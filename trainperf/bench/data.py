@@ -31,7 +31,6 @@ import zlib
 
 import numpy as np
 
-from trainperf.cli._common import add_json_flag, print_json
 
 
 class BenchItems:
@@ -104,28 +103,6 @@ def _missing_peer(kind: str) -> str | None:
         return ("not measured: the Mosaic row needs the items written as an MDS directory and read through "
                 "StreamingDataset's shard downloads; not implemented in this version")
     return None
-
-
-def register(subparsers) -> None:
-    p = subparsers.add_parser("data", help="HybridLoader vs torch DataLoader on a slow source", description=__doc__)
-    p.add_argument("--latency-ms", type=float, default=5.0, help="simulated latency per read (default 5)")
-    p.add_argument("--bandwidth-mb-s", type=float, default=None, help="simulated bandwidth cap per process")
-    p.add_argument("--item-kb", type=float, default=16.0, help="bytes per item in KiB (default 16)")
-    p.add_argument("--decode-ms", type=float, default=0.5, help="CPU time to decode one item (default 0.5)")
-    p.add_argument("--epochs", type=int, default=2, help="throughput epochs: 1 cold + N-1 warm (default 2)")
-    p.add_argument("--workers", type=int, default=None, help="loader workers (default: min(32, usable CPUs))")
-    p.add_argument("--samples", type=int, default=1024, help="items per epoch (default 1024)")
-    p.add_argument("--batch", type=int, default=32, help="batch size (default 32)")
-    p.add_argument("--compute-ms", type=float, default=None,
-                   help="compute per step in the data-wait loop (default: 1.5 x batch x decode-ms / workers, >= 5)")
-    p.add_argument("--io-threads", type=int, default=8, help="HybridLoader IO threads per worker (default 8)")
-    p.add_argument("--cache-dir", default=None,
-                   help="where HybridLoader's disk cache goes (a fresh sub-directory; default: the temp directory)")
-    p.add_argument("--only", action="append", choices=list(KINDS),
-                   help="run only these loaders (repeatable)")
-    p.add_argument("--quick", action="store_true", help="a few-second smoke run (small epoch and latencies)")
-    add_json_flag(p)
-    p.set_defaults(func=run)
 
 
 def _settings(args) -> dict:
@@ -247,7 +224,8 @@ def _measure(kind: str, src, decode, s: dict, cuda: bool, cache_dir: str, bar) -
     return row
 
 
-def run(args) -> int:
+def measure(args) -> dict:
+    """The loaders side by side on the simulated slow source; the result with per-loader rows."""
     import torch
 
     from trainperf.data.sources import SlowStorage
@@ -284,24 +262,4 @@ def run(args) -> int:
     rows += [{"name": k, "skipped": why} for k, why in skipped.items()]
     out = {"settings": {**s, "device": "cuda" if cuda else "cpu"}, "loaders": rows, "summary": summary,
            "command": "trainperf bench data " + " ".join(sys.argv[3:] if sys.argv[1:3] == ["bench", "data"] else [])}
-    if args.json:
-        print_json(out)
-        return 0
-    print(f"bench data: {s['samples']} items of {s['item_kb']:g} KiB, {s['latency_ms']:g} ms per read, "
-          f"decode {s['decode_ms']:g} ms CPU per item, batch {s['batch']}, {s['workers']} worker(s) "
-          f"({s['usable_cpus']} usable CPUs, load average {s['load_avg_1m_at_start']}), "
-          f"compute {s['compute_ms']:.1f} ms per step in the wait loop")
-    print(f"{'loader':<20} {'cold samples/s':>15} {'warm samples/s':>15} {'data wait':>10} {'CPU ms/sample':>14}")
-    for r in rows:
-        if "skipped" in r:
-            print(f"{r['name']:<20} skipped: {r['skipped']}")
-            continue
-        print(f"{r['name']:<20} {r['cold_samples_per_s']:>15.0f} {r['warm_samples_per_s']:>15.0f} "
-              f"{100 * r['data_wait_fraction']:>9.1f}% {r['warm_cpu_ms_per_sample']:>14.2f}")
-    if "warm_speedup_vs_tuned" in summary:
-        print(f"hybrid vs dataloader_tuned: warm {summary['warm_speedup_vs_tuned']:.1f}x, "
-              f"cold {summary['cold_speedup_vs_tuned']:.1f}x")
-    for k, v in (summary.get("hybrid_warm_ratio_vs") or {}).items():
-        print(f"hybrid warm-epoch samples/s / {k}'s: {v:.2f}x")
-    return 0
-
+    return out

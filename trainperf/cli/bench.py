@@ -16,7 +16,7 @@ KINDS = {
 }
 
 
-CLI = {"step": "trainperf.cli.bench_step", "data": "trainperf.bench.data", "balance": "trainperf.cli.bench_balance",
+CLI = {"step": "trainperf.cli.bench_step", "data": "trainperf.cli.bench_data", "balance": "trainperf.cli.bench_balance",
        "comm": "trainperf.cli.bench_comm"}
 
 

@@ -1,0 +1,58 @@
+"""``trainperf bench data``: argument parsing and printing (the measurement: trainperf.bench.data)."""
+
+from __future__ import annotations
+
+from trainperf.bench.data import KINDS
+from trainperf.cli._common import add_json_flag, print_json
+
+
+def register(subparsers) -> None:
+    import trainperf.bench.data as bench
+
+    p = subparsers.add_parser("data", help="HybridLoader vs torch DataLoader on a slow source", description=bench.__doc__)
+    p.add_argument("--latency-ms", type=float, default=5.0, help="simulated latency per read (default 5)")
+    p.add_argument("--bandwidth-mb-s", type=float, default=None, help="simulated bandwidth cap per process")
+    p.add_argument("--item-kb", type=float, default=16.0, help="bytes per item in KiB (default 16)")
+    p.add_argument("--decode-ms", type=float, default=0.5, help="CPU time to decode one item (default 0.5)")
+    p.add_argument("--epochs", type=int, default=2, help="throughput epochs: 1 cold + N-1 warm (default 2)")
+    p.add_argument("--workers", type=int, default=None, help="loader workers (default: min(32, usable CPUs))")
+    p.add_argument("--samples", type=int, default=1024, help="items per epoch (default 1024)")
+    p.add_argument("--batch", type=int, default=32, help="batch size (default 32)")
+    p.add_argument("--compute-ms", type=float, default=None,
+                   help="compute per step in the data-wait loop (default: 1.5 x batch x decode-ms / workers, >= 5)")
+    p.add_argument("--io-threads", type=int, default=8, help="HybridLoader IO threads per worker (default 8)")
+    p.add_argument("--cache-dir", default=None,
+                   help="where HybridLoader's disk cache goes (a fresh sub-directory; default: the temp directory)")
+    p.add_argument("--only", action="append", choices=list(KINDS),
+                   help="run only these loaders (repeatable)")
+    p.add_argument("--quick", action="store_true", help="a few-second smoke run (small epoch and latencies)")
+    add_json_flag(p)
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from trainperf.bench.data import measure
+
+    out = measure(args)
+    s, rows, summary = out["settings"], out["loaders"], out["summary"]
+    if args.json:
+        print_json(out)
+        return 0
+    print(f"bench data: {s['samples']} items of {s['item_kb']:g} KiB, {s['latency_ms']:g} ms per read, "
+          f"decode {s['decode_ms']:g} ms CPU per item, batch {s['batch']}, {s['workers']} worker(s) "
+          f"({s['usable_cpus']} usable CPUs, load average {s['load_avg_1m_at_start']}), "
+          f"compute {s['compute_ms']:.1f} ms per step in the wait loop")
+    print(f"{'loader':<20} {'cold samples/s':>15} {'warm samples/s':>15} {'data wait':>10} {'CPU ms/sample':>14}")
+    for r in rows:
+        if "skipped" in r:
+            print(f"{r['name']:<20} skipped: {r['skipped']}")
+            continue
+        print(f"{r['name']:<20} {r['cold_samples_per_s']:>15.0f} {r['warm_samples_per_s']:>15.0f} "
+              f"{100 * r['data_wait_fraction']:>9.1f}% {r['warm_cpu_ms_per_sample']:>14.2f}")
+    if "warm_speedup_vs_tuned" in summary:
+        print(f"hybrid vs dataloader_tuned: warm {summary['warm_speedup_vs_tuned']:.1f}x, "
+              f"cold {summary['cold_speedup_vs_tuned']:.1f}x")
+    for k, v in (summary.get("hybrid_warm_ratio_vs") or {}).items():
+        print(f"hybrid warm-epoch samples/s / {k}'s: {v:.2f}x")
+    return 0
+
