@@ -30,5 +30,7 @@ if ! "$VENV/bin/python" -c "import torch" >/dev/null 2>&1; then
     "$VENV/bin/pip" install -q "$TORCH_SPEC"
   fi
 fi
-"$VENV/bin/pip" install -q -e ".[$EXTRAS]"
+# Keep the torch that is there (CPU or CUDA build): the extras' requirements must not replace it.
+"$VENV/bin/python" -c "import torch; print('torch==' + torch.__version__.split('+')[0])" > "$VENV/torch-pin.txt"
+"$VENV/bin/pip" install -q -e ".[$EXTRAS]" -c "$VENV/torch-pin.txt"
 "$VENV/bin/python" -c "import torch, trainperf; print('setup: torch', torch.__version__, '| trainperf ready')"

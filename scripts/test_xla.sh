@@ -30,7 +30,7 @@ if [ ! -f "$STAMP" ] || [ "$STAMP" -ot "$0" ] || [ "$STAMP" -ot pyproject.toml ]
     "$VENV/bin/pip" install -q "$TORCH_SPEC" --index-url "$XLA_TORCH_INDEX"
   fi
   "$VENV/bin/pip" install -q "${FL[@]}" "$TORCH_SPEC" "$TORCH_XLA_SPEC"
-  "$VENV/bin/pip" install -q -e ".[test]" "$TORCH_SPEC"
+  "$VENV/bin/pip" install -q -e ".[test-core]" "$TORCH_SPEC"
   "$VENV/bin/python" -c "import torch, torch_xla; print('test-xla: torch', torch.__version__, '| torch_xla', torch_xla.__version__)"
   touch "$STAMP"
 fi
