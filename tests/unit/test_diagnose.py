@@ -364,3 +364,21 @@ def test_straggler_evidence_says_when_the_rank_waited_for_a_core(tmp_path):
         r["rank_cpu_s"] = [0.07, 0.148]  # the same CPU time as its clock: a slower device, not a shared core
     f = {x["id"]: x for x in diagnose(write_run(tmp_path / "s", {0: recs}))["findings"]}["straggler"]
     assert "computes slower" in f["evidence"]
+
+
+@pytest.mark.parametrize("summary,config,reason", [
+    ({"flops_per_token_formula": None, "flops_formula_note": "no FLOP formula for this model", "peak_flops": 1e12},
+     {}, "no FLOP formula: no FLOP formula for this model"),
+    ({"flops_per_token_formula": 1e6, "peak_flops": None, "peak_source": "unknown GPU"}, {}, "no peak FLOP/s"),
+    ({"flops_per_token_formula": None}, {"monitor": {"mfu": False}}, "monitor.mfu=false"),
+])
+def test_not_measured_mfu_gives_the_real_reason(tmp_path, summary, config, reason):
+    import json
+
+    import yaml
+
+    d = write_run(tmp_path / "r", {0: steps(5)})
+    (d / "summary.json").write_text(json.dumps(summary))
+    (d / "config.yaml").write_text(yaml.safe_dump(config))
+    missing = " ".join(diagnose(d)["missing"])
+    assert reason in missing, missing

@@ -142,13 +142,18 @@ def memory_report(cfg: Config, *, measure: bool = False, budget_gb: float | None
     if ac.mode in ("every_k", "budget"):
         rows_spec.append((ac.mode, None))
 
-    # --- the model: formula for the reference GPT, trace for a user's model
+    # --- the model: formula for the reference GPT, trace for a user's model or a Hugging Face one
     model = None
     batch = None
-    if cfg.model.entrypoint:
+    if cfg.model.entrypoint or cfg.model.hf is not None:
         torch.manual_seed(cfg.run.seed)
         model = build_model(cfg, device=device)
-        seq = cfg.model.block_size or getattr(getattr(model, "cfg", None), "block_size", None) or 128
+        if cfg.model.hf is not None:
+            from trainperf.models.hf import hf_seq_len
+
+            seq = hf_seq_len(cfg)
+        else:
+            seq = cfg.model.block_size or getattr(getattr(model, "cfg", None), "block_size", None) or 128
         vocab = _vocab(model, cfg)
         g = torch.Generator().manual_seed(cfg.run.seed)
         batch = tuple(torch.randint(0, vocab, (b, seq), generator=g).to(device) for _ in range(2))
@@ -171,7 +176,7 @@ def memory_report(cfg: Config, *, measure: bool = False, budget_gb: float | None
                 raise ConfigError(f"{type(model).__name__} has no repeated blocks; use memory.checkpointing.mode=none")
             return estimate_traced(prof, micro_batch=mb, plan=plan, optimizer=cfg.optimizer.type,
                                    sharding=Sharding(fsdp=cfg.parallelism.data_shard))
-        model_name = cfg.model.entrypoint
+        model_name = cfg.model.entrypoint or f"Hugging Face {type(model).__name__} (traced)"
     else:
         gcfg = gpt_config(cfg)
         shape = GPTShape.of(gcfg)

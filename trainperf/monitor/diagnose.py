@@ -320,6 +320,20 @@ RULES: list[Rule] = [
 ]
 
 
+def _why_no_mfu(run: dict) -> str:
+    """The real reason a run has no MFU, from what it recorded."""
+    summ, cfg = run["summary"], run["config"] or {}
+    if (cfg.get("monitor") or {}).get("mfu") is False:
+        return "monitor.mfu=false"
+    if run["crashed"] or not summ:
+        return "the run ended before its summary was written (crashed or stopped)"
+    if summ.get("flops_per_token_formula") is None and "flops_per_token_formula" in summ:
+        return f"no FLOP formula: {summ.get('flops_formula_note') or 'unknown model shape'}"
+    if summ.get("peak_flops") is None:
+        return f"no peak FLOP/s for this device ({summ.get('peak_source') or 'not in the catalog'})"
+    return "no throughput recorded"
+
+
 def _missing(run: dict, s: dict) -> list[str]:
     out = []
     metas = run["sample_meta"]
@@ -330,7 +344,7 @@ def _missing(run: dict, s: dict) -> list[str]:
         out.append(f"SM activity / tensor-pipe activity (NVML GPM: {meta.get('gpm', 'no samples recorded')}; "
                    "DCGM is not read)")
     if s.get("mfu") is None:
-        out.append("MFU (no FLOPs or peak recorded: monitor.mfu=false, or the run crashed before the end)")
+        out.append(f"MFU ({_why_no_mfu(run)})")
     if s.get("mem_capacity_bytes") is None:
         out.append("device memory use (memory_bound needs a CUDA run)")
     if len(s["ranks"]) < 2 and not s.get("rank_compute"):
