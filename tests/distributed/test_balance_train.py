@@ -92,7 +92,8 @@ def test_balance_on_with_equal_speeds_gives_the_same_losses(runs):
 def test_a_slowed_rank_loses_samples_and_the_losses_stay_exact(runs, name):
     rows = runs[name]
     decisions = [r for r in rows if "balance/new_shares" in r]
-    assert decisions, f"no rebalancing in {STEPS} steps: {[r.get('balance/shares') for r in rows]}"
+    assert decisions, (f"no rebalancing in {STEPS} steps: shares {[r.get('balance/shares') for r in rows]}, rank 0's "
+                       f"compute {[r.get('balance/compute_s') for r in rows]}, fixed {[r.get('balance/fixed_s') for r in rows]}")
     d = decisions[0]
     assert len(d["balance/speeds"]) == 2 and d["balance/speeds"][0] > d["balance/speeds"][1]  # rank 1 measured slower
     assert d["balance/imbalance"] > 0.2 and d["balance/old_shares"] == [8, 8]
