@@ -425,6 +425,20 @@ class ComputeClock:
             self._ev0.record()
         self._t0 = time.perf_counter()
 
+    def stop_later(self):
+        """Like :meth:`stop`, without a host-device sync now: returns a function that reads the seconds
+        later (once per log interval), for the straggler evidence of a run that is not balancing."""
+        if self.cuda and self._last is not None:
+            ev0, ev1 = self._ev0, self._ev1
+
+            def read() -> float:
+                ev1.synchronize()
+                return ev0.elapsed_time(ev1) / 1e3
+
+            return read
+        value = self.stop()
+        return lambda: value
+
     def stop(self) -> float:
         """Seconds of compute since :meth:`start` (to now if no gradient was accumulated)."""
         if self.cuda and self._last is not None:
@@ -447,6 +461,10 @@ class ThreadCpuClock:
 
     def stop(self) -> float:
         return time.thread_time() - self._t0
+
+    def stop_later(self):
+        value = self.stop()
+        return lambda: value
 
 
 class DynamicBalancer:

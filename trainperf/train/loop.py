@@ -184,8 +184,12 @@ class Trainer:
         local = self._forward_backward(x, y, kw, compiling)
         compute = cpu = None
         if self.clock is not None:
-            compute, cpu = self.clock.stop(), time.process_time() - cpu0
-            self._window.append((compute, cpu))
+            # balancing reads the clock now (its exchange syncs anyway); otherwise it is read once per log
+            # interval (rank_compute), so a CUDA run does not sync with the host every step for it
+            reading = self.clock.stop_later() if bal is None else None
+            compute = reading if bal is None else self.clock.stop()
+            cpu = time.process_time() - cpu0
+            self._window.append((reading or (lambda v=compute: v), cpu))
 
         timer.phase("optimizer")
         f1 = fixed_clock()
@@ -298,7 +302,7 @@ class Trainer:
         if self.clock is None:
             return None
         n = max(1, len(self._window))
-        mine = [sum(w[0] for w in self._window) / n, sum(w[1] for w in self._window) / n]
+        mine = [sum(w[0]() for w in self._window) / n, sum(w[1] for w in self._window) / n]  # host sync on CUDA
         self._window = []
         rows = dp_gather(self.pm.dims, self.device)(mine)
         return {"rank_compute_s": [r[0] for r in rows], "rank_cpu_s": [r[1] for r in rows],
