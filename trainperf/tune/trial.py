@@ -1,0 +1,178 @@
+"""One trial: a few warm steps of a candidate through the ordinary trainer, measured.
+
+    build_trainer(resolve(candidate)) -> first step (booked apart: it compiles when compile is
+    on; a compile that fell back to eager fails the trial) -> warm-up steps -> timed steps
+
+tokens/s = tokens of one optimizer step / the median step time of the timed steps (the median
+resists the other jobs of a shared machine). Peak memory: ``torch.cuda.max_memory_allocated``
+on CUDA (reset before the build); on CPU the process's peak resident set (VmHWM, reset through
+/proc/self/clear_refs before the build) minus the resident set before it; where VmHWM cannot be
+reset, none (the caller reports the estimate instead and says so).
+
+:func:`side_by_side` measures two candidates in one process, interleaved: R rounds of K steps
+each, the order alternating per round, after their first step and a warm-up (as ``trainperf
+bench step`` does), so that both see the same machine load.
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainperf.config.schema import Config
+from trainperf.errors import ConfigError
+
+
+@dataclass
+class Measured:
+    tokens_per_s: float
+    step_s: float  # median
+    first_step_s: float  # the compile step when compile is on
+    build_s: float
+    elapsed_s: float  # the whole trial: build, first step, warm-up and timed steps
+    peak_memory_bytes: int | None
+    peak_memory_source: str
+    notes: dict
+
+
+def _status_kb(field: str) -> int | None:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+class PeakMemory:
+    """Peak memory of what runs between :meth:`start` and :meth:`stop` (see the module doc)."""
+
+    def __init__(self, device_type: str):
+        self.cuda = device_type == "cuda"
+        self.base: int | None = None
+
+    def start(self) -> None:
+        import torch
+
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats()
+            return
+        try:
+            Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS
+            self.base = _status_kb("VmRSS")
+        except OSError:
+            self.base = None
+
+    def stop(self) -> tuple[int | None, str]:
+        import torch
+
+        if self.cuda:
+            return int(torch.cuda.max_memory_allocated()), "torch.cuda.max_memory_allocated"
+        hwm = _status_kb("VmHWM")
+        if self.base is None or hwm is None:
+            return None, "not measured (VmHWM cannot be reset here)"
+        return max(0, hwm - self.base), "process peak RSS delta (VmHWM)"
+
+
+def build(cfg: Config):
+    """The ordinary trainer for ``cfg`` (one process)."""
+    from trainperf.config.resolve import resolve
+    from trainperf.train.build import build_trainer
+
+    return build_trainer(resolve(cfg), verbose=False)
+
+
+def release(trainer) -> None:
+    import torch
+
+    close = getattr(getattr(getattr(trainer, "data", None), "train", None), "close", None)
+    if close is not None:
+        close()  # loader threads / worker processes / shared memory
+    del trainer
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def check_batch(trainer, global_batch: int) -> None:
+    """The candidate trains the same global batch (micro-batch x accumulation x data ranks)."""
+    got = trainer.micro_batch * trainer.accum * trainer.dp_world if trainer.pm.schedule is None else \
+        trainer.local_batch * trainer.dp_world
+    if got != global_batch or trainer.cfg.train.global_batch != global_batch:
+        raise ConfigError(f"candidate trains a global batch of {got} sequences, not the default's {global_batch}")
+
+
+def first_step(trainer) -> float:
+    t0 = time.perf_counter()
+    res = trainer.train_step()
+    float(res.loss)  # host-device sync
+    note = trainer.notes.get("compile", "")
+    if trainer.cfg.compile.enabled and note.startswith("fell back"):
+        raise RuntimeError(f"torch.compile failed: {note}")
+    return time.perf_counter() - t0
+
+
+def prime(cfg: Config) -> None:
+    """One unmeasured step of ``cfg``: the process's one-time allocations (libraries, thread pools,
+    allocator arenas) happen here, not in the first trial's peak resident set."""
+    trainer = build(cfg)
+    try:
+        trainer.train_step()
+    finally:
+        release(trainer)
+
+
+def run_trial(cfg: Config, *, global_batch: int, warmup: int = 2, steps: int = 5) -> Measured:
+    """Build and measure one candidate; exceptions (OOM, compile or config errors) propagate."""
+    t0 = time.perf_counter()
+    peak = PeakMemory(cfg.run.device)  # cfg is resolved: cpu | cuda | xla
+    peak.start()
+    trainer = build(cfg)
+    try:
+        build_s = time.perf_counter() - t0
+        check_batch(trainer, global_batch)
+        first = first_step(trainer)
+        for _ in range(warmup):
+            trainer.train_step()
+        times, tokens = [], trainer.tokens_per_step
+        for _ in range(steps):
+            res = trainer.train_step()
+            times.append(res.step_time)
+        float(res.loss)
+        med = statistics.median(times)
+        mem, source = peak.stop()
+        return Measured(tokens / med, med, first, build_s, time.perf_counter() - t0, mem, source, dict(trainer.notes))
+    finally:
+        release(trainer)
+
+
+def side_by_side(a: Config, b: Config, *, global_batch: int, rounds: int = 4, steps: int = 3,
+                 warmup: int = 2) -> dict:
+    """Median step time and tokens/s of ``a`` and ``b``, interleaved in one process."""
+    trainers = {}
+    try:
+        for name, cfg in (("a", a), ("b", b)):
+            trainers[name] = build(cfg)
+            check_batch(trainers[name], global_batch)
+            first_step(trainers[name])
+            for _ in range(warmup):
+                trainers[name].train_step()
+        times: dict[str, list[float]] = {"a": [], "b": []}
+        for r in range(rounds):
+            for name in (("a", "b") if r % 2 == 0 else ("b", "a")):
+                for _ in range(steps):
+                    times[name].append(trainers[name].train_step().step_time)
+        tokens = trainers["a"].tokens_per_step
+        med = {n: statistics.median(t) for n, t in times.items()}
+        return {"a_tokens_per_s": tokens / med["a"], "b_tokens_per_s": tokens / med["b"],
+                "speedup": med["a"] / med["b"], "a_step_s": med["a"], "b_step_s": med["b"],
+                "method": f"median step time of {rounds * steps} steps each, interleaved in {rounds} rounds of "
+                          f"{steps} (order alternating), after the first step and {warmup} warm-up steps"}
+    finally:
+        for t in list(trainers.values()):
+            release(t)
+        trainers.clear()
