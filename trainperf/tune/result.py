@@ -66,8 +66,9 @@ class TuneResult:
     elapsed_s: float
     tune_dir: str
     notes: list[str] = field(default_factory=list)
-    side_by_side: dict | None = None
+    side_by_side: dict | None = None  # the chosen candidate's against the default
     interrupted: bool = False
+    confirmations: list[dict] = field(default_factory=list)  # every side-by-side measurement made
 
     def to_json(self) -> dict[str, Any]:
         """The ``--json`` document (exactly the documented keys; strict JSON)."""
@@ -85,7 +86,8 @@ class TuneResult:
 
     def settings_doc(self) -> dict[str, Any]:
         return {"default": self.default.settings, "chosen": self.best.settings, "config_path": self.config_path,
-                "speedup": _num(self.speedup), "side_by_side": self.side_by_side, "notes": self.notes,
+                "speedup": _num(self.speedup), "side_by_side": self.side_by_side,
+                "confirmations": self.confirmations, "notes": self.notes,
                 "interrupted": self.interrupted, "budget_s": self.budget_s, "elapsed_s": self.elapsed_s,
                 "peak_memory": {"default": self.default.peak_memory_bytes, "best": self.best.peak_memory_bytes,
                                 "source": self.best.peak_memory_source}}
@@ -114,6 +116,9 @@ def render(res: TuneResult) -> str:
     lines.append(f"default  {_fig(d.tokens_per_s)} tokens/s  peak {_mib(d.peak_memory_bytes)} MiB")
     lines.append(f"tuned    {_fig(b.tokens_per_s)} tokens/s  peak {_mib(b.peak_memory_bytes)} MiB  "
                  f"changes: {label(changed) or 'none (the default is kept)'}")
+    for c in res.confirmations:
+        lines.append(f"side by side: {label(c['changes'])}: x{c['ratio']:.3f} against the default "
+                     f"({c['a_tokens_per_s']:,.0f} -> {c['b_tokens_per_s']:,.0f} tokens/s)")
     if res.speedup is not None:
         how = res.side_by_side["method"] if res.side_by_side else "the default itself"
         lines.append(f"speed-up x{res.speedup:.3f} ({how})")

@@ -38,9 +38,11 @@ class Options:
     budget_s: float = 600.0
     warmup: int = 2  # untimed steps after the first one
     steps: int = 5  # timed steps per trial
-    rounds: int = 4  # final side-by-side: rounds x round_steps steps of each
+    rounds: int = 6  # final side-by-side: rounds x round_steps steps of each
     round_steps: int = 3
     min_gain: float = 0.02
+    confirm: int = 3  # candidates measured side by side at most (the best, then runners-up)
+    runner_up: float = 0.05  # a runner-up's trial within this fraction of the default's tokens/s
     compile_prior_s: float = 60.0
     progress: bool = True
 
@@ -89,14 +91,16 @@ class _Search:
             return base + (max(first) if first else self.opts.compile_prior_s)
         return base + max([t.first_step_s for t in done if not t.settings.get("compile.enabled")] or [0.0])
 
-    def final_cost(self) -> float:
-        """The side-by-side of the default and the best: two builds and first steps, then the steps."""
-        if self.best is None or self.default is None or self.best is self.default:
+    def final_cost(self, cand: TrialRecord | None = None) -> float:
+        """The side-by-side of the default and ``cand`` (default: the best): two builds and first
+        steps, then the steps."""
+        cand = cand or self.best
+        if cand is None or self.default is None or cand is self.default:
             return 0.0
         n = self.opts.warmup + self.opts.rounds * self.opts.round_steps
-        d, b = self.default, self.best
+        d = self.default
         build = lambda t: (t.elapsed_s or 0) - (self.opts.warmup + self.opts.steps) * (t.step_s or 0)  # noqa: E731
-        return build(d) + build(b) + n * ((d.step_s or 0) + (b.step_s or 0))
+        return build(d) + build(cand) + n * ((d.step_s or 0) + (cand.step_s or 0))
 
     # ---------------------------------------------------------------- one candidate
     def record(self, rec: TrialRecord) -> TrialRecord:
@@ -220,49 +224,73 @@ class _Search:
                 dim_best = rec
 
     # ---------------------------------------------------------------- the choice
+    def confirm_order(self) -> list[TrialRecord]:
+        """Candidates for the side-by-side, in order: the best, then the runners-up whose own trial
+        was within ``runner_up`` of the default's (a trial is a few steps on a loaded machine)."""
+        d, b = self.default, self.best
+        others = [t for t in self.trials if t.status == "ok" and t is not d and t is not b
+                  and t.tokens_per_s >= d.tokens_per_s * (1 - self.opts.runner_up)]
+        others.sort(key=lambda t: -t.tokens_per_s)
+        return ([b] + others)[:self.opts.confirm]
+
     def finish(self, interrupted: bool, config_path: str | None, doctor: dict | None) -> TuneResult:
         d, b = self.default, self.best
         if b is None:
             raise UserError("no candidate ran, the default included: "
                             + "; ".join(f"{t.status}: {t.reason}" for t in self.trials[:3]))
-        chosen, speedup, sbs, notes = b, None, None, []
-        if d is not b and not interrupted and d.status == "ok" and self.left() < self.final_cost():
-            notes.append(f"no time left for the side-by-side measurement ({self.left():.0f} s left, "
-                         f"{self.final_cost():.0f} s needed): the default is kept")
-            chosen = d
-        elif d is not b and not interrupted and d.status == "ok":
-            try:
-                sbs = self.sbs_fn(self.resolved(d.settings), self.resolved(b.settings), global_batch=self.global_batch,
-                                  rounds=self.opts.rounds, steps=self.opts.round_steps, warmup=self.opts.warmup)
-            except KeyboardInterrupt:
-                interrupted = True
-            else:
-                ratio = sbs["b_tokens_per_s"] / sbs["a_tokens_per_s"]
-                if ratio <= 1.0:
-                    notes.append(f"the best trial ({space.label(b.changed)}) measured x{ratio:.3f} against the "
-                                 "default side by side: not faster, the default is kept")
-                    chosen = d
+        chosen, sbs, notes, confirmed = b, None, [], []
         if d.status != "ok":
             notes.append(f"the default does not run ({d.reason}); the fastest candidate that ran is chosen "
                          "(no side-by-side baseline)")
-        elif interrupted:
+        elif not interrupted:
+            chosen = d
+            for cand in (self.confirm_order() if b is not d else []):
+                if self.left() < self.final_cost(cand):
+                    notes.append(f"no time left to measure {space.label(cand.changed)} side by side "
+                                 f"({self.left():.0f} s left, {self.final_cost(cand):.0f} s needed)")
+                    break
+                try:
+                    res = self.sbs_fn(self.resolved(d.settings), self.resolved(cand.settings),
+                                      global_batch=self.global_batch, rounds=self.opts.rounds,
+                                      steps=self.opts.round_steps, warmup=self.opts.warmup)
+                except KeyboardInterrupt:
+                    interrupted = True
+                    break
+                except Exception as exc:  # noqa: BLE001 - a candidate that fails here is not chosen
+                    notes.append(f"{space.label(cand.changed)} failed side by side: {_error_status(exc)[1]}")
+                    continue
+                ratio = res["b_tokens_per_s"] / res["a_tokens_per_s"]
+                confirmed.append({"settings": cand.settings, "changes": cand.changed, **res, "ratio": ratio})
+                sbs = res
+                if ratio > 1.0:
+                    chosen = cand
+                    break
+                notes.append(f"{space.label(cand.changed)} measured x{ratio:.3f} against the default side by "
+                             "side: not faster, not chosen")
+            if b is d:
+                notes.append(f"no candidate beat the default by the noise margin ({self.opts.min_gain:.0%}) in its "
+                             "trial: the default is kept")
+            elif chosen is d and not interrupted:
+                notes.append("no candidate was faster than the default side by side: the default is kept")
+        if interrupted:
+            chosen = b
             notes.append("interrupted: the best so far is kept, measured in its own trial, not confirmed side by side")
-        elif b is d:
-            notes.append(f"no candidate beat the default by the noise margin ({self.opts.min_gain:.0%}): "
-                         "the default is kept")
+        speedup = None
         if chosen is d:
             speedup = 1.0  # the reported config is the default itself
-        elif sbs is not None:
+        elif sbs is not None and not interrupted:
             speedup = sbs["b_tokens_per_s"] / sbs["a_tokens_per_s"]
         default_side = Side(self.default_settings, d.tokens_per_s, d.peak_memory_bytes, d.peak_memory_source, d)
         best_side = Side(chosen.settings, chosen.tokens_per_s, chosen.peak_memory_bytes, chosen.peak_memory_source,
                          chosen)
-        if sbs is not None:  # the side-by-side figures, not the trials'
+        if sbs is not None and not interrupted:  # the side-by-side figures, not the trials'
             default_side.tokens_per_s = sbs["a_tokens_per_s"]
-            best_side.tokens_per_s = sbs["b_tokens_per_s"] if chosen is b else sbs["a_tokens_per_s"]
-        return self._write(default_side, best_side, speedup, sbs, notes, interrupted, config_path, doctor)
+            best_side.tokens_per_s = sbs["b_tokens_per_s"] if chosen is not d else sbs["a_tokens_per_s"]
+        return self._write(default_side, best_side, speedup, sbs if chosen is not d else None, notes, interrupted,
+                           config_path, doctor, confirmed)
 
-    def _write(self, default_side, best_side, speedup, sbs, notes, interrupted, config_path, doctor) -> TuneResult:
+    def _write(self, default_side, best_side, speedup, sbs, notes, interrupted, config_path, doctor,
+               confirmed) -> TuneResult:
         from trainperf.config.load import dump_yaml
 
         changes = {k: v for k, v in best_side.settings.items() if self.default_settings.get(k) != v}
@@ -271,7 +299,7 @@ class _Search:
         Path(path).write_text(text)
         _check_loads(path)
         res = TuneResult(default_side, best_side, path, speedup, self.trials, self.opts.budget_s,
-                         self.clock() - self.start, str(self.out_dir), notes, sbs, interrupted)
+                         self.clock() - self.start, str(self.out_dir), notes, sbs, interrupted, confirmed)
         write_outputs(res, text, doctor)
         return res
 

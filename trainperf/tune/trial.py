@@ -26,6 +26,9 @@ from trainperf.config.schema import Config
 from trainperf.errors import ConfigError
 
 
+EXTRA_WARMUP = 8  # warm-up steps beyond the asked ones while step times still move
+
+
 @dataclass
 class Measured:
     tokens_per_s: float
@@ -126,6 +129,18 @@ def prime(cfg: Config) -> None:
         release(trainer)
 
 
+def warm_up(trainer, at_least: int, at_most: int) -> int:
+    """Untimed steps until two in a row agree within 25% (a compiled model's first steps after the
+    compile step can still be slow), at least ``at_least``, at most ``at_most``; the count run."""
+    prev = None
+    for i in range(at_most):
+        t = trainer.train_step().step_time
+        if i + 1 >= at_least and prev is not None and max(t, prev) <= 1.25 * min(t, prev):
+            return i + 1
+        prev = t
+    return at_most
+
+
 def run_trial(cfg: Config, *, global_batch: int, warmup: int = 2, steps: int = 5) -> Measured:
     """Build and measure one candidate; exceptions (OOM, compile or config errors) propagate."""
     t0 = time.perf_counter()
@@ -136,8 +151,7 @@ def run_trial(cfg: Config, *, global_batch: int, warmup: int = 2, steps: int = 5
         build_s = time.perf_counter() - t0
         check_batch(trainer, global_batch)
         first = first_step(trainer)
-        for _ in range(warmup):
-            trainer.train_step()
+        warm_up(trainer, warmup, warmup + EXTRA_WARMUP)
         times, tokens = [], trainer.tokens_per_step
         for _ in range(steps):
             res = trainer.train_step()
@@ -159,8 +173,7 @@ def side_by_side(a: Config, b: Config, *, global_batch: int, rounds: int = 4, st
             trainers[name] = build(cfg)
             check_batch(trainers[name], global_batch)
             first_step(trainers[name])
-            for _ in range(warmup):
-                trainers[name].train_step()
+            warm_up(trainers[name], warmup, warmup + EXTRA_WARMUP)
         times: dict[str, list[float]] = {"a": [], "b": []}
         for r in range(rounds):
             for name in (("a", "b") if r % 2 == 0 else ("b", "a")):
@@ -171,7 +184,7 @@ def side_by_side(a: Config, b: Config, *, global_batch: int, rounds: int = 4, st
         return {"a_tokens_per_s": tokens / med["a"], "b_tokens_per_s": tokens / med["b"],
                 "speedup": med["a"] / med["b"], "a_step_s": med["a"], "b_step_s": med["b"],
                 "method": f"median step time of {rounds * steps} steps each, interleaved in {rounds} rounds of "
-                          f"{steps} (order alternating), after the first step and {warmup} warm-up steps"}
+                          f"{steps} (order alternating), after the first step and {warmup} or more warm-up steps (until two agree within 25%)"}
     finally:
         for t in list(trainers.values()):
             release(t)
