@@ -28,8 +28,8 @@ class Fake:
     """A trial runner whose tokens/s is ``speed(settings)`` (an exception instance: raised) and a
     clock that advances ``cost`` seconds per trial."""
 
-    def __init__(self, speed, cost=1.0, sbs_ratio=None):
-        self.now, self.cost, self.speed, self.sbs_ratio = 0.0, cost, speed, sbs_ratio
+    def __init__(self, speed, cost=1.0, sbs_ratio=None, won=None):
+        self.now, self.cost, self.speed, self.sbs_ratio, self.won = 0.0, cost, speed, sbs_ratio, won
         self.calls: list[dict] = []
         self.sbs_calls = 0
 
@@ -51,7 +51,8 @@ class Fake:
         ta = self.speed(space.settings_of(a))
         r = self.sbs_ratio
         ratio = r(space.settings_of(b)) if callable(r) else r if r is not None else self.speed(space.settings_of(b)) / ta
-        return {"a_tokens_per_s": ta, "b_tokens_per_s": ta * ratio, "speedup": ratio, "method": "fake"}
+        out = {"a_tokens_per_s": ta, "b_tokens_per_s": ta * ratio, "speedup": ratio, "method": "fake"}
+        return out if self.won is None else {**out, "b_faster_rounds": self.won, "rounds": 6}
 
 
 def _run(tmp_path, fake, budget_s=1000.0, overrides=(), **kw):
@@ -93,6 +94,10 @@ def test_choice_is_never_a_failed_trial_nor_slower_than_the_default_side_by_side
     res3 = _run(tmp_path, fake3)
     assert res3.best.settings["data.loader"] == "hybrid" and res3.speedup == pytest.approx(1.08)
     assert [round(c["ratio"], 2) for c in res3.confirmations] == [0.9, 1.08]
+    # a higher median that won only 3 of 6 rounds is not evidence enough: the default is kept
+    res4 = _run(tmp_path, Fake(_speed, sbs_ratio=1.05, won=3))
+    assert res4.best.settings == res4.default.settings and len(res4.confirmations) == 2
+    assert all("faster in 3 of 6 rounds" in n for n in res4.notes if "measured x1.050" in n)
 
 
 def test_budget_stops_trials_and_still_returns_a_valid_result(tmp_path):

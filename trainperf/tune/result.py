@@ -118,7 +118,8 @@ def render(res: TuneResult) -> str:
                  f"changes: {label(changed) or 'none (the default is kept)'}")
     for c in res.confirmations:
         lines.append(f"side by side: {label(c['changes'])}: x{c['ratio']:.3f} against the default "
-                     f"({c['a_tokens_per_s']:,.0f} -> {c['b_tokens_per_s']:,.0f} tokens/s)")
+                     f"({c['a_tokens_per_s']:,.0f} -> {c['b_tokens_per_s']:,.0f} tokens/s"
+                     + (f", faster in {c['b_faster_rounds']} of {c['rounds']} rounds" if "rounds" in c else "") + ")")
     if res.speedup is not None:
         how = res.side_by_side["method"] if res.side_by_side else "the default itself"
         lines.append(f"speed-up x{res.speedup:.3f} ({how})")

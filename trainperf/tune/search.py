@@ -8,8 +8,9 @@
 
 A candidate replaces the best when its tokens/s beats the best's by ``min_gain`` (noise guard).
 The choice is never a failed candidate, and never one slower than the default in the final
-side-by-side measurement: then, or when no time is left for that measurement, the default is
-kept and the notes say why. A KeyboardInterrupt stops the search and keeps the best so far
+side-by-side measurement (its ratio of medians must exceed 1 and it must win a majority of the
+rounds): the best, then up to ``confirm - 1`` runners-up, are measured so; when none wins, or no
+time is left for the measurement, the default is kept and the notes say why. A KeyboardInterrupt stops the search and keeps the best so far
 (written out, not confirmed side by side; ``interrupted`` is set).
 
 Time budget: a trial starts only when the time left covers its expected cost plus the final
@@ -262,11 +263,13 @@ class _Search:
                 ratio = res["b_tokens_per_s"] / res["a_tokens_per_s"]
                 confirmed.append({"settings": cand.settings, "changes": cand.changed, **res, "ratio": ratio})
                 sbs = res
-                if ratio > 1.0:
+                won, rounds = res.get("b_faster_rounds"), res.get("rounds")
+                if ratio > 1.0 and (won is None or 2 * won > rounds):
                     chosen = cand
                     break
-                notes.append(f"{space.label(cand.changed)} measured x{ratio:.3f} against the default side by "
-                             "side: not faster, not chosen")
+                notes.append(f"{space.label(cand.changed)} measured x{ratio:.3f} against the default side by side"
+                             + (f", faster in {won} of {rounds} rounds" if won is not None else "")
+                             + ": not faster, not chosen")
             if b is d:
                 notes.append(f"no candidate beat the default by the noise margin ({self.opts.min_gain:.0%}) in its "
                              "trial: the default is kept")

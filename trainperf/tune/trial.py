@@ -11,7 +11,9 @@ reset, none (the caller reports the estimate instead and says so).
 
 :func:`side_by_side` measures two candidates in one process, interleaved: R rounds of K steps
 each, the order alternating per round, after their first step and a warm-up (as ``trainperf
-bench step`` does), so that both see the same machine load.
+bench step`` does), so that both see the same machine load. Besides the ratio of the medians it
+counts the rounds in which ``b`` was faster (the ratio of that round's medians): the evidence
+the search asks of a candidate beside the ratio.
 """
 
 from __future__ import annotations
@@ -181,8 +183,12 @@ def side_by_side(a: Config, b: Config, *, global_batch: int, rounds: int = 4, st
                     times[name].append(trainers[name].train_step().step_time)
         tokens = trainers["a"].tokens_per_step
         med = {n: statistics.median(t) for n, t in times.items()}
+        per_round = [statistics.median(times["a"][r * steps:(r + 1) * steps])
+                     / statistics.median(times["b"][r * steps:(r + 1) * steps]) for r in range(rounds)]
         return {"a_tokens_per_s": tokens / med["a"], "b_tokens_per_s": tokens / med["b"],
                 "speedup": med["a"] / med["b"], "a_step_s": med["a"], "b_step_s": med["b"],
+                "b_faster_rounds": sum(x > 1 for x in per_round), "rounds": rounds,
+                "round_ratios": per_round,
                 "method": f"median step time of {rounds * steps} steps each, interleaved in {rounds} rounds of "
                           f"{steps} (order alternating), after the first step and {warmup} or more warm-up steps (until two agree within 25%)"}
     finally:
