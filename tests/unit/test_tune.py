@@ -200,3 +200,25 @@ def test_real_trials_on_the_tiny_model(tmp_path):
         assert res.side_by_side["b_tokens_per_s"] > res.side_by_side["a_tokens_per_s"] and res.speedup > 1
     assert all(t.peak_memory_bytes is None or t.peak_memory_bytes >= 0 for t in res.trials)
     assert res.elapsed_s <= 40 + 10  # the default trial and one trial's overrun at most
+
+
+def test_layout_candidates_are_the_planners_and_resolve_for_the_world_size():
+    cfg = resolve(load_config(None, BASE + ["model.n_head=4", "model.n_embd=64", "train.global_batch=16"]),
+                  world_size=4).cfg
+    dim = space.layouts(cfg, space.Facts("cpu", cpus=8, world_size=4), top=3)
+    assert 1 <= len(dim.options) <= 3 and all(o.note.startswith("planner rank") for o in dim.options)
+    for opt in dim.options:
+        cand = resolve(space.apply(cfg, opt.settings), world_size=4).cfg  # a valid layout for 4 ranks
+        p = cand.parallelism
+        assert p.data * p.data_shard * p.tensor * p.pipeline == 4 and cand.train.global_batch == 16
+
+
+def test_cli_rejects_a_bad_budget_and_torchrun(tmp_path, monkeypatch):
+    from tests.conftest import run_cli
+    from trainperf.errors import UserError
+
+    r = run_cli(["tune", "configs/gpt-tiny.yaml", "--budget-min", "0", "--out", str(tmp_path)])
+    assert r.returncode == 2 and "--budget-min must be positive" in r.stderr and "Traceback" not in r.stderr
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(UserError, match="without torchrun"):
+        tune(load_config(None, BASE), out_dir=tmp_path)

@@ -337,10 +337,11 @@ def default_dir(config_path: str | None, cfg: Config) -> Path:
 
 
 def tune(cfg: Config, *, config_path: str | None = None, out_dir: str | Path | None = None,
-         options: Options | None = None, doctor: dict | None = None, facts: space.Facts | None = None,
+         options: Options | None = None, doctor: dict | Callable[[], dict] | None = None, facts: space.Facts | None = None,
          clock: Callable[[], float] = time.monotonic, trial_fn=run_trial, sbs_fn=side_by_side) -> TuneResult:
     """Search ``cfg``'s settings (see the module doc). ``config_path`` names the input YAML (the
-    tuned one is written beside it); ``doctor`` is saved as the machine's description."""
+    tuned one is written beside it); ``doctor`` (or a function returning it) is saved as the
+    machine's description."""
     from trainperf.config.resolve import world_size_from_env
 
     if world_size_from_env() > 1:
@@ -350,6 +351,8 @@ def tune(cfg: Config, *, config_path: str | None = None, out_dir: str | Path | N
     opts = options or Options()
     if opts.budget_s <= 0:
         raise UserError(f"--budget-min must be positive (got {opts.budget_s / 60:g} minutes)")
+    if callable(doctor):  # computed once the arguments are known good (probing the machine takes seconds)
+        doctor = doctor()
     out = Path(out_dir) if out_dir else default_dir(config_path, cfg)
     search = _Search(cfg, out, opts, facts, clock, trial_fn, sbs_fn, start)
     if trial_fn is run_trial and search.facts.device == "cpu":
