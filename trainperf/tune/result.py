@@ -38,6 +38,8 @@ class TrialRecord:
     estimate_bytes: int | None = None
     first_step_s: float | None = None  # compilation, when compile is on (not in tokens/s)
     elapsed_s: float | None = None
+    build_s: float | None = None
+    warm_steps: int | None = None
     reason: str | None = None
 
     def as_dict(self) -> dict[str, Any]:

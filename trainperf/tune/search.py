@@ -98,10 +98,13 @@ class _Search:
         cand = cand or self.best
         if cand is None or self.default is None or cand is self.default:
             return 0.0
-        n = self.opts.warmup + self.opts.rounds * self.opts.round_steps
-        d = self.default
-        build = lambda t: (t.elapsed_s or 0) - (self.opts.warmup + self.opts.steps) * (t.step_s or 0)  # noqa: E731
-        return build(d) + build(cand) + n * ((d.step_s or 0) + (cand.step_s or 0))
+        n = self.opts.rounds * self.opts.round_steps
+
+        def one(t: TrialRecord) -> float:  # its build, first step and warm-up as in its trial, then the rounds
+            warm = t.warm_steps if t.warm_steps is not None else self.opts.warmup
+            return (t.build_s or 0) + (t.first_step_s or 0) + (warm + n) * (t.step_s or 0)
+
+        return one(self.default) + one(cand)
 
     # ---------------------------------------------------------------- one candidate
     def record(self, rec: TrialRecord) -> TrialRecord:
@@ -155,11 +158,7 @@ class _Search:
         except Exception as exc:  # noqa: BLE001 - a candidate that cannot run is a result, not a crash
             status, reason = _error_status(exc)
             return self.record(TrialRecord(settings, status, dim, changed, estimate_bytes=est, reason=reason))
-        rec = TrialRecord(settings, "ok", dim, changed, m.tokens_per_s, m.step_s, m.peak_memory_bytes,
-                          m.peak_memory_source, est, m.first_step_s, m.elapsed_s)
-        if m.peak_memory_bytes is None:
-            rec.peak_memory_bytes, rec.peak_memory_source = est, "memory estimate (not measured)"
-        return self.record(rec)
+        return self.record(_ok(settings, dim, changed, m, est))
 
     # ---------------------------------------------------------------- the descent
     def run(self) -> None:
@@ -192,11 +191,7 @@ class _Search:
         except Exception as exc:  # noqa: BLE001
             status, reason = _error_status(exc)
             return self.record(TrialRecord(s, status, reason=f"the default config: {reason}"))
-        rec = TrialRecord(s, "ok", "default", {}, m.tokens_per_s, m.step_s, m.peak_memory_bytes, m.peak_memory_source,
-                          est, m.first_step_s, m.elapsed_s)
-        if m.peak_memory_bytes is None:
-            rec.peak_memory_bytes, rec.peak_memory_source = est, "memory estimate (not measured)"
-        return self.record(rec)
+        return self.record(_ok(s, "default", {}, m, est))
 
     def dimension(self, dim: space.Dimension) -> None:
         for settings, reason in dim.rejected:
@@ -305,6 +300,14 @@ class _Search:
                          self.clock() - self.start, str(self.out_dir), notes, sbs, interrupted, confirmed)
         write_outputs(res, text, doctor)
         return res
+
+
+def _ok(settings, dim, changed, m, est) -> TrialRecord:
+    rec = TrialRecord(settings, "ok", dim, changed, m.tokens_per_s, m.step_s, m.peak_memory_bytes, m.peak_memory_source,
+                      est, m.first_step_s, m.elapsed_s, m.build_s, m.warm_steps)
+    if m.peak_memory_bytes is None:
+        rec.peak_memory_bytes, rec.peak_memory_source = est, "memory estimate (not measured)"
+    return rec
 
 
 def _dims_of(cfg: Config):

@@ -41,6 +41,7 @@ class Measured:
     peak_memory_bytes: int | None
     peak_memory_source: str
     notes: dict
+    warm_steps: int = 0  # untimed steps after the first one
 
 
 def _status_kb(field: str) -> int | None:
@@ -153,7 +154,7 @@ def run_trial(cfg: Config, *, global_batch: int, warmup: int = 2, steps: int = 5
         build_s = time.perf_counter() - t0
         check_batch(trainer, global_batch)
         first = first_step(trainer)
-        warm_up(trainer, warmup, warmup + EXTRA_WARMUP)
+        warm = warm_up(trainer, warmup, warmup + EXTRA_WARMUP)
         times, tokens = [], trainer.tokens_per_step
         for _ in range(steps):
             res = trainer.train_step()
@@ -161,7 +162,8 @@ def run_trial(cfg: Config, *, global_batch: int, warmup: int = 2, steps: int = 5
         float(res.loss)
         med = statistics.median(times)
         mem, source = peak.stop()
-        return Measured(tokens / med, med, first, build_s, time.perf_counter() - t0, mem, source, dict(trainer.notes))
+        return Measured(tokens / med, med, first, build_s, time.perf_counter() - t0, mem, source, dict(trainer.notes),
+                        warm)
     finally:
         release(trainer)
 
