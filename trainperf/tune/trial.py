@@ -168,19 +168,30 @@ def run_trial(cfg: Config, *, global_batch: int, warmup: int = 2, steps: int = 5
         release(trainer)
 
 
+def _own_threads(trainer) -> None:
+    """The intra-op thread count is the process's: each trainer's steps run with its own
+    ``run.threads`` (build_trainer set it for the one built last)."""
+    import torch
+
+    if trainer.device.type == "cpu":
+        torch.set_num_threads(int(trainer.cfg.run.threads))
+
+
 def side_by_side(a: Config, b: Config, *, global_batch: int, rounds: int = 4, steps: int = 3,
                  warmup: int = 2) -> dict:
     """Median step time and tokens/s of ``a`` and ``b``, interleaved in one process."""
     trainers = {}
     try:
         for name, cfg in (("a", a), ("b", b)):
-            trainers[name] = build(cfg)
+            trainers[name] = build(cfg)  # sets the process's intra-op threads to cfg.run.threads
             check_batch(trainers[name], global_batch)
+            _own_threads(trainers[name])
             first_step(trainers[name])
             warm_up(trainers[name], warmup, warmup + EXTRA_WARMUP)
         times: dict[str, list[float]] = {"a": [], "b": []}
         for r in range(rounds):
             for name in (("a", "b") if r % 2 == 0 else ("b", "a")):
+                _own_threads(trainers[name])
                 for _ in range(steps):
                     times[name].append(trainers[name].train_step().step_time)
         tokens = trainers["a"].tokens_per_step
