@@ -45,7 +45,7 @@ class Fake:
             raise v
         return Measured(v, 1.0 / v, 0.01, self.cost - 0.5, self.cost, 1000, "fake", {})
 
-    def sbs(self, a, b, *, global_batch, rounds, steps, warmup):
+    def sbs(self, a, b, *, global_batch, rounds, steps, warmup, deadline=None):
         self.sbs_calls += 1
         self.now += self.cost
         ta = self.speed(space.settings_of(a))

@@ -6,7 +6,8 @@
     that does), checked against the time left, then measured (:func:`trial.run_trial`) ->
     the default and the best measured side by side -> the choice, the tuned YAML, the files
 
-A candidate replaces the best when its tokens/s beats the best's by ``min_gain`` (noise guard).
+A candidate replaces the best when its score beats the best's by ``min_gain`` (noise guard): its
+tokens/s, on a CPU its tokens per process CPU second (see :meth:`_Search.score`).
 The choice is never a failed candidate, and never one slower than the default in the final
 side-by-side measurement (its ratio of medians must exceed 1 and it must win a majority of the
 rounds): the best, then up to ``confirm - 1`` runners-up, are measured so; when none wins, or no
@@ -32,6 +33,9 @@ from trainperf.tune import space
 from trainperf.tune.fit import Estimator
 from trainperf.tune.result import Side, TrialLog, TrialRecord, TuneResult, write_outputs
 from trainperf.tune.trial import prime, run_trial, side_by_side
+
+
+SAFETY = 1.25  # a trial starts when the time left covers this x its expected cost + the final measurement's
 
 
 @dataclass
@@ -78,6 +82,18 @@ class _Search:
         """The candidate as it trains (resolved), run in the tune directory, without a progress bar."""
         cfg = space.apply(self.user, {**settings, "run.progress": False, "run.dir": str(self.out_dir / "trial")})
         return resolve(cfg, world_size=1).cfg
+
+    def deadline_monotonic(self) -> float:
+        """The budget's end on ``time.monotonic`` (the clock the side-by-side reads)."""
+        return time.monotonic() + self.left()
+
+    def score(self, t: TrialRecord) -> float:
+        """What trials are compared by: tokens/s; on a CPU, tokens per process CPU second (other jobs
+        of a shared machine stretch wall time far more than CPU time). The final choice is wall time,
+        side by side."""
+        if self.facts.device == "cpu" and t.cpu_tokens_per_s:
+            return t.cpu_tokens_per_s
+        return t.tokens_per_s
 
     def left(self) -> float:
         return self.opts.budget_s - (self.clock() - self.start)
@@ -149,10 +165,10 @@ class _Search:
         if pruned:
             return self.record(TrialRecord(settings, "pruned", dim, changed, estimate_bytes=est, reason=pruned))
         need, reserve, left = self.trial_cost(settings), self.final_cost(), self.left()
-        if left < need + reserve:
+        if left < SAFETY * need + reserve:
             return self.record(TrialRecord(settings, "pruned", dim, changed, estimate_bytes=est,
                                            reason=f"time budget: {left:.0f} s left < this trial's expected {need:.0f} s "
-                                                  f"+ the final side-by-side's {reserve:.0f} s"))
+                                                  f"x {SAFETY} + the final side-by-side's {reserve:.0f} s"))
         try:
             m = self.trial_fn(cfg, global_batch=self.global_batch, warmup=self.opts.warmup, steps=self.opts.steps)
         except Exception as exc:  # noqa: BLE001 - a candidate that cannot run is a result, not a crash
@@ -207,16 +223,16 @@ class _Search:
             rec = self.try_option(dim.name, opt.settings)
             if rec is None or rec.status != "ok":
                 continue
-            if self.best is None or rec.tokens_per_s > self.best.tokens_per_s * (1 + self.opts.min_gain):
+            if self.best is None or self.score(rec) > self.score(self.best) * (1 + self.opts.min_gain):
                 self.best = rec
             if dim.stop_after_first_ok:
                 stop = (f"recomputes more than {space.label(rec.changed) or 'the current mode'}, which fits and ran: "
                         "not faster at this micro-batch")
             elif dim.stop_when_slower and dim_best is not None and \
-                    rec.tokens_per_s < dim_best.tokens_per_s * (1 - 2 * self.opts.min_gain):
-                stop = (f"{space.label(rec.changed)} was already {1 - rec.tokens_per_s / dim_best.tokens_per_s:.0%} "
+                    self.score(rec) < self.score(dim_best) * (1 - 2 * self.opts.min_gain):
+                stop = (f"{space.label(rec.changed)} was already {1 - self.score(rec) / self.score(dim_best):.0%} "
                         "slower than the best micro-batch: smaller ones are assumed slower still")
-            if dim_best is None or rec.tokens_per_s > dim_best.tokens_per_s:
+            if dim_best is None or self.score(rec) > self.score(dim_best):
                 dim_best = rec
 
     # ---------------------------------------------------------------- the choice
@@ -225,8 +241,8 @@ class _Search:
         was within ``runner_up`` of the default's (a trial is a few steps on a loaded machine)."""
         d, b = self.default, self.best
         others = [t for t in self.trials if t.status == "ok" and t is not d and t is not b
-                  and t.tokens_per_s >= d.tokens_per_s * (1 - self.opts.runner_up)]
-        others.sort(key=lambda t: -t.tokens_per_s)
+                  and self.score(t) >= self.score(d) * (1 - self.opts.runner_up)]
+        others.sort(key=lambda t: -self.score(t))
         return ([b] + others)[:self.opts.confirm]
 
     def finish(self, interrupted: bool, config_path: str | None, doctor: dict | None) -> TuneResult:
@@ -248,7 +264,8 @@ class _Search:
                 try:
                     res = self.sbs_fn(self.resolved(d.settings), self.resolved(cand.settings),
                                       global_batch=self.global_batch, rounds=self.opts.rounds,
-                                      steps=self.opts.round_steps, warmup=self.opts.warmup)
+                                      steps=self.opts.round_steps, warmup=self.opts.warmup,
+                                      deadline=self.deadline_monotonic())
                 except KeyboardInterrupt:
                     interrupted = True
                     break
@@ -304,7 +321,7 @@ class _Search:
 
 def _ok(settings, dim, changed, m, est) -> TrialRecord:
     rec = TrialRecord(settings, "ok", dim, changed, m.tokens_per_s, m.step_s, m.peak_memory_bytes, m.peak_memory_source,
-                      est, m.first_step_s, m.elapsed_s, m.build_s, m.warm_steps)
+                      est, m.first_step_s, m.elapsed_s, m.build_s, m.warm_steps, m.cpu_tokens_per_s)
     if m.peak_memory_bytes is None:
         rec.peak_memory_bytes, rec.peak_memory_source = est, "memory estimate (not measured)"
     return rec

@@ -4,7 +4,8 @@
     on; a compile that fell back to eager fails the trial) -> warm-up steps -> timed steps
 
 tokens/s = tokens of one optimizer step / the median step time of the timed steps (the median
-resists the other jobs of a shared machine). Peak memory: ``torch.cuda.max_memory_allocated``
+resists the other jobs of a shared machine); beside it, tokens per second of process CPU time
+(the median of the same steps), which other jobs on a shared CPU inflate far less than wall time. Peak memory: ``torch.cuda.max_memory_allocated``
 on CUDA (reset before the build); on CPU the process's peak resident set (VmHWM, reset through
 /proc/self/clear_refs before the build) minus the resident set before it; where VmHWM cannot be
 reset, none (the caller reports the estimate instead and says so).
@@ -42,6 +43,7 @@ class Measured:
     peak_memory_source: str
     notes: dict
     warm_steps: int = 0  # untimed steps after the first one
+    cpu_tokens_per_s: float | None = None  # tokens per step / median process CPU seconds per step
 
 
 def _status_kb(field: str) -> int | None:
@@ -155,15 +157,17 @@ def run_trial(cfg: Config, *, global_batch: int, warmup: int = 2, steps: int = 5
         check_batch(trainer, global_batch)
         first = first_step(trainer)
         warm = warm_up(trainer, warmup, warmup + EXTRA_WARMUP)
-        times, tokens = [], trainer.tokens_per_step
+        times, cpu, tokens = [], [], trainer.tokens_per_step
         for _ in range(steps):
+            c0 = time.process_time()
             res = trainer.train_step()
+            cpu.append(time.process_time() - c0)
             times.append(res.step_time)
         float(res.loss)
         med = statistics.median(times)
         mem, source = peak.stop()
         return Measured(tokens / med, med, first, build_s, time.perf_counter() - t0, mem, source, dict(trainer.notes),
-                        warm)
+                        warm, tokens / max(statistics.median(cpu), 1e-9))
     finally:
         release(trainer)
 
@@ -178,8 +182,10 @@ def _own_threads(trainer) -> None:
 
 
 def side_by_side(a: Config, b: Config, *, global_batch: int, rounds: int = 4, steps: int = 3,
-                 warmup: int = 2) -> dict:
-    """Median step time and tokens/s of ``a`` and ``b``, interleaved in one process."""
+                 warmup: int = 2, deadline: float | None = None) -> dict:
+    """Median step time and tokens/s of ``a`` and ``b``, interleaved in one process. With a
+    ``deadline`` (``time.monotonic()`` seconds) no round starts after it: the figures are those of
+    the rounds done (``rounds`` says how many; the caller decides whether that is enough)."""
     trainers = {}
     try:
         for name, cfg in (("a", a), ("b", b)):
@@ -189,21 +195,26 @@ def side_by_side(a: Config, b: Config, *, global_batch: int, rounds: int = 4, st
             first_step(trainers[name])
             warm_up(trainers[name], warmup, warmup + EXTRA_WARMUP)
         times: dict[str, list[float]] = {"a": [], "b": []}
+        done = 0
         for r in range(rounds):
+            if deadline is not None and r >= 2 and time.monotonic() > deadline:
+                break
             for name in (("a", "b") if r % 2 == 0 else ("b", "a")):
                 _own_threads(trainers[name])
                 for _ in range(steps):
                     times[name].append(trainers[name].train_step().step_time)
+            done += 1
         tokens = trainers["a"].tokens_per_step
         med = {n: statistics.median(t) for n, t in times.items()}
         per_round = [statistics.median(times["a"][r * steps:(r + 1) * steps])
-                     / statistics.median(times["b"][r * steps:(r + 1) * steps]) for r in range(rounds)]
+                     / statistics.median(times["b"][r * steps:(r + 1) * steps]) for r in range(done)]
         return {"a_tokens_per_s": tokens / med["a"], "b_tokens_per_s": tokens / med["b"],
                 "speedup": med["a"] / med["b"], "a_step_s": med["a"], "b_step_s": med["b"],
-                "b_faster_rounds": sum(x > 1 for x in per_round), "rounds": rounds,
+                "b_faster_rounds": sum(x > 1 for x in per_round), "rounds": done, "rounds_planned": rounds,
                 "round_ratios": per_round,
-                "method": f"median step time of {rounds * steps} steps each, interleaved in {rounds} rounds of "
-                          f"{steps} (order alternating), after the first step and {warmup} or more warm-up steps (until two agree within 25%)"}
+                "method": f"median step time of {done * steps} steps each, interleaved in {done} rounds of {steps} "
+                          "(order alternating), after the first step and "
+                          f"{warmup} or more warm-up steps (until two agree within 25%)"}
     finally:
         for t in list(trainers.values()):
             release(t)
