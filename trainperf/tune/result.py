@@ -40,7 +40,8 @@ class TrialRecord:
     elapsed_s: float | None = None
     build_s: float | None = None
     warm_steps: int | None = None
-    cpu_tokens_per_s: float | None = None  # tokens per process CPU second (CPU trials rank by it)
+    vs_best: float | None = None  # paired trials: tokens/s ratio to the best, interleaved (see trial.Paired)
+    rounds_won: str | None = None  # paired trials: rounds in which it was faster, "k/R"
     reason: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
@@ -102,20 +103,20 @@ def _mib(n) -> str:
 
 def render(res: TuneResult) -> str:
     """The trial table, then before / after."""
-    rows = [["#", "dimension", "changes", "status", "tokens/s", "tok/cpu-s", "peak MiB", "est MiB", "first s",
+    rows = [["#", "dimension", "changes", "status", "tokens/s", "vs best", "peak MiB", "est MiB", "first s",
              "reason"]]
     for i, t in enumerate(res.trials):
         rows.append([str(i), t.dimension, label(t.changed) or "(default)", t.status,
                      "-" if t.tokens_per_s is None else f"{t.tokens_per_s:,.0f}",
-                     "-" if t.cpu_tokens_per_s is None else f"{t.cpu_tokens_per_s:,.0f}", _mib(t.peak_memory_bytes),
+                     "-" if t.vs_best is None else f"x{t.vs_best:.3f} ({t.rounds_won})", _mib(t.peak_memory_bytes),
                      _mib(t.estimate_bytes), "-" if t.first_step_s is None else f"{t.first_step_s:.1f}",
                      (t.reason or "")[:110]])
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1] for r in rows]
     src = next((t.peak_memory_source for t in res.trials if t.peak_memory_source), "-")
-    lines.append(f"(tokens/s: tokens per step / median step time of the timed steps; tok/cpu-s: per process CPU "
-                 f"second, what CPU trials are ranked by; peak: {src}; est: the memory estimate; first s: the first "
-                 "step, the compilation when compile is on, not in tokens/s)")
+    lines.append(f"(tokens/s: tokens per step / median step time of the timed steps; vs best: paired trials, the "
+                 f"ratio to the best so far measured interleaved with it (rounds won); peak: {src}; est: the memory "
+                 "estimate; first s: the first step, the compilation when compile is on, not in tokens/s)")
     lines.append("")
     d, b = res.default, res.best
     changed = {k: v for k, v in b.settings.items() if d.settings.get(k) != v}

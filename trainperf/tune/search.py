@@ -6,8 +6,10 @@
     that does), checked against the time left, then measured (:func:`trial.run_trial`) ->
     the default and the best measured side by side -> the choice, the tuned YAML, the files
 
-A candidate replaces the best when its score beats the best's by ``min_gain`` (noise guard): its
-tokens/s, on a CPU its tokens per process CPU second (see :meth:`_Search.score`).
+A candidate replaces the best when its tokens/s beats the best's by ``min_gain`` (noise guard).
+On a CPU (``Options.paired``) each trial is interleaved with the best's live trainer
+(:class:`trial.Paired`) and replaces it when the ratio beats ``1 + min_gain`` and it won a
+majority of the rounds.
 The choice is never a failed candidate, and never one slower than the default in the final
 side-by-side measurement (its ratio of medians must exceed 1 and it must win a majority of the
 rounds): the best, then up to ``confirm - 1`` runners-up, are measured so; when none wins, or no
@@ -32,7 +34,7 @@ from trainperf.errors import UserError
 from trainperf.tune import space
 from trainperf.tune.fit import Estimator
 from trainperf.tune.result import Side, TrialLog, TrialRecord, TuneResult, write_outputs
-from trainperf.tune.trial import prime, run_trial, side_by_side
+from trainperf.tune.trial import Paired, prime, run_trial, side_by_side
 
 
 SAFETY = 1.25  # a trial starts when the time left covers this x its expected cost + the final measurement's
@@ -48,6 +50,8 @@ class Options:
     min_gain: float = 0.02
     confirm: int = 3  # candidates measured side by side at most (the best, then runners-up)
     runner_up: float = 0.05  # a runner-up's trial within this fraction of the default's tokens/s
+    paired: bool | None = None  # trials interleaved with the best (None: on a CPU; see trial.Paired)
+    trial_rounds: int = 4  # paired trials: rounds x round_steps steps of the candidate and of the best
     compile_prior_s: float = 60.0
     progress: bool = True
 
@@ -76,6 +80,7 @@ class _Search:
         self.best: TrialRecord | None = None
         self.bar = None
         self.prime = None  # run once before the default trial (see tune())
+        self.paired = None  # trial.Paired on a CPU (see tune())
 
     # ---------------------------------------------------------------- configs
     def resolved(self, settings: space.Settings) -> Config:
@@ -87,13 +92,16 @@ class _Search:
         """The budget's end on ``time.monotonic`` (the clock the side-by-side reads)."""
         return time.monotonic() + self.left()
 
-    def score(self, t: TrialRecord) -> float:
-        """What trials are compared by: tokens/s; on a CPU, tokens per process CPU second (other jobs
-        of a shared machine stretch wall time far more than CPU time). The final choice is wall time,
-        side by side."""
-        if self.facts.device == "cpu" and t.cpu_tokens_per_s:
-            return t.cpu_tokens_per_s
-        return t.tokens_per_s
+    def better(self, rec: TrialRecord) -> bool:
+        if rec.vs_best is not None:
+            won, rounds = (int(x) for x in rec.rounds_won.split("/"))
+            return rec.vs_best > 1 + self.opts.min_gain and 2 * won > rounds
+        return rec.tokens_per_s > self.best.tokens_per_s * (1 + self.opts.min_gain)
+
+    def slower(self, rec: TrialRecord, ref: TrialRecord) -> bool:
+        if rec.vs_best is not None:
+            return rec.vs_best < 1 - 2 * self.opts.min_gain
+        return rec.tokens_per_s < ref.tokens_per_s * (1 - 2 * self.opts.min_gain)
 
     def left(self) -> float:
         return self.opts.budget_s - (self.clock() - self.start)
@@ -115,6 +123,8 @@ class _Search:
         if cand is None or self.default is None or cand is self.default:
             return 0.0
         n = self.opts.rounds * self.opts.round_steps
+        if self.paired is not None:  # both trainers are live: the rounds only
+            return n * ((self.default.step_s or 0) + (cand.step_s or 0))
 
         def one(t: TrialRecord) -> float:  # its build, first step and warm-up as in its trial, then the rounds
             warm = t.warm_steps if t.warm_steps is not None else self.opts.warmup
@@ -170,7 +180,10 @@ class _Search:
                                            reason=f"time budget: {left:.0f} s left < this trial's expected {need:.0f} s "
                                                   f"x {SAFETY} + the final side-by-side's {reserve:.0f} s"))
         try:
-            m = self.trial_fn(cfg, global_batch=self.global_batch, warmup=self.opts.warmup, steps=self.opts.steps)
+            if self.paired is not None:
+                m = self.paired.run(cfg, deadline=self.deadline_monotonic())
+            else:
+                m = self.trial_fn(cfg, global_batch=self.global_batch, warmup=self.opts.warmup, steps=self.opts.steps)
         except Exception as exc:  # noqa: BLE001 - a candidate that cannot run is a result, not a crash
             status, reason = _error_status(exc)
             return self.record(TrialRecord(settings, status, dim, changed, estimate_bytes=est, reason=reason))
@@ -203,7 +216,10 @@ class _Search:
         try:
             cfg = self.resolved({})
             est = self.estimate(cfg).bytes
-            m = self.trial_fn(cfg, global_batch=self.global_batch, warmup=self.opts.warmup, steps=self.opts.steps)
+            if self.paired is not None:
+                m = self.paired.run_default(cfg, steps=self.opts.steps)
+            else:
+                m = self.trial_fn(cfg, global_batch=self.global_batch, warmup=self.opts.warmup, steps=self.opts.steps)
         except Exception as exc:  # noqa: BLE001
             status, reason = _error_status(exc)
             return self.record(TrialRecord(s, status, reason=f"the default config: {reason}"))
@@ -223,16 +239,18 @@ class _Search:
             rec = self.try_option(dim.name, opt.settings)
             if rec is None or rec.status != "ok":
                 continue
-            if self.best is None or self.score(rec) > self.score(self.best) * (1 + self.opts.min_gain):
+            keep = self.best is None or self.better(rec)
+            if self.paired is not None:
+                self.paired.adopt(keep)
+            if keep:
                 self.best = rec
             if dim.stop_after_first_ok:
                 stop = (f"recomputes more than {space.label(rec.changed) or 'the current mode'}, which fits and ran: "
                         "not faster at this micro-batch")
-            elif dim.stop_when_slower and dim_best is not None and \
-                    self.score(rec) < self.score(dim_best) * (1 - 2 * self.opts.min_gain):
-                stop = (f"{space.label(rec.changed)} was already {1 - self.score(rec) / self.score(dim_best):.0%} "
-                        "slower than the best micro-batch: smaller ones are assumed slower still")
-            if dim_best is None or self.score(rec) > self.score(dim_best):
+            elif dim.stop_when_slower and dim_best is not None and self.slower(rec, dim_best):
+                stop = (f"{space.label(rec.changed)} was already clearly slower than the best micro-batch: "
+                        "smaller ones are assumed slower still")
+            if dim_best is None or rec is self.best or (rec.vs_best is None and rec.tokens_per_s > dim_best.tokens_per_s):
                 dim_best = rec
 
     # ---------------------------------------------------------------- the choice
@@ -240,9 +258,11 @@ class _Search:
         """Candidates for the side-by-side, in order: the best, then the runners-up whose own trial
         was within ``runner_up`` of the default's (a trial is a few steps on a loaded machine)."""
         d, b = self.default, self.best
+        if self.paired is not None:  # trials were judged interleaved with the best: the best alone
+            return [b]
         others = [t for t in self.trials if t.status == "ok" and t is not d and t is not b
-                  and self.score(t) >= self.score(d) * (1 - self.opts.runner_up)]
-        others.sort(key=lambda t: -self.score(t))
+                  and t.tokens_per_s >= d.tokens_per_s * (1 - self.opts.runner_up)]
+        others.sort(key=lambda t: -t.tokens_per_s)
         return ([b] + others)[:self.opts.confirm]
 
     def finish(self, interrupted: bool, config_path: str | None, doctor: dict | None) -> TuneResult:
@@ -262,10 +282,14 @@ class _Search:
                                  f"({self.left():.0f} s left, {self.final_cost(cand):.0f} s needed)")
                     break
                 try:
-                    res = self.sbs_fn(self.resolved(d.settings), self.resolved(cand.settings),
-                                      global_batch=self.global_batch, rounds=self.opts.rounds,
-                                      steps=self.opts.round_steps, warmup=self.opts.warmup,
-                                      deadline=self.deadline_monotonic())
+                    if self.paired is not None:
+                        res = self.paired.final(rounds=self.opts.rounds, steps=self.opts.round_steps,
+                                                deadline=self.deadline_monotonic())
+                    else:
+                        res = self.sbs_fn(self.resolved(d.settings), self.resolved(cand.settings),
+                                          global_batch=self.global_batch, rounds=self.opts.rounds,
+                                          steps=self.opts.round_steps, warmup=self.opts.warmup,
+                                          deadline=self.deadline_monotonic())
                 except KeyboardInterrupt:
                     interrupted = True
                     break
@@ -321,7 +345,9 @@ class _Search:
 
 def _ok(settings, dim, changed, m, est) -> TrialRecord:
     rec = TrialRecord(settings, "ok", dim, changed, m.tokens_per_s, m.step_s, m.peak_memory_bytes, m.peak_memory_source,
-                      est, m.first_step_s, m.elapsed_s, m.build_s, m.warm_steps, m.cpu_tokens_per_s)
+                      est, m.first_step_s, m.elapsed_s, m.build_s, m.warm_steps)
+    if m.paired is not None:
+        rec.vs_best, rec.rounds_won = m.paired["speedup"], f"{m.paired['b_faster_rounds']}/{m.paired['rounds']}"
     if m.peak_memory_bytes is None:
         rec.peak_memory_bytes, rec.peak_memory_source = est, "memory estimate (not measured)"
     return rec
@@ -377,9 +403,16 @@ def tune(cfg: Config, *, config_path: str | None = None, out_dir: str | Path | N
     search = _Search(cfg, out, opts, facts, clock, trial_fn, sbs_fn, start)
     if trial_fn is run_trial and search.facts.device == "cpu":
         search.prime = prime  # one-time allocations (libraries, thread pools) out of the first trial's peak RSS
+        if opts.paired is not False:
+            search.paired = Paired(global_batch=search.global_batch, warmup=opts.warmup, rounds=opts.trial_rounds,
+                                   steps=opts.round_steps)
     interrupted = False
     try:
-        search.run()
-    except KeyboardInterrupt:
-        interrupted = True
-    return search.finish(interrupted, config_path, doctor)
+        try:
+            search.run()
+        except KeyboardInterrupt:
+            interrupted = True
+        return search.finish(interrupted, config_path, doctor)
+    finally:
+        if search.paired is not None:
+            search.paired.close()

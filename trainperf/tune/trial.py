@@ -4,8 +4,7 @@
     on; a compile that fell back to eager fails the trial) -> warm-up steps -> timed steps
 
 tokens/s = tokens of one optimizer step / the median step time of the timed steps (the median
-resists the other jobs of a shared machine); beside it, tokens per second of process CPU time
-(the median of the same steps), which other jobs on a shared CPU inflate far less than wall time. Peak memory: ``torch.cuda.max_memory_allocated``
+resists the other jobs of a shared machine). Peak memory: ``torch.cuda.max_memory_allocated``
 on CUDA (reset before the build); on CPU the process's peak resident set (VmHWM, reset through
 /proc/self/clear_refs before the build) minus the resident set before it; where VmHWM cannot be
 reset, none (the caller reports the estimate instead and says so).
@@ -15,6 +14,12 @@ each, the order alternating per round, after their first step and a warm-up (as 
 bench step`` does), so that both see the same machine load. Besides the ratio of the medians it
 counts the rounds in which ``b`` was faster (the ratio of that round's medians): the evidence
 the search asks of a candidate beside the ratio.
+
+:class:`Paired` (what the search uses on a CPU, shared with other jobs): the default's trainer
+and the best's stay alive, and each trial is interleaved with the best's in the same way, so a
+candidate is judged by its ratio to the best measured at the same moment, not against a figure
+taken minutes earlier under another load; the final default-vs-best measurement reuses the two
+live trainers (no rebuild, no second compilation).
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ class Measured:
     peak_memory_source: str
     notes: dict
     warm_steps: int = 0  # untimed steps after the first one
-    cpu_tokens_per_s: float | None = None  # tokens per step / median process CPU seconds per step
+    paired: dict | None = None  # Paired: the interleaved measurement against the best (see interleave())
 
 
 def _status_kb(field: str) -> int | None:
@@ -146,8 +151,9 @@ def warm_up(trainer, at_least: int, at_most: int) -> int:
     return at_most
 
 
-def run_trial(cfg: Config, *, global_batch: int, warmup: int = 2, steps: int = 5) -> Measured:
-    """Build and measure one candidate; exceptions (OOM, compile or config errors) propagate."""
+def prepare(cfg: Config, *, global_batch: int, warmup: int):
+    """Build, check the global batch, run the first step and the warm-up, with the peak memory of
+    all that: (trainer, Measured without step figures). The caller releases the trainer."""
     t0 = time.perf_counter()
     peak = PeakMemory(cfg.run.device)  # cfg is resolved: cpu | cuda | xla
     peak.start()
@@ -157,17 +163,23 @@ def run_trial(cfg: Config, *, global_batch: int, warmup: int = 2, steps: int = 5
         check_batch(trainer, global_batch)
         first = first_step(trainer)
         warm = warm_up(trainer, warmup, warmup + EXTRA_WARMUP)
-        times, cpu, tokens = [], [], trainer.tokens_per_step
-        for _ in range(steps):
-            c0 = time.process_time()
-            res = trainer.train_step()
-            cpu.append(time.process_time() - c0)
-            times.append(res.step_time)
-        float(res.loss)
-        med = statistics.median(times)
-        mem, source = peak.stop()
-        return Measured(tokens / med, med, first, build_s, time.perf_counter() - t0, mem, source, dict(trainer.notes),
-                        warm, tokens / max(statistics.median(cpu), 1e-9))
+    except BaseException:
+        release(trainer)
+        raise
+    mem, source = peak.stop()
+    return trainer, Measured(0.0, 0.0, first, build_s, time.perf_counter() - t0, mem, source, dict(trainer.notes), warm)
+
+
+def run_trial(cfg: Config, *, global_batch: int, warmup: int = 2, steps: int = 5) -> Measured:
+    """Build and measure one candidate; exceptions (OOM, compile or config errors) propagate."""
+    t0 = time.perf_counter()
+    trainer, m = prepare(cfg, global_batch=global_batch, warmup=warmup)
+    try:
+        times = [trainer.train_step().step_time for _ in range(steps)]
+        m.step_s = statistics.median(times)
+        m.tokens_per_s = trainer.tokens_per_step / m.step_s
+        m.elapsed_s = time.perf_counter() - t0
+        return m
     finally:
         release(trainer)
 
@@ -181,41 +193,94 @@ def _own_threads(trainer) -> None:
         torch.set_num_threads(int(trainer.cfg.run.threads))
 
 
+def interleave(ta, tb, *, rounds: int, steps: int, deadline: float | None = None, warmup: int = 0) -> dict:
+    """``rounds`` rounds of ``steps`` steps of each trainer, the order alternating; no round starts
+    after ``deadline`` (``time.monotonic()``) once two are done."""
+    trainers = {"a": ta, "b": tb}
+    times: dict[str, list[float]] = {"a": [], "b": []}
+    done = 0
+    for r in range(rounds):
+        if deadline is not None and r >= 2 and time.monotonic() > deadline:
+            break
+        for name in (("a", "b") if r % 2 == 0 else ("b", "a")):
+            _own_threads(trainers[name])
+            for _ in range(steps):
+                times[name].append(trainers[name].train_step().step_time)
+        done += 1
+    tokens = ta.tokens_per_step
+    med = {n: statistics.median(t) for n, t in times.items()}
+    per_round = [statistics.median(times["a"][r * steps:(r + 1) * steps])
+                 / statistics.median(times["b"][r * steps:(r + 1) * steps]) for r in range(done)]
+    return {"a_tokens_per_s": tokens / med["a"], "b_tokens_per_s": tokens / med["b"],
+            "speedup": med["a"] / med["b"], "a_step_s": med["a"], "b_step_s": med["b"],
+            "b_faster_rounds": sum(x > 1 for x in per_round), "rounds": done, "rounds_planned": rounds,
+            "round_ratios": per_round,
+            "method": f"median step time of {done * steps} steps each, interleaved in {done} rounds of {steps} "
+                      f"(order alternating), after the first step and {warmup} or more warm-up steps (until two "
+                      "agree within 25%)"}
+
+
 def side_by_side(a: Config, b: Config, *, global_batch: int, rounds: int = 4, steps: int = 3,
                  warmup: int = 2, deadline: float | None = None) -> dict:
-    """Median step time and tokens/s of ``a`` and ``b``, interleaved in one process. With a
-    ``deadline`` (``time.monotonic()`` seconds) no round starts after it: the figures are those of
-    the rounds done (``rounds`` says how many; the caller decides whether that is enough)."""
+    """Median step time and tokens/s of ``a`` and ``b`` built afresh, interleaved in one process.
+    With a ``deadline`` the figures are those of the rounds done (``rounds`` says how many)."""
     trainers = {}
     try:
         for name, cfg in (("a", a), ("b", b)):
-            trainers[name] = build(cfg)  # sets the process's intra-op threads to cfg.run.threads
-            check_batch(trainers[name], global_batch)
-            _own_threads(trainers[name])
-            first_step(trainers[name])
-            warm_up(trainers[name], warmup, warmup + EXTRA_WARMUP)
-        times: dict[str, list[float]] = {"a": [], "b": []}
-        done = 0
-        for r in range(rounds):
-            if deadline is not None and r >= 2 and time.monotonic() > deadline:
-                break
-            for name in (("a", "b") if r % 2 == 0 else ("b", "a")):
-                _own_threads(trainers[name])
-                for _ in range(steps):
-                    times[name].append(trainers[name].train_step().step_time)
-            done += 1
-        tokens = trainers["a"].tokens_per_step
-        med = {n: statistics.median(t) for n, t in times.items()}
-        per_round = [statistics.median(times["a"][r * steps:(r + 1) * steps])
-                     / statistics.median(times["b"][r * steps:(r + 1) * steps]) for r in range(done)]
-        return {"a_tokens_per_s": tokens / med["a"], "b_tokens_per_s": tokens / med["b"],
-                "speedup": med["a"] / med["b"], "a_step_s": med["a"], "b_step_s": med["b"],
-                "b_faster_rounds": sum(x > 1 for x in per_round), "rounds": done, "rounds_planned": rounds,
-                "round_ratios": per_round,
-                "method": f"median step time of {done * steps} steps each, interleaved in {done} rounds of {steps} "
-                          "(order alternating), after the first step and "
-                          f"{warmup} or more warm-up steps (until two agree within 25%)"}
+            trainers[name] = prepare(cfg, global_batch=global_batch, warmup=warmup)[0]
+        return interleave(trainers["a"], trainers["b"], rounds=rounds, steps=steps, deadline=deadline, warmup=warmup)
     finally:
         for t in list(trainers.values()):
             release(t)
         trainers.clear()
+
+
+class Paired:
+    """Trials interleaved with the best so far (see the module doc). ``run`` leaves the candidate's
+    trainer pending until :meth:`adopt` keeps or releases it; :meth:`close` releases everything."""
+
+    def __init__(self, *, global_batch: int, warmup: int, rounds: int, steps: int):
+        self.global_batch, self.warmup, self.rounds, self.steps = global_batch, warmup, rounds, steps
+        self.default = self.best = self.pending = None
+
+    def run_default(self, cfg: Config, *, steps: int) -> Measured:
+        t0 = time.perf_counter()
+        trainer, m = prepare(cfg, global_batch=self.global_batch, warmup=self.warmup)
+        self.default = self.best = trainer
+        m.step_s = statistics.median(trainer.train_step().step_time for _ in range(steps))
+        m.tokens_per_s, m.elapsed_s = trainer.tokens_per_step / m.step_s, time.perf_counter() - t0
+        return m
+
+    def run(self, cfg: Config, *, deadline: float | None = None) -> Measured:
+        t0 = time.perf_counter()
+        trainer, m = prepare(cfg, global_batch=self.global_batch, warmup=self.warmup)
+        try:
+            res = interleave(self.best, trainer, rounds=self.rounds, steps=self.steps, deadline=deadline,
+                             warmup=self.warmup)
+        except BaseException:
+            release(trainer)
+            raise
+        self.pending = trainer
+        m.step_s, m.tokens_per_s, m.paired = res["b_step_s"], res["b_tokens_per_s"], res
+        m.elapsed_s = time.perf_counter() - t0
+        return m
+
+    def adopt(self, keep: bool) -> None:
+        if self.pending is None:
+            return
+        if keep:
+            if self.best is not self.default:
+                release(self.best)
+            self.best = self.pending
+        else:
+            release(self.pending)
+        self.pending = None
+
+    def final(self, *, rounds: int, steps: int, deadline: float | None = None) -> dict:
+        """The default against the best, both live: no rebuild."""
+        return interleave(self.default, self.best, rounds=rounds, steps=steps, deadline=deadline, warmup=self.warmup)
+
+    def close(self) -> None:
+        for t in {id(t): t for t in (self.pending, self.best, self.default) if t is not None}.values():
+            release(t)
+        self.default = self.best = self.pending = None
