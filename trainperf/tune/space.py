@@ -7,9 +7,9 @@ device cannot run them, or they have no effect with the current settings). Memor
 the search's (:mod:`trainperf.tune.fit`), not the dimension's.
 
     precision       bf16 / tf32 / fp16 / fp32, as the device supports them
+    compile         whole model / per block (regional) / off
     micro_batch     divisors of the per-rank batch, largest first (global batch fixed)
     checkpointing   none, selective, ratio 0.25, ratio 0.5, full (least recompute first)
-    compile         whole model / per block (regional) / off
     data.loader     simple (in-process) / hybrid (workers + prefetch tiers)
     num_workers     loader workers (hybrid or dataloader only)
     prefetch depth  data.prefetch.depth (hybrid or dataloader only)
@@ -227,18 +227,19 @@ def layouts(cfg: Config, facts: Facts, top: int = 3) -> Dimension:
 
 def dimensions(facts: Facts) -> list[Callable[[Config, int, bool], Dimension]]:
     """The search order: each builder takes (the current best config, resolved; its data degree;
-    whether its layout is sharded) and returns the dimension around it. Compile comes after the
-    cheap dimensions: its trials cost a compilation each."""
+    whether its layout is sharded) and returns the dimension around it. Precision and compile, the
+    largest levers (the founding document's first two steps), come first, while the budget is
+    whole; the dimensions after them are searched around their choice."""
     dims: list = []
     if facts.world_size > 1:
         dims.append(lambda c, dp, sh: layouts(c, facts))
     dims += [
         lambda c, dp, sh: precision(c, facts),
+        lambda c, dp, sh: compile_(c, facts, sh),
         lambda c, dp, sh: micro_batch(c, facts, dp),
         lambda c, dp, sh: checkpointing(c, facts),
         lambda c, dp, sh: loader(c, facts),
         lambda c, dp, sh: num_workers(c, facts),
         lambda c, dp, sh: prefetch_depth(c, facts),
-        lambda c, dp, sh: compile_(c, facts, sh),
     ]
     return dims
