@@ -37,6 +37,7 @@ from trainperf.tune.result import Side, TrialLog, TrialRecord, TuneResult, write
 from trainperf.tune.trial import Paired, prime, run_trial, side_by_side
 
 
+WRITE_S = 2.0  # kept back from the budget for writing the results
 SAFETY = 1.25  # a trial starts when the time left covers this x its expected cost + the final measurement's
 
 
@@ -90,7 +91,7 @@ class _Search:
 
     def deadline_monotonic(self) -> float:
         """The budget's end on ``time.monotonic`` (the clock the side-by-side reads)."""
-        return time.monotonic() + self.left()
+        return time.monotonic() + self.left() - WRITE_S
 
     def better(self, rec: TrialRecord) -> bool:
         if rec.vs_best is not None:

@@ -194,19 +194,21 @@ def _own_threads(trainer) -> None:
 
 
 def interleave(ta, tb, *, rounds: int, steps: int, deadline: float | None = None, warmup: int = 0) -> dict:
-    """``rounds`` rounds of ``steps`` steps of each trainer, the order alternating; no round starts
-    after ``deadline`` (``time.monotonic()``) once two are done."""
+    """``rounds`` rounds of ``steps`` steps of each trainer, the order alternating; once two are
+    done, no round starts that would end (as long as the last one took) past ``deadline``
+    (``time.monotonic()``)."""
     trainers = {"a": ta, "b": tb}
     times: dict[str, list[float]] = {"a": [], "b": []}
-    done = 0
+    done, last = 0, 0.0
     for r in range(rounds):
-        if deadline is not None and r >= 2 and time.monotonic() > deadline:
-            break
+        if deadline is not None and r >= 2 and time.monotonic() + last > deadline:
+            break  # the next round would end past the deadline
+        t0 = time.monotonic()
         for name in (("a", "b") if r % 2 == 0 else ("b", "a")):
             _own_threads(trainers[name])
             for _ in range(steps):
                 times[name].append(trainers[name].train_step().step_time)
-        done += 1
+        done, last = done + 1, time.monotonic() - t0
     tokens = ta.tokens_per_step
     med = {n: statistics.median(t) for n, t in times.items()}
     per_round = [statistics.median(times["a"][r * steps:(r + 1) * steps])
