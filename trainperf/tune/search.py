@@ -297,7 +297,7 @@ class _Search:
                 except Exception as exc:  # noqa: BLE001 - a candidate that fails here is not chosen
                     notes.append(f"{space.label(cand.changed)} failed side by side: {_error_status(exc)[1]}")
                     continue
-                ratio = res["b_tokens_per_s"] / res["a_tokens_per_s"]
+                ratio = res["speedup"]  # the median of the paired per-round ratios
                 confirmed.append({"settings": cand.settings, "changes": cand.changed, **res, "ratio": ratio})
                 sbs = res
                 won, rounds = res.get("b_faster_rounds"), res.get("rounds")
@@ -319,7 +319,7 @@ class _Search:
         if chosen is d:
             speedup = 1.0  # the reported config is the default itself
         elif sbs is not None and not interrupted:
-            speedup = sbs["b_tokens_per_s"] / sbs["a_tokens_per_s"]
+            speedup = sbs["speedup"]
         default_side = Side(self.default_settings, d.tokens_per_s, d.peak_memory_bytes, d.peak_memory_source, d)
         best_side = Side(chosen.settings, chosen.tokens_per_s, chosen.peak_memory_bytes, chosen.peak_memory_source,
                          chosen)

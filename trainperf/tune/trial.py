@@ -11,9 +11,9 @@ reset, none (the caller reports the estimate instead and says so).
 
 :func:`side_by_side` measures two candidates in one process, interleaved: R rounds of K steps
 each, the order alternating per round, after their first step and a warm-up (as ``trainperf
-bench step`` does), so that both see the same machine load. Besides the ratio of the medians it
-counts the rounds in which ``b`` was faster (the ratio of that round's medians): the evidence
-the search asks of a candidate beside the ratio.
+bench step`` does), so that both see the same machine load. The speed-up is the median of the
+per-round ratios (a paired estimate: a load change between rounds hits both sides of a round
+alike); beside it the rounds ``b`` won and the ratio of the pooled medians.
 
 :class:`Paired` (what the search uses on a CPU, shared with other jobs): the default's trainer
 and the best's stay alive, and each trial is interleaved with the best's in the same way, so a
@@ -214,12 +214,13 @@ def interleave(ta, tb, *, rounds: int, steps: int, deadline: float | None = None
     per_round = [statistics.median(times["a"][r * steps:(r + 1) * steps])
                  / statistics.median(times["b"][r * steps:(r + 1) * steps]) for r in range(done)]
     return {"a_tokens_per_s": tokens / med["a"], "b_tokens_per_s": tokens / med["b"],
-            "speedup": med["a"] / med["b"], "a_step_s": med["a"], "b_step_s": med["b"],
+            "speedup": statistics.median(per_round), "ratio_of_medians": med["a"] / med["b"],
+            "a_step_s": med["a"], "b_step_s": med["b"],
             "b_faster_rounds": sum(x > 1 for x in per_round), "rounds": done, "rounds_planned": rounds,
             "round_ratios": per_round,
-            "method": f"median step time of {done * steps} steps each, interleaved in {done} rounds of {steps} "
-                      f"(order alternating), after the first step and {warmup} or more warm-up steps (until two "
-                      "agree within 25%)"}
+            "method": f"median over {done} interleaved rounds (order alternating) of the round's step-time ratio "
+                      f"default / candidate, {steps} step(s) of each per round, after the first step and {warmup} or "
+                      "more warm-up steps (until two agree within 25%); tokens/s: tokens / median step time"}
 
 
 def side_by_side(a: Config, b: Config, *, global_batch: int, rounds: int = 4, steps: int = 3,
