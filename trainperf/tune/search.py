@@ -46,13 +46,13 @@ class Options:
     budget_s: float = 600.0
     warmup: int = 2  # untimed steps after the first one
     steps: int = 5  # timed steps per trial
-    rounds: int = 12  # final side-by-side: rounds x round_steps steps of each
-    round_steps: int = 1  # one step per turn: the finest interleaving, load changes hit both alike
+    rounds: int = 6  # final side-by-side: rounds x round_steps steps of each
+    round_steps: int = 3  # per round and side: the median of 3 drops the step that pays for the switch
     min_gain: float = 0.02
     confirm: int = 3  # candidates measured side by side at most (the best, then runners-up)
     runner_up: float = 0.05  # a runner-up's trial within this fraction of the default's tokens/s
     paired: bool | None = None  # trials interleaved with the best (None: on a CPU; see trial.Paired)
-    trial_rounds: int = 8  # paired trials: rounds x round_steps steps of the candidate and of the best
+    trial_rounds: int = 4  # paired trials: rounds x round_steps steps of the candidate and of the best
     compile_prior_s: float = 60.0
     progress: bool = True
 
