@@ -52,6 +52,7 @@ class Options:
     confirm: int = 3  # candidates measured side by side at most (the best, then runners-up)
     runner_up: float = 0.05  # a runner-up's trial within this fraction of the default's tokens/s
     paired: bool | None = None  # trials interleaved with the best (None: on a CPU; see trial.Paired)
+    max_rounds: int = 30  # paired final measurement: more rounds while the budget lasts
     trial_rounds: int = 4  # paired trials: rounds x round_steps steps of the candidate and of the best
     compile_prior_s: float = 60.0
     progress: bool = True
@@ -284,8 +285,9 @@ class _Search:
                     break
                 try:
                     if self.paired is not None:
-                        res = self.paired.final(rounds=self.opts.rounds, steps=self.opts.round_steps,
-                                                deadline=self.deadline_monotonic())
+                        # live trainers: the time left buys more rounds (a finer estimate), up to max_rounds
+                        res = self.paired.final(rounds=max(self.opts.rounds, self.opts.max_rounds),
+                                                steps=self.opts.round_steps, deadline=self.deadline_monotonic())
                     else:
                         res = self.sbs_fn(self.resolved(d.settings), self.resolved(cand.settings),
                                           global_batch=self.global_batch, rounds=self.opts.rounds,
