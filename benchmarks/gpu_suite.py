@@ -13,7 +13,9 @@ Per row: tokens/s (wall clock over the timed steps, after warm-up steps that inc
 MFU (model FLOPs 6N + 12*l*h*s per token, against ONE peak for every row: the catalog's dense BF16
 peak on CUDA, a measured fp32 matmul peak on CPU), peak memory (torch.cuda.max_memory_allocated;
 not measured on CPU), and the memory estimate of trainperf.memory.estimate beside it.
-Largest batch: doubling the micro-batch until CUDA runs out of memory (eager, with checkpointing);
+Tune row (CUDA only, after the table): the command `trainperf tune configs/gpt-tiny.yaml --budget-min 3`
+as a user runs it (a subprocess, --json), reported as its side-by-side speed-up of the tuned config over
+the default and the settings it changed. Largest batch: doubling the micro-batch until CUDA runs out of memory (eager, with checkpointing);
 on CPU (--smoke) the estimate against --cpu-budget-mb decides instead. Data: synthetic tokens.
 """
 
@@ -189,6 +191,31 @@ def run_suite(smoke: bool, *, warmup: int, steps: int, micro: int, budget_s: flo
             "warmup_steps": warmup, "timed_steps": steps, "rows": rows}
 
 
+TUNE_CONFIG = "configs/gpt-tiny.yaml"
+
+
+def tune_row(budget_min: float) -> dict:
+    """``trainperf tune configs/gpt-tiny.yaml --budget-min N --json``, the user's command, in a subprocess."""
+    import subprocess
+    import tempfile
+
+    root = Path(__file__).resolve().parents[1]
+    cmd = ["trainperf", "tune", TUNE_CONFIG, "--budget-min", f"{budget_min:g}"]
+    with tempfile.TemporaryDirectory() as out:
+        proc = subprocess.run([sys.executable, "-m", *cmd, "--json", "--out", out], capture_output=True, text=True,
+                              cwd=str(root), timeout=budget_min * 60 + 300)
+    row = {"row": "tune", "command": " ".join(cmd)}
+    if proc.returncode != 0:
+        return {**row, "error": f"exit {proc.returncode}: {proc.stderr.strip().splitlines()[-1:] or ''}"}
+    doc = json.loads(proc.stdout)
+    d, b = doc["default"], doc["best"]
+    changes = {k: v for k, v in b["settings"].items() if d["settings"].get(k) != v}
+    return {**row, "speedup": doc["speedup"], "default_tokens_per_s": d["tokens_per_s"],
+            "best_tokens_per_s": b["tokens_per_s"], "changes": changes, "elapsed_s": doc["elapsed_s"],
+            "budget_s": doc["budget_s"], "trials": len(doc["trials"]),
+            "statuses": {s: sum(t["status"] == s for t in doc["trials"]) for s in ("ok", "pruned", "oom", "failed")}}
+
+
 def _gib(x):
     return f"{x / 2**30:.3g}" if x else "-"
 
@@ -206,6 +233,13 @@ def table(result: dict) -> str:
         mfu = f"{100 * r['mfu']:.1f}%" if r.get("mfu") is not None else "-"
         lines.append(f"| {r['row']} | {r['micro_batch']} | {r['tokens_per_s']:,.0f} | {r['step_ms']:.1f} | {mfu} | "
                      f"{_gib(r.get('peak_mem_bytes'))} | {_gib(r.get('estimate_bytes'))} | {ratio} |")
+    t = result.get("tune")
+    if t and "speedup" in t:
+        lines.append(f"tune: `{t['command']}`: x{t['speedup']:.3f} side by side ({t['default_tokens_per_s']:,.0f} -> "
+                     f"{t['best_tokens_per_s']:,.0f} tokens/s), changes {t['changes'] or 'none'}, "
+                     f"{t['elapsed_s']:.0f} s of {t['budget_s']:.0f} s, trials {t['statuses']}")
+    elif t:
+        lines.append(f"tune: {t.get('skipped') or t.get('error')}")
     return "\n".join(lines)
 
 
@@ -217,6 +251,8 @@ def main(argv=None) -> int:
     p.add_argument("--micro-batch", type=int, default=None, help="micro-batch of rows 1-5 (default 16; smoke 4)")
     p.add_argument("--budget-s", type=float, default=420.0, help="stop starting rows after this many seconds")
     p.add_argument("--cpu-budget-mb", type=int, default=8, help="--smoke: memory budget for the largest batch")
+    p.add_argument("--tune-budget-min", type=float, default=3.0,
+                   help="CUDA: budget of the tune row (trainperf tune configs/gpt-tiny.yaml); 0 skips it")
     p.add_argument("--json", default=None, metavar="FILE", help="also write the result as JSON")
     a = p.parse_args(argv)
     steps = a.steps or (3 if a.smoke else 20)
@@ -224,6 +260,10 @@ def main(argv=None) -> int:
     micro = a.micro_batch or (4 if a.smoke else 16)
     result = run_suite(a.smoke, warmup=warmup, steps=steps, micro=micro, budget_s=a.budget_s,
                        cpu_budget_mb=a.cpu_budget_mb)
+    if a.smoke or not a.tune_budget_min:
+        result["tune"] = {"row": "tune", "skipped": "GPU only (--smoke)" if a.smoke else "--tune-budget-min 0"}
+    else:
+        result["tune"] = tune_row(a.tune_budget_min)
     print(table(result))
     if a.json:
         Path(a.json).write_text(json.dumps(result, indent=2, default=str))

@@ -19,6 +19,7 @@ COMMANDS = [
     "data",
     "train",
     "memory",
+    "tune",
     "plan",
     "launch",
     "diagnose",

@@ -1,0 +1,53 @@
+"""``trainperf tune CONFIG [--set k=v ...] [--budget-min N] [--json] [--out DIR]``: argument parsing
+and printing (the search: :mod:`trainperf.tune.search`)."""
+
+from __future__ import annotations
+
+from trainperf.cli._common import add_config_args, add_json_flag, print_json
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "tune", help="find the fastest settings that fit, by short measured trials",
+        description="Try micro-batch, activation checkpointing, precision, compile and loader settings "
+                    "(fastest-first, one dimension at a time, pruned by the memory estimate), each for a few "
+                    "measured steps through the trainer; confirm the best against the default side by side; "
+                    "write the tuned config next to CONFIG and the trial log under --out.")
+    add_config_args(p)
+    p.add_argument("--budget-min", type=float, default=10.0, metavar="N",
+                   help="time budget in minutes, the final side-by-side included (default 10)")
+    p.add_argument("--out", default=None, metavar="DIR", help="tune directory (default runs/tune-<config name>)")
+    p.add_argument("--steps", type=int, default=5, help="timed steps per trial (default 5)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps per trial after the first (default 2)")
+    add_json_flag(p)
+    p.set_defaults(func=run)
+
+
+def _doctor() -> dict:
+    from trainperf.cli.doctor import to_json
+    from trainperf.hardware.advice import advise
+    from trainperf.hardware.probe import probe
+
+    facts = probe()
+    return to_json(facts, [r.to_dict() for r in advise(facts)])
+
+
+def run(args) -> int:
+    import sys
+
+    from trainperf.config import load_config
+    from trainperf.errors import UserError
+    from trainperf.tune.result import render
+    from trainperf.tune.search import Options, tune
+
+    if args.steps < 1 or args.warmup < 0:
+        raise UserError(f"--steps={args.steps} must be >= 1 and --warmup={args.warmup} >= 0")
+    cfg = load_config(args.config, args.overrides)
+    opts = Options(budget_s=args.budget_min * 60, steps=args.steps, warmup=args.warmup,
+                   progress=not args.json and sys.stderr.isatty())
+    res = tune(cfg, config_path=args.config, out_dir=args.out, options=opts, doctor=_doctor)
+    if args.json:
+        print_json(res.to_json())
+    else:
+        print(render(res))
+    return 130 if res.interrupted else 0
