@@ -72,31 +72,38 @@ def _nan_as_none(_constant: str) -> None:
     return None
 
 
-def _read_text(path: Path, what: str, *, lenient: bool = False) -> str:
-    """The file's text; binary (NUL) or non-UTF-8 content is a UserError, unless ``lenient`` (a log whose
-    last block a crash may have left zero-filled or cut inside a character: its lines are judged one by one)."""
+def read_text(path: str | os.PathLike, what: str, *, max_bytes: int = MAX_JSON_BYTES, lenient: bool = False,
+              error: type[UserError] = UserError) -> str:
+    """A text file trainperf reads (JSON, YAML): missing, a directory, too large, binary (NUL) or not UTF-8
+    is ``error`` (a UserError) naming the file and what it should be, unless ``lenient`` (a log whose last
+    block a crash may have left zero-filled or cut inside a character: its lines are judged one by one)."""
+    path = Path(path)
     if not path.exists():
-        raise UserError(f"{path}: no such file ({what})")
+        raise error(f"{path}: no such file ({what})")
     if path.is_dir():
-        raise UserError(f"{path}: is a directory, expected the {what} file")
+        raise error(f"{path}: is a directory, expected the {what} file")
     try:
         with open(path, "rb") as f:
-            raw = f.read(MAX_JSON_BYTES + 1)
+            raw = f.read(max_bytes + 1)
     except OSError as exc:
-        raise UserError(f"{path}: cannot read the {what} ({exc.strerror}); check its permissions") from None
-    if len(raw) > MAX_JSON_BYTES:
-        raise UserError(f"{path}: larger than {MAX_JSON_BYTES // 2**20} MiB, not a {what}; pass the right file")
+        raise error(f"{path}: cannot read the {what} ({exc.strerror}); check its permissions") from None
+    if len(raw) > max_bytes:
+        raise error(f"{path}: larger than {max_bytes // 2**20} MiB, not a {what}; pass the right file")
     if lenient:
         return raw.decode("utf-8", errors="replace")
     nul = raw.find(b"\0")
     if nul >= 0:
-        raise UserError(f"{path}: binary content (a NUL byte at offset {nul}), not a {what}; "
-                        "the file is corrupt or not the right one")
+        raise error(f"{path}: binary content (a NUL byte at offset {nul}), not a {what}; "
+                    "the file is corrupt or not the right one")
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise UserError(f"{path}: not UTF-8 text (byte {exc.start}), not a {what}; the file is corrupt "
-                        "or not the right one") from None
+        line = raw[: exc.start].count(b"\n") + 1
+        raise error(f"{path}: not UTF-8 text (byte {exc.start}, line {line}), not a {what}; re-save it as UTF-8 "
+                    "or pass the right file") from None
+
+
+_read_text = read_text
 
 
 def read_json(path: str | os.PathLike, *, what: str = "JSON file", expect: type | None = dict) -> Any:

@@ -9,7 +9,6 @@ OPT, MPT, Falcon and Gemma keys are mapped where they name the same thing.
 
 from __future__ import annotations
 
-import json
 import os
 
 from trainperf.analytic.spec import TransformerSpec
@@ -39,31 +38,10 @@ def _int(path: str, name: str, value) -> int:
 
 def read_json_object(path: str, what: str) -> dict:
     """A JSON file's top-level object; garbage (missing, binary, not UTF-8, empty, truncated, not
-    an object) is a UserError naming the file."""
-    if not os.path.isfile(path):
-        raise UserError(f"{what} {path!r} does not exist or is not a file")
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(8 * 2**20 + 1)
-    except OSError as exc:
-        raise UserError(f"{what} {path!r} cannot be read: {exc.strerror or exc}") from None
-    if len(raw) > 8 * 2**20:
-        raise UserError(f"{what} {path!r} is larger than 8 MiB; expected a small JSON file")
-    if b"\x00" in raw:
-        raise UserError(f"{what} {path!r} is a binary file, not JSON")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise UserError(f"{what} {path!r} is not UTF-8 text (byte {exc.start}); expected JSON") from None
-    if not text.strip():
-        raise UserError(f"{what} {path!r} is empty; expected a JSON object")
-    try:
-        data = json.loads(text)
-    except (json.JSONDecodeError, RecursionError) as exc:
-        raise UserError(f"{what} {path!r} is not valid JSON (truncated or corrupt?): {str(exc)[:200]}") from None
-    if not isinstance(data, dict):
-        raise UserError(f"{what} {path!r}: expected a JSON object, found a {type(data).__name__}")
-    return data
+    an object) is a UserError naming the file (trainperf.runio)."""
+    from trainperf.runio import read_json
+
+    return read_json(path, what=what, expect=dict)
 
 
 def from_hf_config(path: str, *, seq: int | None = None, attention: str = "flash") -> TransformerSpec:

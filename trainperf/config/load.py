@@ -23,24 +23,11 @@ MAX_CONFIG_BYTES = 4 * 2**20  # a config is a few KiB; more is a wrong file
 def _read_yaml(path: str) -> dict:
     """The mapping in a YAML config file; any unreadable content (binary, not UTF-8, cut mid-way,
     nested too deep) is a ConfigError naming the file and where."""
+    from trainperf.runio import read_text
+
     if not os.path.exists(path):
         raise ConfigError(f"config file {path!r} does not exist; pass the path of a YAML file (see configs/)")
-    if os.path.isdir(path):
-        raise ConfigError(f"config path {path!r} is a directory; pass a YAML file inside it (see configs/)")
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_CONFIG_BYTES + 1)
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {path!r}: {exc.strerror}; check its permissions") from None
-    if len(raw) > MAX_CONFIG_BYTES:
-        raise ConfigError(f"{path}: larger than {MAX_CONFIG_BYTES // 2**20} MiB, not a config file; "
-                          "pass the YAML config (see configs/)")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = raw[: exc.start].count(b"\n") + 1
-        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}, line {line}: {raw[exc.start:exc.start + 1]!r}); "
-                          "a config is a UTF-8 YAML file: re-save it as UTF-8 or pass the right file") from None
+    text = read_text(path, "YAML config (see configs/)", max_bytes=MAX_CONFIG_BYTES, error=ConfigError)
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:

@@ -182,21 +182,9 @@ def read_yaml_mapping(path: str, what: str, expected: str) -> dict:
     truncated, not a mapping) is a UserError naming the file and what was expected."""
     import yaml
 
-    if not os.path.isfile(path):
-        raise UserError(f"{what} {path!r} does not exist or is not a file; pass a YAML file with {expected}")
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(16 * 2**20 + 1)
-    except OSError as exc:
-        raise UserError(f"{what} {path!r} cannot be read: {exc.strerror or exc}") from None
-    if len(raw) > 16 * 2**20:
-        raise UserError(f"{what} {path!r} is larger than 16 MiB; it should be a small YAML file with {expected}")
-    if b"\x00" in raw:
-        raise UserError(f"{what} {path!r} is a binary file, not YAML; pass a YAML file with {expected}")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise UserError(f"{what} {path!r} is not UTF-8 text (byte {exc.start}); pass a YAML file with {expected}") from None
+    from trainperf.runio import read_text
+
+    text = read_text(path, f"{what} (a YAML file with {expected})", max_bytes=16 * 2**20)
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
