@@ -22,7 +22,6 @@ Extend it with a YAML file (``trainperf plan --catalog FILE``)::
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass, fields, replace
 
