@@ -17,7 +17,7 @@ Importing this package does not import torch; the names below load on first use.
 
 from __future__ import annotations
 
-import importlib
+from trainperf.lazy import lazy_names
 
 __version__ = "0.1.0"
 
@@ -36,10 +36,4 @@ _LAZY = {
 __all__ = ["__version__", *_LAZY]
 
 
-def __getattr__(name: str):
-    if name in _LAZY:
-        module, attr = _LAZY[name]
-        value = getattr(importlib.import_module(module), attr)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'trainperf' has no attribute {name!r}")
+__getattr__ = lazy_names("trainperf", globals(), _LAZY)

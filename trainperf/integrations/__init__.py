@@ -10,7 +10,7 @@ only its own framework (and torch); this package imports neither.
 
 from __future__ import annotations
 
-import importlib
+from trainperf.lazy import lazy_names
 
 _LAZY = {
     "track": ("trainperf.integrations.loop", "track"),
@@ -21,10 +21,4 @@ _LAZY = {
 __all__ = list(_LAZY)
 
 
-def __getattr__(name: str):
-    if name in _LAZY:
-        module, attr = _LAZY[name]
-        value = getattr(importlib.import_module(module), attr)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'trainperf.integrations' has no attribute {name!r}")
+__getattr__ = lazy_names("trainperf.integrations", globals(), _LAZY)

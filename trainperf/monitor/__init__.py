@@ -18,7 +18,7 @@ Importing this package does not import torch; ``Monitor`` loads on first use.
 
 from __future__ import annotations
 
-import importlib
+from trainperf.lazy import lazy_names
 
 _LAZY = {
     "Monitor": ("trainperf.monitor.monitor", "Monitor"),
@@ -31,10 +31,4 @@ _LAZY = {
 __all__ = list(_LAZY)
 
 
-def __getattr__(name: str):
-    if name in _LAZY:
-        module, attr = _LAZY[name]
-        value = getattr(importlib.import_module(module), attr)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'trainperf.monitor' has no attribute {name!r}")
+__getattr__ = lazy_names("trainperf.monitor", globals(), _LAZY)
