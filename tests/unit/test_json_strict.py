@@ -96,14 +96,15 @@ def test_every_json_command_prints_strict_json(run_dir, corpus, tmp_path, capsys
 
 
 def test_json_commands_not_run_here_print_through_the_strict_printer():
-    """The bench kinds take minutes: check that their --json output goes through print_json (strict) and
-    that no module writes JSON to stdout another way."""
+    """The bench kinds and tune take minutes: check that their --json output goes through print_json
+    (strict) and that no module writes JSON to stdout another way."""
     commands = set(json_commands())
     rest = commands - RUN_HERE
-    assert rest <= {("bench", k) for k in ("step", "data", "balance", "comm")}, rest
-    for _, kind in rest:
-        cli = ROOT / "trainperf/cli" / f"bench_{kind}.py"  # printing lives in cli/ (bench/ measures)
-        src = (cli if cli.exists() else ROOT / "trainperf/bench" / f"{kind}.py").read_text()
+    assert rest <= {("bench", k) for k in ("step", "data", "balance", "comm")} | {("tune",)}, rest
+    for key in rest:
+        kind = key[-1]
+        name = f"bench_{kind}.py" if key[0] == "bench" else f"{kind}.py"  # printing lives in cli/
+        src = (ROOT / "trainperf/cli" / name).read_text()
         tree = ast.parse(src)
         calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)]
         names = {getattr(c.func, "id", None) or getattr(c.func, "attr", None) for c in calls}
