@@ -94,7 +94,6 @@ def test_lightning_callback_diagnosed(tmp_path, delay_s, bound):
     ids = [f["id"] for f in _diagnose(tmp_path / "run")["findings"]]
     assert ("data_bound" in ids) is bound, ids
     if bound:  # `trainperf report` reads the same directory
-        pytest.importorskip("matplotlib")
         from trainperf.monitor.report import build_report
 
         rep = build_report(tmp_path / "run")
