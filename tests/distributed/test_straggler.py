@@ -4,7 +4,9 @@ Two gloo ranks of `trainperf train` (data=2), each pinned to its own CPU, launch
 would (RANK, WORLD_SIZE, MASTER_ADDR/PORT); in the second run a busy loop is pinned to rank 1's CPU.
 The diagnosis compares the ranks by their own compute clock (``rank_compute_s``: wall time to the
 last gradient on CPU, before the all-reduce waits for the other rank), so the busy run names rank 1,
-and the quiet run has no straggler finding. Needs two usable CPUs.
+and the quiet run names no rank as waiting for a core. A VM's cores are not always equal (steal time, a
+busy hyperthread sibling): where the quiet run already shows one rank computing slower at full CPU,
+that is reported as a slower device, and the busy run must stand clearly above it. Needs two usable CPUs.
 """
 
 from __future__ import annotations
@@ -97,7 +99,13 @@ def test_a_rank_sharing_its_core_is_named_and_a_quiet_run_is_not(tmp_path):
     f = busy["straggler"]
     assert f["rank"] == 1 and f["ratio"] > 1.3, f["evidence"]
     assert "rank 1" in f["evidence"] and "waited for a core" in f["evidence"]
-    assert "straggler" not in quiet, quiet["straggler"]["evidence"]
+    # the quiet control: nobody waited for a core; a rank that computes slower at full CPU on an unequal VM
+    # is a true finding of another cause, and the core sharing must stand clearly above it
+    assert not any("waited for a core" in q.get("evidence", "") for q in quiet.values()), quiet
+    if "straggler" in quiet:
+        q = quiet["straggler"]
+        assert "computes slower" in q["evidence"], q["evidence"]
+        assert f["ratio"] > q["ratio"] + 0.2, (f["evidence"], q["evidence"])
     # the per-rank figures are in metrics.jsonl: the clock, and the CPU time that shows the waiting for a core
     recs = [json.loads(x) for x in (busy_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
     ranks = [r for r in recs if "rank_compute_s" in r]
