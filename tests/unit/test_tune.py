@@ -52,7 +52,10 @@ class Fake:
         r = self.sbs_ratio
         ratio = r(space.settings_of(b)) if callable(r) else r if r is not None else self.speed(space.settings_of(b)) / ta
         out = {"a_tokens_per_s": ta, "b_tokens_per_s": ta * ratio, "speedup": ratio, "method": "fake"}
-        return out if self.won is None else {**out, "b_faster_rounds": self.won, "rounds": 6}
+        if self.won is None:
+            return out
+        rounds = [ratio + 0.02] * self.won + [ratio - 0.06] * (6 - self.won)  # won of 6 rounds
+        return {**out, "b_faster_rounds": self.won, "rounds": 6, "round_ratios": rounds}
 
 
 def _run(tmp_path, fake, budget_s=1000.0, overrides=(), **kw):
@@ -66,6 +69,8 @@ def _speed(s):
         return RuntimeError("inductor exploded")  # a compile failure
     if s["train.micro_batch"] == 8:
         return torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB")
+    if s["run.host_memory"] == "retain":
+        return 80.0  # slower: not a runner-up
     if s["memory.checkpointing.mode"] == "selective":
         return 300.0  # the fastest in its own trial ...
     return {4: 100.0, 2: 90.0, 1: 50.0}[s["train.micro_batch"]] * (1.1 if s["data.loader"] == "hybrid" else 1.0)
@@ -230,3 +235,126 @@ def test_cli_rejects_a_bad_budget_and_torchrun(tmp_path, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(UserError, match="without torchrun"):
         tune(load_config(None, BASE), out_dir=tmp_path)
+
+
+def test_a_trial_in_its_own_process_reports_its_errors_and_its_death():
+    """Worker: the candidate's exception comes back with its type's name (an out-of-memory error
+    stays one); a worker killed mid-search is a failed trial with the signal named, not a hang."""
+    import os
+    import signal
+
+    from trainperf.tune.trial import Worker, WorkerError
+
+    cfg = resolve(load_config(None, BASE), world_size=1).cfg
+    with pytest.raises(WorkerError) as bad:  # the worker checks the global batch it trains
+        Worker(cfg, global_batch=cfg.train.global_batch * 2, warmup=1)
+    assert bad.value.kind == "ConfigError" and "global batch" in str(bad.value)
+    assert _error_status(bad.value) == ("failed", f"ConfigError: {bad.value}")
+    assert _error_status(WorkerError("OutOfMemoryError", "CUDA out of memory"))[0] == "oom"
+    w = Worker(cfg, global_batch=cfg.train.global_batch, warmup=1)
+    try:
+        assert w.proc.pid != os.getpid() and w.measured.first_step_s > 0
+        times = w.steps(2)
+        assert len(times) == 2 and all(t > 0 for t in times)
+        os.kill(w.proc.pid, signal.SIGKILL)
+        with pytest.raises(WorkerError) as died:
+            w.steps(1)
+        assert died.value.kind == "WorkerDied" and "SIGKILL" in str(died.value)
+    finally:
+        w.close()
+    assert not w.proc.is_alive()
+
+
+HOST_MEMORY_PROBE = """
+import json, resource, sys
+from trainperf.config import load_config
+from trainperf.config.resolve import resolve
+from trainperf.train.build import build_trainer
+cfg = load_config(None, sys.argv[1:])
+t = build_trainer(resolve(cfg, world_size=1), verbose=False)
+for _ in range(3):
+    t.train_step()
+f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(5):
+    t.train_step()
+print(json.dumps({"faults": (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0) / 5,
+                  "note": t.notes.get("run.host_memory")}))
+"""
+
+
+@pytest.mark.skipif(not __import__("trainperf.hardware.hostmem", fromlist=["x"]).supported()[0], reason="needs glibc")
+def test_host_memory_retain_takes_the_page_faults_out_of_the_step(tmp_path):
+    """run.host_memory=retain in a fresh process: a step whose activations are MiB large stops
+    taking fresh pages from the kernel (minor faults per step, counted by getrusage)."""
+    import subprocess
+    import sys
+
+    shape = BASE + ["model.n_embd=128", "model.n_head=4", "model.block_size=128", "train.global_batch=16",
+                    "train.micro_batch=16", "run.threads=1"]
+    out = {}
+    for mode in ("release", "retain"):
+        r = subprocess.run([sys.executable, "-c", HOST_MEMORY_PROBE, *shape, f"run.host_memory={mode}"],
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+        out[mode] = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["release"]["note"] is None and "mallopt" in out["retain"]["note"]
+    assert out["release"]["faults"] > 500, out  # glibc's default maps the step's large blocks afresh
+    assert out["retain"]["faults"] < 0.2 * out["release"]["faults"], out
+
+
+def test_host_memory_is_searched_on_a_cpu_only():
+    cfg = resolve(load_config(None, BASE), world_size=1).cfg
+    cpu = space.host_memory(cfg, CPU)
+    assert [o.settings for o in cpu.options] == [{"run.host_memory": "retain"}]
+    gpu = space.host_memory(cfg, space.Facts("cuda", cpus=2))
+    assert not gpu.options and "device memory" in gpu.rejected[0][1]
+
+
+def test_a_paired_trial_is_faster_only_when_its_rounds_are_too_consistent_for_noise():
+    from types import SimpleNamespace
+
+    from trainperf.tune.result import TrialRecord
+    from trainperf.tune.search import _Search
+    from trainperf.tune.stats import faster, signed_rank_p, verdict
+
+    # exact null distribution: n = 4, every sign pattern 1/16; all four positive is the one pattern of sum 10
+    assert signed_rank_p([0.1, 0.2, 0.3, 0.4]) == pytest.approx(1 / 16)
+    assert signed_rank_p([-0.1, 0.2, 0.3, 0.4]) == pytest.approx(2 / 16)  # sums 9 and 10
+    assert signed_rank_p([-0.1, -0.2, -0.3, -0.4]) == 1.0 and signed_rank_p([]) == 1.0
+    # the size of each round counts: one small loss among large wins is still evidence, a large one is not
+    assert signed_rank_p([0.05, 0.06, 0.04, 0.07, -0.01, 0.05]) < 0.05 < signed_rank_p([0.05, 0.06, 0.04, 0.07, -0.2, 0.05])
+    assert faster([1.05, 1.06, 1.04, 1.07, 1.05]) and not faster([1.05, 1.06, 0.9, 1.07])
+    s = SimpleNamespace(opts=Options(), best=None)
+
+    def rec(ratio, p):
+        r = TrialRecord({}, "ok")
+        r.vs_best, r.rounds_won, r.p_faster = ratio, "-", p
+        return r
+
+    assert _Search.better(s, rec(1.05, 0.03)) and _Search.better(s, rec(1.01, 0.001))
+    assert not _Search.better(s, rec(1.20, 0.2)) and not _Search.better(s, rec(0.99, 0.01))
+    # the sequential verdict: open while close, decided when clear either way
+    assert verdict([1.05, 0.98, 1.04, 1.01], margin=0.02) is None
+    assert verdict([1.05, 1.03, 1.04, 1.01, 1.02], margin=0.02) == "faster"
+    assert verdict([0.9, 0.95, 1.01, 0.93], margin=0.02) == "not faster"
+
+
+def test_a_close_paired_trial_takes_more_rounds_and_a_clear_one_stops():
+    from trainperf.tune.trial import interleave
+
+    class Side:
+        def __init__(self, times):
+            self.times, self.tokens_per_step, self.faults = iter(times), 100, 0
+
+        def steps(self, k):
+            return [next(self.times) for _ in range(k)]
+
+    # b 5% faster in every round: decided after the 4 rounds asked? p = 1/16: one more round (1/32)
+    clear = interleave(Side([1.05] * 99), Side([1.0] * 99), rounds=4, steps=1, margin=0.02, max_rounds=12)
+    assert clear["rounds"] == 5 and clear["speedup"] == pytest.approx(1.05)
+    # alternately faster and slower: no verdict, all 12 rounds
+    noisy = interleave(Side([1.0] * 99), Side([0.97, 1.03] * 50), rounds=4, steps=1, margin=0.02, max_rounds=12)
+    assert noisy["rounds"] == 12
+    # clearly slower: stops at the rounds asked
+    slow = interleave(Side([1.0] * 99), Side([1.2] * 99), rounds=4, steps=1, margin=0.02, max_rounds=12)
+    assert slow["rounds"] == 4 and slow["speedup"] < 0.9

@@ -105,6 +105,9 @@ def resolve(cfg: Config, facts: DeviceFacts | None = None, world_size: int | Non
     if cfg.run.threads == "auto":
         cfg.run.threads = max(1, facts.cpus // facts.local_ranks)
         notes["run.threads"] = f"{facts.cpus} usable CPUs / {facts.local_ranks} local rank(s)"
+    from trainperf.hardware.hostmem import check as check_host_memory
+
+    check_host_memory(cfg.run.host_memory)
 
     # --- precision
     prec = cfg.precision

@@ -69,6 +69,11 @@ class RunConfig(Section):
     """Where to train: auto picks cuda when available, else cpu; xla: a torch_xla device (PJRT_DEVICE=TPU|CUDA|CPU)."""
     threads: Union[Auto, PosInt] = "auto"
     """CPU threads for intra-op parallelism (auto: usable CPUs / local ranks)."""
+    host_memory: Literal["release", "retain"] = "release"
+    """What the C allocator does with freed host memory (glibc). release: its default, large blocks are mapped per
+    allocation and returned to the kernel when freed, so a CPU step pays fresh page faults for its activations;
+    retain: freed blocks stay mapped for the next step (faster CPU steps; the process keeps its peak resident
+    memory). A setting of the whole process (trainperf/hardware/hostmem.py); `trainperf tune` measures it."""
     log_every: int = Field(10, ge=1)
     """Print and log a progress line every this many steps."""
     eval_every: int = Field(100, ge=0)

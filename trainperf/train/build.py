@@ -16,6 +16,7 @@ import contextlib
 import torch
 
 from trainperf.config.resolve import Resolved, seq_len_of
+from trainperf.hardware import hostmem
 from trainperf.train.knobs import Knobs
 from trainperf.train.loop import Trainer
 
@@ -42,6 +43,7 @@ def build_trainer(resolved: Resolved, *, verbose: bool = True, knobs: Knobs | No
     cfg, dims, knobs = resolved.cfg, resolved.dims, knobs or Knobs()
     backend = make_backend(cfg, local_rank)
     torch.set_num_threads(int(cfg.run.threads))
+    host_note = hostmem.apply(cfg.run.host_memory)
     seed_everything(cfg.run.seed)
     backend.seed(cfg.run.seed, rank)
     dp_rank, dp_world = backend.data_parallel(dims, rank)
@@ -52,7 +54,7 @@ def build_trainer(resolved: Resolved, *, verbose: bool = True, knobs: Knobs | No
     data.train = backend.wrap_loader(data.train)
     model = build_model(cfg, data_vocab=data.vocab_size, device=backend.build_device, materialize=False)
     return assemble(cfg, dims, model, data, backend=backend, rank=rank, knobs=knobs, heartbeat=heartbeat,
-                    notes=resolved.notes)
+                    notes={**resolved.notes, **({"run.host_memory": host_note} if host_note else {})})
 
 
 def assemble(cfg, dims, model, data, *, backend=None, rank: int = 0, knobs: Knobs | None = None, heartbeat=None,

@@ -42,6 +42,8 @@ class TrialRecord:
     warm_steps: int | None = None
     vs_best: float | None = None  # paired trials: tokens/s ratio to the best, interleaved (see trial.Paired)
     rounds_won: str | None = None  # paired trials: rounds in which it was faster, "k/R"
+    p_faster: float | None = None  # paired trials: one-sided Wilcoxon signed-rank p (tune/stats.py)
+    minor_faults_per_step: float | None = None  # trials in their own process: page faults per timed step
     reason: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
@@ -104,19 +106,23 @@ def _mib(n) -> str:
 def render(res: TuneResult) -> str:
     """The trial table, then before / after."""
     rows = [["#", "dimension", "changes", "status", "tokens/s", "vs best", "peak MiB", "est MiB", "first s",
-             "reason"]]
+             "faults/step", "reason"]]
     for i, t in enumerate(res.trials):
         rows.append([str(i), t.dimension, label(t.changed) or "(default)", t.status,
                      "-" if t.tokens_per_s is None else f"{t.tokens_per_s:,.0f}",
-                     "-" if t.vs_best is None else f"x{t.vs_best:.3f} ({t.rounds_won})", _mib(t.peak_memory_bytes),
+                     "-" if t.vs_best is None else f"x{t.vs_best:.3f} ({t.rounds_won}, p={t.p_faster:.2f})", _mib(t.peak_memory_bytes),
                      _mib(t.estimate_bytes), "-" if t.first_step_s is None else f"{t.first_step_s:.1f}",
+                     "-" if t.minor_faults_per_step is None else f"{t.minor_faults_per_step:,.0f}",
                      (t.reason or "")[:110]])
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1] for r in rows]
     src = next((t.peak_memory_source for t in res.trials if t.peak_memory_source), "-")
     lines.append(f"(tokens/s: tokens per step / median step time of the timed steps; vs best: paired trials, the "
-                 f"ratio to the best so far measured interleaved with it (rounds won); peak: {src}; est: the memory "
-                 "estimate; first s: the first step, the compilation when compile is on, not in tokens/s)")
+                 "ratio to the best so far measured interleaved with it (rounds won, one-sided signed-rank p that it is "
+                 f"faster: adopted when the ratio > 1 and p < 0.05); peak: {src}; est: the memory "
+                 "estimate; first s: the first step, the compilation when compile is on, not in tokens/s; faults/step: "
+                 "minor page faults per timed step of the trial's process, the pages the C allocator took afresh from "
+                 "the kernel)")
     lines.append("")
     d, b = res.default, res.best
     changed = {k: v for k, v in b.settings.items() if d.settings.get(k) != v}
@@ -126,7 +132,10 @@ def render(res: TuneResult) -> str:
     for c in res.confirmations:
         lines.append(f"side by side: {label(c['changes'])}: x{c['ratio']:.3f} against the default "
                      f"({c['a_tokens_per_s']:,.0f} -> {c['b_tokens_per_s']:,.0f} tokens/s"
-                     + (f", faster in {c['b_faster_rounds']} of {c['rounds']} rounds" if "rounds" in c else "") + ")")
+                     + (f", faster in {c['b_faster_rounds']} of {c['rounds']} rounds" if "rounds" in c else "")
+                     + (f", signed-rank p = {c['p_faster']:.3f}" if c.get("p_faster") is not None else "")
+                     + (f"; page faults per step {c['a_minor_faults_per_step']:,.0f} -> {c['b_minor_faults_per_step']:,.0f}"
+                        if c.get("b_minor_faults_per_step") is not None else "") + ")")
     if res.speedup is not None:
         how = res.side_by_side["method"] if res.side_by_side else "the default itself"
         lines.append(f"speed-up x{res.speedup:.3f} ({how})")

@@ -6,15 +6,17 @@
     that does), checked against the time left, then measured (:func:`trial.run_trial`) ->
     the default and the best measured side by side -> the choice, the tuned YAML, the files
 
-A candidate replaces the best when its tokens/s beats the best's by ``min_gain`` (noise guard).
-On a CPU (``Options.paired``) each trial is interleaved with the best's live trainer
-(:class:`trial.Paired`) and replaces it when the ratio beats ``1 + min_gain`` and it won a
-majority of the rounds.
+Unpaired (the CUDA path), a candidate replaces the best when its tokens/s beats the best's by
+``min_gain`` (noise guard). On a CPU (``Options.paired``) each trial runs in its own process, interleaved with the best's
+live one (:class:`trial.Paired`), and replaces it when it is *faster* by :mod:`trainperf.tune.stats`
+(median ratio above 1 and a one-sided Wilcoxon signed-rank p below 5%); a trial without
+a verdict after ``trial_rounds`` rounds takes more, up to ``trial_max_rounds``.
 The choice is never a failed candidate, and never one slower than the default in the final
-side-by-side measurement (its ratio of medians must exceed 1 and it must win a majority of the
-rounds): the best, then up to ``confirm - 1`` runners-up, are measured so; when none wins, or no
-time is left for the measurement, the default is kept and the notes say why. A KeyboardInterrupt stops the search and keeps the best so far
-(written out, not confirmed side by side; ``interrupted`` is set).
+side-by-side measurement (it must be *faster* by :mod:`trainperf.tune.stats` over the rounds):
+the best, then up to ``confirm - 1`` runners-up, are measured so; when none wins, or no time is
+left for the measurement, the default is kept and the notes say why. A KeyboardInterrupt stops
+the search and keeps the best so far (written out, not confirmed side by side; ``interrupted``
+is set).
 
 Time budget: a trial starts only when the time left covers its expected cost plus the final
 side-by-side's. Expected costs come from the trials so far (a compile trial adds the longest
@@ -31,7 +33,7 @@ from typing import Callable
 from trainperf.config.resolve import resolve
 from trainperf.config.schema import Config
 from trainperf.errors import UserError
-from trainperf.tune import space
+from trainperf.tune import space, stats
 from trainperf.tune.fit import Estimator
 from trainperf.tune.result import Side, TrialLog, TrialRecord, TuneResult, write_outputs
 from trainperf.tune.trial import Paired, prime, run_trial, side_by_side
@@ -52,15 +54,17 @@ class Options:
     confirm: int = 3  # candidates measured side by side at most (the best, then runners-up)
     runner_up: float = 0.05  # a runner-up's trial within this fraction of the default's tokens/s
     paired: bool | None = None  # trials interleaved with the best (None: on a CPU; see trial.Paired)
-    max_rounds: int = 30  # paired final measurement: more rounds while the budget lasts
+    max_rounds: int = 60  # paired final measurement: more rounds while the budget lasts (a fixed plan, no peeking)
     trial_rounds: int = 4  # paired trials: rounds x round_steps steps of the candidate and of the best
+    trial_max_rounds: int = 16  # ... and more, up to this, while the rounds give no verdict (tune/stats.py)
     compile_prior_s: float = 60.0
     progress: bool = True
 
 
 def _error_status(exc: BaseException) -> tuple[str, str]:
-    text = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
-    oom = type(exc).__name__ == "OutOfMemoryError" or "out of memory" in str(exc).lower()
+    kind = getattr(exc, "kind", None) or type(exc).__name__  # a trial worker's error keeps its type's name
+    text = f"{kind}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
+    oom = kind == "OutOfMemoryError" or "out of memory" in str(exc).lower()
     return ("oom" if oom else "failed"), text
 
 
@@ -96,8 +100,7 @@ class _Search:
 
     def better(self, rec: TrialRecord) -> bool:
         if rec.vs_best is not None:
-            won, rounds = (int(x) for x in rec.rounds_won.split("/"))
-            return rec.vs_best > 1 + self.opts.min_gain and 2 * won > rounds
+            return rec.vs_best > 1 and rec.p_faster is not None and rec.p_faster < stats.P
         return rec.tokens_per_s > self.best.tokens_per_s * (1 + self.opts.min_gain)
 
     def slower(self, rec: TrialRecord, ref: TrialRecord) -> bool:
@@ -303,15 +306,16 @@ class _Search:
                 confirmed.append({"settings": cand.settings, "changes": cand.changed, **res, "ratio": ratio})
                 sbs = res
                 won, rounds = res.get("b_faster_rounds"), res.get("rounds")
-                if ratio > 1.0 and (won is None or 2 * won > rounds):
+                if ratio > 1.0 and ("round_ratios" not in res or stats.faster(res["round_ratios"])):
                     chosen = cand
                     break
                 notes.append(f"{space.label(cand.changed)} measured x{ratio:.3f} against the default side by side"
                              + (f", faster in {won} of {rounds} rounds" if won is not None else "")
+                             + (f" (signed-rank p = {res['p_faster']:.3f})" if res.get("p_faster") is not None else "")
                              + ": not faster, not chosen")
             if b is d:
-                notes.append(f"no candidate beat the default by the noise margin ({self.opts.min_gain:.0%}) in its "
-                             "trial: the default is kept")
+                notes.append("no candidate was faster than the default in its trial (paired: a sign test over the "
+                             f"rounds; unpaired: by the {self.opts.min_gain:.0%} noise margin): the default is kept")
             elif chosen is d and not interrupted:
                 notes.append("no candidate was faster than the default side by side: the default is kept")
         if interrupted:
@@ -349,8 +353,10 @@ class _Search:
 def _ok(settings, dim, changed, m, est) -> TrialRecord:
     rec = TrialRecord(settings, "ok", dim, changed, m.tokens_per_s, m.step_s, m.peak_memory_bytes, m.peak_memory_source,
                       est, m.first_step_s, m.elapsed_s, m.build_s, m.warm_steps)
+    rec.minor_faults_per_step = m.notes.get("minor_faults_per_step")
     if m.paired is not None:
         rec.vs_best, rec.rounds_won = m.paired["speedup"], f"{m.paired['b_faster_rounds']}/{m.paired['rounds']}"
+        rec.p_faster = m.paired["p_faster"]
     if m.peak_memory_bytes is None:
         rec.peak_memory_bytes, rec.peak_memory_source = est, "memory estimate (not measured)"
     return rec
@@ -405,10 +411,12 @@ def tune(cfg: Config, *, config_path: str | None = None, out_dir: str | Path | N
     out = Path(out_dir) if out_dir else default_dir(config_path, cfg)
     search = _Search(cfg, out, opts, facts, clock, trial_fn, sbs_fn, start)
     if trial_fn is run_trial and search.facts.device == "cpu":
-        search.prime = prime  # one-time allocations (libraries, thread pools) out of the first trial's peak RSS
-        if opts.paired is not False:
+        if opts.paired is False:
+            search.prime = prime  # one-time allocations (libraries, thread pools) out of the first trial's peak RSS
+        else:  # each trial in its own worker process: its peak RSS is its own
             search.paired = Paired(global_batch=search.global_batch, warmup=opts.warmup, rounds=opts.trial_rounds,
-                                   steps=opts.round_steps)
+                                   steps=opts.round_steps, max_rounds=opts.trial_max_rounds,
+                                   margin=opts.min_gain)
     interrupted = False
     try:
         try:

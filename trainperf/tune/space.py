@@ -8,6 +8,7 @@ the search's (:mod:`trainperf.tune.fit`), not the dimension's.
 
     precision       bf16 / tf32 / fp16 / fp32, as the device supports them
     compile         whole model / per block (regional) / off
+    host_memory     CPU: the C allocator keeps freed blocks mapped (retain) or returns them (release)
     micro_batch     divisors of the per-rank batch, largest first (global batch fixed)
     checkpointing   none, selective, ratio 0.25, ratio 0.5, full (least recompute first)
     data.loader     simple (in-process) / hybrid (workers + prefetch tiers)
@@ -27,7 +28,8 @@ from trainperf.config.schema import Config
 Settings = dict[str, Any]
 
 # The knobs the tuner reports for every candidate (its full settings), in this order.
-KEYS = ("precision.dtype", "train.micro_batch", "memory.checkpointing.mode", "memory.checkpointing.ratio",
+KEYS = ("precision.dtype", "run.host_memory", "train.micro_batch", "memory.checkpointing.mode",
+        "memory.checkpointing.ratio",
         "compile.enabled", "compile.regional", "data.loader", "data.num_workers", "data.prefetch.depth",
         "parallelism.data", "parallelism.data_shard", "parallelism.tensor", "parallelism.pipeline")
 
@@ -166,6 +168,21 @@ def compile_(cfg: Config, facts: Facts, sharded: bool) -> Dimension:
     return Dimension("compile", options, rejected)
 
 
+def host_memory(cfg: Config, facts: Facts) -> Dimension:
+    """CPU training: page faults on fresh activation memory every step (trainperf/hardware/hostmem.py)."""
+    from trainperf.hardware.hostmem import supported
+
+    key, cur = "run.host_memory", cfg.run.host_memory
+    other = "retain" if cur == "release" else "release"
+    if facts.device != "cpu":
+        return Dimension("host_memory", [], [({key: other}, f"run.device={facts.device}: the step's tensors live in "
+                                                           "device memory (PyTorch's caching allocator), not malloc's")])
+    ok, lib = supported()
+    if not ok and other == "retain":
+        return Dimension("host_memory", [], [({key: other}, f"needs glibc's mallopt; this C library is {lib}")])
+    return Dimension("host_memory", [Option({key: other})])
+
+
 def loader(cfg: Config, facts: Facts) -> Dimension:
     return Dimension("data.loader", _others(cfg.data.loader, "data.loader", ["hybrid", "simple"]))
 
@@ -235,6 +252,7 @@ def dimensions(facts: Facts) -> list[Callable[[Config, int, bool], Dimension]]:
         dims.append(lambda c, dp, sh: layouts(c, facts))
     dims += [
         lambda c, dp, sh: precision(c, facts),
+        lambda c, dp, sh: host_memory(c, facts),
         lambda c, dp, sh: compile_(c, facts, sh),
         lambda c, dp, sh: micro_batch(c, facts, dp),
         lambda c, dp, sh: checkpointing(c, facts),

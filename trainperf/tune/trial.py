@@ -15,11 +15,15 @@ bench step`` does), so that both see the same machine load. The speed-up is the 
 per-round ratios (a paired estimate: a load change between rounds hits both sides of a round
 alike); beside it the rounds ``b`` won and the ratio of the pooled medians.
 
-:class:`Paired` (what the search uses on a CPU, shared with other jobs): the default's trainer
-and the best's stay alive, and each trial is interleaved with the best's in the same way, so a
-candidate is judged by its ratio to the best measured at the same moment, not against a figure
-taken minutes earlier under another load; the final default-vs-best measurement reuses the two
-live trainers (no rebuild, no second compilation).
+:class:`Paired` (what the search uses on a CPU, shared with other jobs): each candidate trains
+in its own process (:class:`Worker`, forked from a server that imported torch once), the
+default's and the best's stay alive, and each trial is interleaved with the best's in the same
+way, so a candidate is judged by its ratio to the best measured at the same moment, not against
+a figure taken minutes earlier under another load; the final default-vs-best measurement reuses
+the two live workers (no rebuild, no second compilation). A process per candidate is what makes
+process-wide settings comparable side by side (``run.threads``, ``run.host_memory``: the C
+allocator's), gives each its own peak resident memory, and keeps a candidate that crashes or
+is killed from taking the search with it.
 """
 
 from __future__ import annotations
@@ -193,31 +197,63 @@ def _own_threads(trainer) -> None:
         torch.set_num_threads(int(trainer.cfg.run.threads))
 
 
-def interleave(ta, tb, *, rounds: int, steps: int, deadline: float | None = None, warmup: int = 0) -> dict:
-    """``rounds`` rounds of ``steps`` steps of each trainer, the order alternating; once two are
+class InProcess:
+    """A trainer of this process, stepped by :func:`interleave`."""
+
+    def __init__(self, trainer):
+        self.trainer, self.tokens_per_step = trainer, trainer.tokens_per_step
+        self.faults = 0
+
+    def steps(self, k: int) -> list[float]:
+        _own_threads(self.trainer)
+        f0 = _minor_faults()
+        out = [self.trainer.train_step().step_time for _ in range(k)]
+        self.faults += _minor_faults() - f0
+        return out
+
+
+def _minor_faults() -> int:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def interleave(ta, tb, *, rounds: int, steps: int, deadline: float | None = None, warmup: int = 0,
+               margin: float | None = None, max_rounds: int | None = None) -> dict:
+    """``rounds`` rounds of ``steps`` steps of each side (a trainer of this process, or anything with
+    ``steps(k)`` and ``tokens_per_step``: a :class:`Worker`), the order alternating; once two are
     done, no round starts that would end (as long as the last one took) past ``deadline``
-    (``time.monotonic()``)."""
-    trainers = {"a": ta, "b": tb}
+    (``time.monotonic()``). With a ``margin``: while the per-round ratios give no verdict after
+    ``rounds`` rounds (:func:`trainperf.tune.stats.verdict`), more rounds follow, up to
+    ``max_rounds``."""
+    from trainperf.tune.stats import p_faster, verdict
+
+    sides = {n: (t if hasattr(t, "steps") else InProcess(t)) for n, t in (("a", ta), ("b", tb))}
+    faults0 = {n: s.faults for n, s in sides.items()}
     times: dict[str, list[float]] = {"a": [], "b": []}
     done, last = 0, 0.0
-    for r in range(rounds):
+    limit = max(rounds, max_rounds or 0) if margin is not None else rounds
+    per_round: list[float] = []
+    for r in range(limit):
+        if r >= rounds and verdict(per_round, margin) is not None:
+            break  # decided
         if deadline is not None and r >= 2 and time.monotonic() + last > deadline:
             break  # the next round would end past the deadline
         t0 = time.monotonic()
         for name in (("a", "b") if r % 2 == 0 else ("b", "a")):
-            _own_threads(trainers[name])
-            for _ in range(steps):
-                times[name].append(trainers[name].train_step().step_time)
+            times[name] += sides[name].steps(steps)
         done, last = done + 1, time.monotonic() - t0
-    tokens = ta.tokens_per_step
+        per_round.append(statistics.median(times["a"][r * steps:(r + 1) * steps])
+                         / statistics.median(times["b"][r * steps:(r + 1) * steps]))
+    tokens = sides["a"].tokens_per_step
+    faults = {n: (sides[n].faults - faults0[n]) / max(1, len(times[n])) for n in sides}
     med = {n: statistics.median(t) for n, t in times.items()}
-    per_round = [statistics.median(times["a"][r * steps:(r + 1) * steps])
-                 / statistics.median(times["b"][r * steps:(r + 1) * steps]) for r in range(done)]
     return {"a_tokens_per_s": tokens / med["a"], "b_tokens_per_s": tokens / med["b"],
-            "speedup": statistics.median(per_round), "ratio_of_medians": med["a"] / med["b"],
+            "speedup": statistics.median(per_round) if per_round else float("nan"), "ratio_of_medians": med["a"] / med["b"],
             "a_step_s": med["a"], "b_step_s": med["b"],
             "b_faster_rounds": sum(x > 1 for x in per_round), "rounds": done, "rounds_planned": rounds,
-            "round_ratios": per_round,
+            "round_ratios": per_round, "p_faster": p_faster(per_round),
+            "a_minor_faults_per_step": faults["a"], "b_minor_faults_per_step": faults["b"],
             "method": f"median over {done} interleaved rounds (order alternating) of the round's step-time ratio "
                       f"default / candidate, {steps} step(s) of each per round, after the first step and {warmup} or "
                       "more warm-up steps (until two agree within 25%); tokens/s: tokens / median step time"}
@@ -238,33 +274,157 @@ def side_by_side(a: Config, b: Config, *, global_batch: int, rounds: int = 4, st
         trainers.clear()
 
 
-class Paired:
-    """Trials interleaved with the best so far (see the module doc). ``run`` leaves the candidate's
-    trainer pending until :meth:`adopt` keeps or releases it; :meth:`close` releases everything."""
+# ------------------------------------------------------------------ a candidate in its own process
+_CONTEXT = None
 
-    def __init__(self, *, global_batch: int, warmup: int, rounds: int, steps: int):
+
+def _context():
+    """The forkserver context: the server imports torch and the trainer once; each worker is a
+    fork of it (milliseconds, not the seconds of a fresh interpreter), with no OpenMP or CUDA
+    state to inherit (the server never runs a torch op)."""
+    global _CONTEXT
+    if _CONTEXT is None:
+        import multiprocessing as mp
+
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(["torch", "trainperf.train.build", "trainperf.tune.trial"])
+        _CONTEXT = ctx
+    return _CONTEXT
+
+
+class WorkerError(RuntimeError):
+    """A candidate's worker raised ``kind`` (the exception's type name, kept so that an
+    out-of-memory error is still classified as one) or died."""
+
+    def __init__(self, kind: str, message: str):
+        super().__init__(message)
+        self.kind = kind
+
+
+def _worker_main(conn, cfg_data: dict, global_batch: int, warmup: int) -> None:
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and closes its workers
+    from trainperf.config.load import build_config
+
+    try:
+        trainer, m = prepare(build_config(cfg_data, source="tune worker"), global_batch=global_batch, warmup=warmup)
+        conn.send(("ok", (m, trainer.tokens_per_step)))
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent, which records the candidate's failure
+        conn.send(("error", (type(exc).__name__, str(exc).splitlines()[0][:500] if str(exc) else "")))
+        return
+    try:
+        while True:
+            try:
+                msg = conn.recv()
+            except EOFError:
+                return
+            if msg[0] != "steps":
+                return
+            try:
+                f0 = _minor_faults()
+                times = [trainer.train_step().step_time for _ in range(msg[1])]
+                conn.send(("ok", (times, _minor_faults() - f0)))
+            except BaseException as exc:  # noqa: BLE001
+                conn.send(("error", (type(exc).__name__, str(exc).splitlines()[0][:500] if str(exc) else "")))
+                return
+    finally:
+        release(trainer)  # the loader's threads, worker processes and shared memory
+
+
+class Worker:
+    """One candidate's trainer in its own process: built, first step and warm-up on start
+    (``measured``: a :class:`Measured` without step figures, its peak memory the process's own),
+    then ``steps(k)`` on request. Errors in the worker raise :class:`WorkerError` here."""
+
+    def __init__(self, cfg: Config, *, global_batch: int, warmup: int):
+        ctx = _context()
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_worker_main, args=(child, cfg.model_dump(mode="json"), global_batch, warmup),
+                                daemon=False, name="trainperf-tune-trial")  # not daemonic: a loader
+        # of the candidate may start its own workers; the worker exits when this end of the pipe closes
+        self.faults = 0
+        self.proc.start()
+        child.close()
+        try:
+            self.measured, self.tokens_per_step = self._recv()
+        except BaseException:
+            self.close()
+            raise
+
+    def _recv(self):
+        try:
+            status, payload = self.conn.recv()
+        except (EOFError, OSError):
+            self.proc.join(5)
+            code = self.proc.exitcode
+            why = (f"killed by signal {-code}" + (" (SIGKILL: perhaps the kernel's out-of-memory killer)"
+                                                   if code == -9 else "")) if code is not None and code < 0 \
+                else f"exit code {code}"
+            raise WorkerError("WorkerDied", f"the trial's process ended without an answer ({why})") from None
+        if status == "error":
+            raise WorkerError(*payload)
+        return payload
+
+    def steps(self, k: int) -> list[float]:
+        self.conn.send(("steps", k))
+        times, faults = self._recv()
+        self.faults += faults
+        return times
+
+    def close(self) -> None:
+        if self.proc.is_alive():
+            try:
+                self.conn.send(("exit",))
+            except (OSError, ValueError):
+                pass
+            self.proc.join(10)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join(5)
+        self.conn.close()
+
+
+class Paired:
+    """Trials interleaved with the best so far, each in its own :class:`Worker` (see the module
+    doc). ``run`` leaves the candidate's worker pending until :meth:`adopt` keeps or closes it;
+    :meth:`close` closes everything."""
+
+    def __init__(self, *, global_batch: int, warmup: int, rounds: int, steps: int,
+                 margin: float | None = None, max_rounds: int | None = None):
         self.global_batch, self.warmup, self.rounds, self.steps = global_batch, warmup, rounds, steps
+        self.margin, self.max_rounds = margin, max_rounds  # see interleave()
         self.default = self.best = self.pending = None
 
-    def run_default(self, cfg: Config, *, steps: int) -> Measured:
+    def _start(self, cfg: Config) -> tuple[Worker, Measured, float]:
         t0 = time.perf_counter()
-        trainer, m = prepare(cfg, global_batch=self.global_batch, warmup=self.warmup)
-        self.default = self.best = trainer
-        m.step_s = statistics.median(trainer.train_step().step_time for _ in range(steps))
-        m.tokens_per_s, m.elapsed_s = trainer.tokens_per_step / m.step_s, time.perf_counter() - t0
+        w = Worker(cfg, global_batch=self.global_batch, warmup=self.warmup)
+        return w, w.measured, t0
+
+    def run_default(self, cfg: Config, *, steps: int) -> Measured:
+        w, m, t0 = self._start(cfg)
+        self.default = self.best = w
+        try:
+            times = w.steps(steps)
+        except BaseException:
+            self.close()
+            raise
+        m.step_s = statistics.median(times)
+        m.tokens_per_s, m.elapsed_s = w.tokens_per_step / m.step_s, time.perf_counter() - t0
+        m.notes["minor_faults_per_step"] = w.faults / max(1, len(times))
         return m
 
     def run(self, cfg: Config, *, deadline: float | None = None) -> Measured:
-        t0 = time.perf_counter()
-        trainer, m = prepare(cfg, global_batch=self.global_batch, warmup=self.warmup)
+        w, m, t0 = self._start(cfg)
         try:
-            res = interleave(self.best, trainer, rounds=self.rounds, steps=self.steps, deadline=deadline,
-                             warmup=self.warmup)
+            res = interleave(self.best, w, rounds=self.rounds, steps=self.steps, deadline=deadline,
+                             warmup=self.warmup, margin=self.margin, max_rounds=self.max_rounds)
         except BaseException:
-            release(trainer)
+            w.close()
             raise
-        self.pending = trainer
+        self.pending = w
         m.step_s, m.tokens_per_s, m.paired = res["b_step_s"], res["b_tokens_per_s"], res
+        m.notes["minor_faults_per_step"] = res["b_minor_faults_per_step"]
         m.elapsed_s = time.perf_counter() - t0
         return m
 
@@ -273,10 +433,10 @@ class Paired:
             return
         if keep:
             if self.best is not self.default:
-                release(self.best)
+                self.best.close()
             self.best = self.pending
         else:
-            release(self.pending)
+            self.pending.close()
         self.pending = None
 
     def final(self, *, rounds: int, steps: int, deadline: float | None = None) -> dict:
@@ -284,6 +444,6 @@ class Paired:
         return interleave(self.default, self.best, rounds=rounds, steps=steps, deadline=deadline, warmup=self.warmup)
 
     def close(self) -> None:
-        for t in {id(t): t for t in (self.pending, self.best, self.default) if t is not None}.values():
-            release(t)
+        for w in {id(w): w for w in (self.pending, self.best, self.default) if w is not None}.values():
+            w.close()
         self.default = self.best = self.pending = None
