@@ -266,40 +266,55 @@ def test_a_trial_in_its_own_process_reports_its_errors_and_its_death():
 
 
 HOST_MEMORY_PROBE = """
-import json, resource, sys
-from trainperf.config import load_config
-from trainperf.config.resolve import resolve
-from trainperf.train.build import build_trainer
-cfg = load_config(None, sys.argv[1:])
-t = build_trainer(resolve(cfg, world_size=1), verbose=False)
-for _ in range(3):
-    t.train_step()
-f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-for _ in range(5):
-    t.train_step()
-print(json.dumps({"faults": (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0) / 5,
-                  "note": t.notes.get("run.host_memory")}))
+import ctypes, json, resource, sys
+from trainperf.hardware import hostmem
+note = hostmem.apply(sys.argv[1])
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+faults, n = [], 64 << 20  # above glibc's largest dynamic mmap threshold (32 MiB)
+for _ in range(4):
+    f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    p = libc.malloc(n)
+    libc.memset(p, 1, n)
+    libc.free(p)
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
+print(json.dumps({"faults": faults, "note": note}))
 """
 
 
 @pytest.mark.skipif(not __import__("trainperf.hardware.hostmem", fromlist=["x"]).supported()[0], reason="needs glibc")
-def test_host_memory_retain_takes_the_page_faults_out_of_the_step(tmp_path):
-    """run.host_memory=retain in a fresh process: a step whose activations are MiB large stops
-    taking fresh pages from the kernel (minor faults per step, counted by getrusage)."""
+def test_host_memory_retain_reuses_freed_pages(tmp_path):
+    """run.host_memory=retain in a fresh process sets the C allocator as it says: a 64 MiB block
+    written, freed and allocated again reuses the pages already mapped, where glibc's default maps
+    (and the kernel zero-fills) them afresh every time (minor page faults counted by getrusage;
+    64 MiB = 16,384 pages of 4 KiB). How much this buys a training step depends on its allocation
+    pattern (PyTorch's 64-byte-aligned blocks reach a steady heap only after some steps), so that
+    is not asserted here: `trainperf tune` measures it side by side (BENCHMARKS.md)."""
     import subprocess
     import sys
 
-    shape = BASE + ["model.n_embd=128", "model.n_head=4", "model.block_size=128", "train.global_batch=16",
-                    "train.micro_batch=16", "run.threads=1"]
     out = {}
     for mode in ("release", "retain"):
-        r = subprocess.run([sys.executable, "-c", HOST_MEMORY_PROBE, *shape, f"run.host_memory={mode}"],
-                           capture_output=True, text=True, timeout=300)
+        r = subprocess.run([sys.executable, "-c", HOST_MEMORY_PROBE, mode], capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, r.stderr[-2000:]
         out[mode] = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["release"]["note"] is None and "mallopt" in out["retain"]["note"]
-    assert out["release"]["faults"] > 500, out  # glibc's default maps the step's large blocks afresh
-    assert out["retain"]["faults"] < 0.2 * out["release"]["faults"], out
+    pages = (64 << 20) // 4096
+    assert all(f > pages // 2 for f in out["release"]["faults"]), out  # every time afresh
+    assert out["retain"]["faults"][0] > pages // 2, out  # the first time the heap grows ...
+    assert all(f < pages // 20 for f in out["retain"]["faults"][1:]), out  # ... then its pages are reused
+
+
+def test_host_memory_retain_is_refused_where_it_cannot_apply(monkeypatch):
+    from trainperf.errors import ConfigError
+    from trainperf.hardware import hostmem
+
+    monkeypatch.setattr(hostmem.platform, "libc_ver", lambda: ("musl", "1.2"))
+    with pytest.raises(ConfigError, match="run.host_memory=release"):
+        resolve(load_config(None, BASE + ["run.host_memory=retain"]), world_size=1)
+    assert hostmem.apply("release") is None  # the default asks nothing of the C library
 
 
 def test_host_memory_is_searched_on_a_cpu_only():

@@ -19,6 +19,9 @@ def register(subparsers) -> None:
     p.add_argument("--out", default=None, metavar="DIR", help="tune directory (default runs/tune-<config name>)")
     p.add_argument("--steps", type=int, default=5, help="timed steps per trial (default 5)")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps per trial after the first (default 2)")
+    p.add_argument("--nproc-per-node", type=int, default=1, metavar="N", dest="nproc",
+                   help="ranks per trial on this machine, launched as torchrun would (gloo on a CPU, NCCL on CUDA); "
+                        "adds the planner's best layouts for N ranks to the search (default 1)")
     add_json_flag(p)
     p.set_defaults(func=run)
 
@@ -43,7 +46,7 @@ def run(args) -> int:
     if args.steps < 1 or args.warmup < 0:
         raise UserError(f"--steps={args.steps} must be >= 1 and --warmup={args.warmup} >= 0")
     cfg = load_config(args.config, args.overrides)
-    opts = Options(budget_s=args.budget_min * 60, steps=args.steps, warmup=args.warmup,
+    opts = Options(budget_s=args.budget_min * 60, steps=args.steps, warmup=args.warmup, nproc=args.nproc,
                    progress=not args.json and sys.stderr.isatty())
     res = tune(cfg, config_path=args.config, out_dir=args.out, options=opts, doctor=_doctor)
     if args.json:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Callable
 
@@ -36,7 +37,7 @@ from trainperf.errors import UserError
 from trainperf.tune import space, stats
 from trainperf.tune.fit import Estimator
 from trainperf.tune.result import Side, TrialLog, TrialRecord, TuneResult, write_outputs
-from trainperf.tune.trial import Paired, prime, run_trial, side_by_side
+from trainperf.tune.trial import Paired, group_side_by_side, prime, run_group_trial, run_trial, side_by_side
 
 
 WRITE_S = 2.0  # kept back from the budget for writing the results
@@ -58,6 +59,7 @@ class Options:
     trial_rounds: int = 4  # paired trials: rounds x round_steps steps of the candidate and of the best
     trial_max_rounds: int = 16  # ... and more, up to this, while the rounds give no verdict (tune/stats.py)
     compile_prior_s: float = 60.0
+    nproc: int = 1  # ranks per trial on this machine (--nproc-per-node): each trial is a group launched as torchrun would
     progress: bool = True
 
 
@@ -76,9 +78,10 @@ class _Search:
         self.out_dir = out_dir
         self.log = TrialLog(out_dir / "trials.jsonl")
         self.estimate = Estimator()
+        self.nproc = opts.nproc
         default = self.resolved({})
         self.global_batch = default.train.global_batch
-        self.facts = facts or space.Facts.probe(default.run.device, 1)
+        self.facts = facts or space.Facts.probe(default.run.device, self.nproc)
         self.default_settings = space.settings_of(default)
         self.trials: list[TrialRecord] = []
         self.tried: set[str] = set()
@@ -92,7 +95,17 @@ class _Search:
     def resolved(self, settings: space.Settings) -> Config:
         """The candidate as it trains (resolved), run in the tune directory, without a progress bar."""
         cfg = space.apply(self.user, {**settings, "run.progress": False, "run.dir": str(self.out_dir / "trial")})
-        return resolve(cfg, world_size=1).cfg
+        return resolve(cfg, self.device_facts(), world_size=self.nproc).cfg
+
+    def device_facts(self):
+        """This machine, with ``nproc`` ranks on it (threads and loader workers are shared among them)."""
+        from dataclasses import replace
+
+        from trainperf.config.resolve import DeviceFacts
+
+        if not hasattr(self, "_device_facts"):
+            self._device_facts = replace(DeviceFacts.probe(), local_ranks=self.nproc)
+        return self._device_facts
 
     def deadline_monotonic(self) -> float:
         """The budget's end on ``time.monotonic`` (the clock the side-by-side reads)."""
@@ -211,7 +224,7 @@ class _Search:
                 self.best = self.default
             for build in space.dimensions(self.facts):
                 current = self.resolved(self.best.settings if self.best else self.default_settings)
-                dims = _dims_of(current)
+                dims = _dims_of(current, self.nproc)
                 self.dimension(build(current, dims.dp_replicate * dims.dp_shard, _sharded(dims)))
         finally:
             self.bar.close()
@@ -282,8 +295,9 @@ class _Search:
         elif not interrupted:
             chosen = d
             for cand in (self.confirm_order() if b is not d else []):
+                vs_default = {k: v for k, v in cand.settings.items() if self.default_settings.get(k) != v}
                 if self.left() < self.final_cost(cand):
-                    notes.append(f"no time left to measure {space.label(cand.changed)} side by side "
+                    notes.append(f"no time left to measure {space.label(vs_default)} side by side "
                                  f"({self.left():.0f} s left, {self.final_cost(cand):.0f} s needed)")
                     break
                 try:
@@ -300,16 +314,16 @@ class _Search:
                     interrupted = True
                     break
                 except Exception as exc:  # noqa: BLE001 - a candidate that fails here is not chosen
-                    notes.append(f"{space.label(cand.changed)} failed side by side: {_error_status(exc)[1]}")
+                    notes.append(f"{space.label(vs_default)} failed side by side: {_error_status(exc)[1]}")
                     continue
                 ratio = res["speedup"]  # the median of the paired per-round ratios
-                confirmed.append({"settings": cand.settings, "changes": cand.changed, **res, "ratio": ratio})
+                confirmed.append({"settings": cand.settings, "changes": vs_default, **res, "ratio": ratio})
                 sbs = res
                 won, rounds = res.get("b_faster_rounds"), res.get("rounds")
                 if ratio > 1.0 and ("round_ratios" not in res or stats.faster(res["round_ratios"])):
                     chosen = cand
                     break
-                notes.append(f"{space.label(cand.changed)} measured x{ratio:.3f} against the default side by side"
+                notes.append(f"{space.label(vs_default)} measured x{ratio:.3f} against the default side by side"
                              + (f", faster in {won} of {rounds} rounds" if won is not None else "")
                              + (f" (signed-rank p = {res['p_faster']:.3f})" if res.get("p_faster") is not None else "")
                              + ": not faster, not chosen")
@@ -362,10 +376,10 @@ def _ok(settings, dim, changed, m, est) -> TrialRecord:
     return rec
 
 
-def _dims_of(cfg: Config):
+def _dims_of(cfg: Config, world_size: int = 1):
     from trainperf.distributed.parallel_dims import ParallelDims
 
-    return ParallelDims.from_config(cfg, 1)
+    return ParallelDims.from_config(cfg, world_size)
 
 
 def _sharded(dims) -> bool:
@@ -400,23 +414,30 @@ def tune(cfg: Config, *, config_path: str | None = None, out_dir: str | Path | N
     from trainperf.config.resolve import world_size_from_env
 
     if world_size_from_env() > 1:
-        raise UserError("trainperf tune runs its trials in one process; run it without torchrun "
-                        "(WORLD_SIZE is set): measured layout trials across ranks are not supported yet")
+        raise UserError("trainperf tune launches the ranks of each trial itself: run it without torchrun "
+                        "(WORLD_SIZE is set), with --nproc-per-node N for N ranks per trial")
     start = clock()
     opts = options or Options()
     if opts.budget_s <= 0:
         raise UserError(f"--budget-min must be positive (got {opts.budget_s / 60:g} minutes)")
+    if opts.nproc < 1:
+        raise UserError(f"--nproc-per-node must be >= 1 (got {opts.nproc})")
     if callable(doctor):  # computed once the arguments are known good (probing the machine takes seconds)
         doctor = doctor()
     out = Path(out_dir) if out_dir else default_dir(config_path, cfg)
     search = _Search(cfg, out, opts, facts, clock, trial_fn, sbs_fn, start)
-    if trial_fn is run_trial and search.facts.device == "cpu":
+    real = trial_fn is run_trial  # not a test's injected runner
+    if real and opts.nproc > 1:  # a group of ranks per trial (unpaired, the CUDA path: one group at a time)
+        search.trial_fn = partial(run_group_trial, nproc=opts.nproc)
+        search.sbs_fn = partial(group_side_by_side, nproc=opts.nproc)
+    if real and search.facts.device == "cpu":
         if opts.paired is False:
-            search.prime = prime  # one-time allocations (libraries, thread pools) out of the first trial's peak RSS
-        else:  # each trial in its own worker process: its peak RSS is its own
+            if opts.nproc == 1:
+                search.prime = prime  # one-time allocations (libraries, thread pools) out of the first trial's peak RSS
+        else:  # each trial in its own worker process (or group): its peak RSS is its own
             search.paired = Paired(global_batch=search.global_batch, warmup=opts.warmup, rounds=opts.trial_rounds,
                                    steps=opts.round_steps, max_rounds=opts.trial_max_rounds,
-                                   margin=opts.min_gain)
+                                   margin=opts.min_gain, nproc=opts.nproc)
     interrupted = False
     try:
         try:

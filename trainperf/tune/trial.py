@@ -38,6 +38,7 @@ from trainperf.config.schema import Config
 from trainperf.errors import ConfigError
 
 
+GROUP_TIMEOUT_S = 150.0  # a trial's collectives (a compile step included) end within this, or the group is stopped
 EXTRA_WARMUP = 8  # warm-up steps beyond the asked ones while step times still move
 
 
@@ -96,11 +97,15 @@ class PeakMemory:
 
 
 def build(cfg: Config):
-    """The ordinary trainer for ``cfg`` (one process)."""
+    """The ordinary trainer for ``cfg``: one process, or this rank of a group (RANK / WORLD_SIZE in
+    the environment, the process group initialized: see :func:`_worker_main`)."""
     from trainperf.config.resolve import resolve
+    from trainperf.distributed.init import env_world
     from trainperf.train.build import build_trainer
 
-    return build_trainer(resolve(cfg), verbose=False)
+    env = env_world()
+    return build_trainer(resolve(cfg, world_size=env.world_size), verbose=False, rank=env.rank,
+                         local_rank=env.local_rank)
 
 
 def release(trainer) -> None:
@@ -149,10 +154,24 @@ def warm_up(trainer, at_least: int, at_most: int) -> int:
     prev = None
     for i in range(at_most):
         t = trainer.train_step().step_time
-        if i + 1 >= at_least and prev is not None and max(t, prev) <= 1.25 * min(t, prev):
+        settled = i + 1 >= at_least and prev is not None and max(t, prev) <= 1.25 * min(t, prev)
+        if _all_ranks(settled, trainer.device):  # a group's ranks stop together: an extra step on one would hang
             return i + 1
         prev = t
     return at_most
+
+
+def _all_ranks(flag: bool, device) -> bool:
+    """``flag`` on every rank of the process group (this process alone when there is none); the
+    vote travels on the trainer's device (NCCL needs CUDA tensors, gloo takes CPU ones)."""
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return flag
+    t = torch.tensor([int(flag)], dtype=torch.int32, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return bool(t.item())
 
 
 def prepare(cfg: Config, *, global_batch: int, warmup: int):
@@ -301,14 +320,22 @@ class WorkerError(RuntimeError):
         self.kind = kind
 
 
-def _worker_main(conn, cfg_data: dict, global_batch: int, warmup: int) -> None:
+def _worker_main(conn, cfg_data: dict, global_batch: int, warmup: int, env: dict | None = None) -> None:
+    import os
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and closes its workers
+    os.environ.update(env or {})  # a rank of a group: RANK, WORLD_SIZE, MASTER_ADDR/PORT, as torchrun sets them
     from trainperf.config.load import build_config
 
     try:
-        trainer, m = prepare(build_config(cfg_data, source="tune worker"), global_batch=global_batch, warmup=warmup)
+        cfg = build_config(cfg_data, source="tune worker")
+        if env:
+            from trainperf.distributed.init import init_distributed
+
+            init_distributed(backend=cfg.distributed.backend, device_type=cfg.run.device,
+                             timeout_s=min(float(cfg.distributed.timeout_s), GROUP_TIMEOUT_S), flight_recorder=False)
+        trainer, m = prepare(cfg, global_batch=global_batch, warmup=warmup)
         conn.send(("ok", (m, trainer.tokens_per_step)))
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, which records the candidate's failure
         conn.send(("error", (type(exc).__name__, str(exc).splitlines()[0][:500] if str(exc) else "")))
@@ -330,6 +357,8 @@ def _worker_main(conn, cfg_data: dict, global_batch: int, warmup: int) -> None:
                 return
     finally:
         release(trainer)  # the loader's threads, worker processes and shared memory
+        if env:  # a rank: end here, without a process-group teardown that could wait on a peer gone first
+            os._exit(0)
 
 
 class Worker:
@@ -337,20 +366,25 @@ class Worker:
     (``measured``: a :class:`Measured` without step figures, its peak memory the process's own),
     then ``steps(k)`` on request. Errors in the worker raise :class:`WorkerError` here."""
 
-    def __init__(self, cfg: Config, *, global_batch: int, warmup: int):
+    def __init__(self, cfg: Config, *, global_batch: int, warmup: int, env: dict | None = None, wait: bool = True):
         ctx = _context()
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_worker_main, args=(child, cfg.model_dump(mode="json"), global_batch, warmup),
+        self.proc = ctx.Process(target=_worker_main,
+                                args=(child, cfg.model_dump(mode="json"), global_batch, warmup, env),
                                 daemon=False, name="trainperf-tune-trial")  # not daemonic: a loader
         # of the candidate may start its own workers; the worker exits when this end of the pipe closes
         self.faults = 0
         self.proc.start()
         child.close()
-        try:
-            self.measured, self.tokens_per_step = self._recv()
-        except BaseException:
-            self.close()
-            raise
+        if wait:
+            try:
+                self.started(self._recv())
+            except BaseException:
+                self.close()
+                raise
+
+    def started(self, answer) -> None:
+        self.measured, self.tokens_per_step = answer
 
     def _recv(self):
         try:
@@ -372,6 +406,12 @@ class Worker:
         self.faults += faults
         return times
 
+    def kill(self) -> None:
+        if self.proc.is_alive():
+            self.proc.kill()
+        self.proc.join(5)
+        self.conn.close()
+
     def close(self) -> None:
         if self.proc.is_alive():
             try:
@@ -385,20 +425,135 @@ class Worker:
         self.conn.close()
 
 
+class WorkerGroup:
+    """A candidate on ``nproc`` ranks of this machine, each a :class:`Worker` launched the way torchrun
+    would launch it (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT; gloo on a CPU, NCCL on CUDA).
+    The ranks step together; a step's time is the slowest rank's (they meet in every collective),
+    its peak memory the largest rank's. One rank's error or death ends the whole group (the
+    others are killed, not left waiting in a collective), and a group that answers nothing within
+    ``timeout_s`` is killed and reported."""
+
+    def __init__(self, cfg: Config, *, global_batch: int, warmup: int, nproc: int, timeout_s: float | None = None):
+        from trainperf.distributed.harness import free_port
+
+        self.timeout_s = timeout_s or GROUP_TIMEOUT_S + 30
+        port = str(free_port())
+        self.workers: list[Worker] = []
+        try:
+            for r in range(nproc):
+                env = {"RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": str(nproc), "LOCAL_WORLD_SIZE": str(nproc),
+                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
+                self.workers.append(Worker(cfg, global_batch=global_batch, warmup=warmup, env=env, wait=False))
+            answers = self._recv_all()
+        except BaseException:
+            self.close()
+            raise
+        for w, a in zip(self.workers, answers):
+            w.started(a)
+        ms = [w.measured for w in self.workers]
+        self.measured = ms[0]
+        self.measured.first_step_s = max(m.first_step_s for m in ms)
+        self.measured.build_s = max(m.build_s for m in ms)
+        peaks = [m.peak_memory_bytes for m in ms]
+        self.measured.peak_memory_bytes = None if None in peaks else max(peaks)
+        self.measured.peak_memory_source += f" (the largest of {nproc} ranks)"
+        self.tokens_per_step = self.workers[0].tokens_per_step
+        self.faults = 0
+        self.proc = self.workers[0].proc
+
+    def _recv_all(self) -> list:
+        from multiprocessing.connection import wait
+
+        answers: dict[int, object] = {}
+        pending = {w.conn: i for i, w in enumerate(self.workers)}
+        deadline = time.monotonic() + self.timeout_s
+        while pending:
+            ready = wait(list(pending), timeout=max(0.0, deadline - time.monotonic()))
+            if not ready:
+                late = sorted(pending.values())
+                self.kill()
+                raise WorkerError("Timeout", f"rank(s) {late} answered nothing in {self.timeout_s:.0f} s: the group "
+                                             "was stopped")
+            for conn in ready:
+                i = pending.pop(conn)
+                try:
+                    answers[i] = self.workers[i]._recv()
+                except WorkerError as exc:
+                    self.kill()  # the other ranks may wait in a collective for this one: no orderly exit
+                    raise WorkerError(exc.kind, f"rank {i}: {exc}") from None
+        return [answers[i] for i in range(len(self.workers))]
+
+    def steps(self, k: int) -> list[float]:
+        for w in self.workers:
+            w.conn.send(("steps", k))
+        answers = self._recv_all()
+        times = [max(per_rank) for per_rank in zip(*(a[0] for a in answers))]
+        self.faults += max(a[1] for a in answers)
+        return times
+
+    def kill(self) -> None:
+        for w in self.workers:
+            w.kill()
+
+    def close(self) -> None:
+        for w in self.workers:
+            try:
+                if w.proc.is_alive():
+                    w.conn.send(("exit",))
+            except (OSError, ValueError):
+                pass
+        for w in self.workers:
+            w.close()
+
+
+def start(cfg: Config, *, global_batch: int, warmup: int, nproc: int = 1):
+    """A candidate started in its own process(es): a :class:`Worker`, or a :class:`WorkerGroup`."""
+    if nproc > 1:
+        return WorkerGroup(cfg, global_batch=global_batch, warmup=warmup, nproc=nproc)
+    return Worker(cfg, global_batch=global_batch, warmup=warmup)
+
+
+def run_group_trial(cfg: Config, *, global_batch: int, warmup: int = 2, steps: int = 5, nproc: int = 2) -> Measured:
+    """:func:`run_trial` for ``nproc`` ranks (the unpaired path: one group at a time)."""
+    t0 = time.perf_counter()
+    g = WorkerGroup(cfg, global_batch=global_batch, warmup=warmup, nproc=nproc)
+    try:
+        m = g.measured
+        m.step_s = statistics.median(g.steps(steps))
+        m.tokens_per_s, m.elapsed_s = g.tokens_per_step / m.step_s, time.perf_counter() - t0
+        return m
+    finally:
+        g.close()
+
+
+def group_side_by_side(a: Config, b: Config, *, global_batch: int, rounds: int = 4, steps: int = 3,
+                       warmup: int = 2, deadline: float | None = None, nproc: int = 2) -> dict:
+    """:func:`side_by_side` for ``nproc`` ranks: both groups live, interleaved."""
+    groups = []
+    try:
+        for cfg in (a, b):
+            groups.append(WorkerGroup(cfg, global_batch=global_batch, warmup=warmup, nproc=nproc))
+        return interleave(groups[0], groups[1], rounds=rounds, steps=steps, deadline=deadline, warmup=warmup)
+    finally:
+        for g in groups:
+            g.close()
+
+
 class Paired:
     """Trials interleaved with the best so far, each in its own :class:`Worker` (see the module
     doc). ``run`` leaves the candidate's worker pending until :meth:`adopt` keeps or closes it;
     :meth:`close` closes everything."""
 
     def __init__(self, *, global_batch: int, warmup: int, rounds: int, steps: int,
-                 margin: float | None = None, max_rounds: int | None = None):
+                 margin: float | None = None, max_rounds: int | None = None, nproc: int = 1):
         self.global_batch, self.warmup, self.rounds, self.steps = global_batch, warmup, rounds, steps
+        self.nproc = nproc
         self.margin, self.max_rounds = margin, max_rounds  # see interleave()
         self.default = self.best = self.pending = None
 
     def _start(self, cfg: Config) -> tuple[Worker, Measured, float]:
         t0 = time.perf_counter()
-        w = Worker(cfg, global_batch=self.global_batch, warmup=self.warmup)
+        w = start(cfg, global_batch=self.global_batch, warmup=self.warmup, nproc=self.nproc)
         return w, w.measured, t0
 
     def run_default(self, cfg: Config, *, steps: int) -> Measured:
