@@ -21,6 +21,7 @@ from trainperf.tune.search import Options, _error_status, tune
 from trainperf.tune.trial import Measured
 
 BASE = TINY + ["data.source=synthetic", "monitor.jsonl=false"]
+REPO = __import__("pathlib").Path(__file__).resolve().parents[2]
 CPU = space.Facts("cpu", bf16=False, cpus=2)
 
 
@@ -373,3 +374,25 @@ def test_a_close_paired_trial_takes_more_rounds_and_a_clear_one_stops():
     # clearly slower: stops at the rounds asked
     slow = interleave(Side([1.0] * 99), Side([1.2] * 99), rounds=4, steps=1, margin=0.02, max_rounds=12)
     assert slow["rounds"] == 4 and slow["speedup"] < 0.9
+
+
+def test_a_users_script_without_a_main_guard_starts_workers_once(tmp_path):
+    """tune()'s workers never re-import the caller's main module (multiprocessing would, and a script
+    without an ``if __name__ == "__main__"`` guard would then run again in every worker)."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "mine.py"
+    script.write_text(
+        "from trainperf.config import load_config\n"
+        "from trainperf.config.resolve import resolve\n"
+        "from trainperf.tune.trial import Worker\n"
+        f"cfg = resolve(load_config(None, {BASE!r}), world_size=1).cfg\n"
+        "print('script body ran', flush=True)\n"
+        "w = Worker(cfg, global_batch=cfg.train.global_batch, warmup=1)\n"
+        "print('steps', len(w.steps(2)), flush=True)\n"
+        "w.close()\n")
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=180,
+                       cwd=str(tmp_path), env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.count("script body ran") == 1 and "steps 2" in r.stdout, r.stdout

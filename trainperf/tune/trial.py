@@ -28,6 +28,7 @@ is killed from taking the search with it.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import statistics
 import time
@@ -311,6 +312,23 @@ def _context():
     return _CONTEXT
 
 
+@contextlib.contextmanager
+def _without_main():
+    """While a worker starts: the parent's ``__main__`` out of sight. The workers' code lives in
+    trainperf, and multiprocessing would otherwise import the parent's main module again in the
+    server and the workers (a user's script calling ``tune()`` without an ``if __name__ ==
+    "__main__"`` guard would run again there)."""
+    import sys
+    import types
+
+    saved = sys.modules["__main__"]
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        sys.modules["__main__"] = saved
+
+
 class WorkerError(RuntimeError):
     """A candidate's worker raised ``kind`` (the exception's type name, kept so that an
     out-of-memory error is still classified as one) or died."""
@@ -374,7 +392,8 @@ class Worker:
                                 daemon=False, name="trainperf-tune-trial")  # not daemonic: a loader
         # of the candidate may start its own workers; the worker exits when this end of the pipe closes
         self.faults = 0
-        self.proc.start()
+        with _without_main():
+            self.proc.start()
         child.close()
         if wait:
             try:
