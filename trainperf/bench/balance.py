@@ -86,10 +86,6 @@ def run_bench(args) -> dict:
     import torch.multiprocessing as mp
 
     os.environ["OMP_NUM_THREADS"] = "1"  # inherited by the spawned ranks
-    # glibc: keep freed activation buffers in the heap for the next step instead of returning
-    # them to the OS (mmap/munmap + page faults each step cost ~10% of a CPU step and jitter).
-    os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", str(1 << 30))
-    os.environ.setdefault("MALLOC_TRIM_THRESHOLD_", str(1 << 32))
     hog = _busy_process(args) if getattr(args, "busy", False) else None
     try:
         with tempfile.TemporaryDirectory() as tmp:
@@ -208,6 +204,12 @@ def _worker(rank: int, world: int, init_method: str, a: dict, out: str) -> None:
     from trainperf.train.build import assemble
 
     torch.set_num_threads(1)
+    # keep freed activation buffers mapped for the next step (page faults each step cost a CPU step
+    # time and jitter): run.host_memory=retain, in this rank's process only
+    from trainperf.hardware import hostmem
+
+    if hostmem.supported()[0]:
+        hostmem.apply("retain")
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     if a["pin"] and len(cpus) >= world:
         # One core per rank: a rank that waits frees its core for others' processes, not for the
