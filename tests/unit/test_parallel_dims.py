@@ -40,13 +40,17 @@ def test_product_mismatch_names_the_fix():
 
 
 def test_model_shape_checks_name_the_choices():
-    dims = ParallelDims(dp_replicate=1, dp_shard=1, tp=3, pp=1, world_size=3)
-    with pytest.raises(ConfigError, match=r"tensor=3 does not divide model.n_head=8; choose 1, 2, 4 or 8"):
-        dims.validate_model(n_head=8, n_layer=4)
-    dims = ParallelDims(dp_replicate=1, dp_shard=1, tp=1, pp=4, world_size=4)
-    with pytest.raises(ConfigError, match=r"4 x 2 = 8 stages exceeds model.n_layer=4"):
-        dims.validate_model(n_head=8, n_layer=4, interleave=2)
-    dims.validate_model(n_head=8, n_layer=4)
+    """One shape check (config.resolve.check_model_shape) for resolve, launch and plan."""
+    from trainperf.config import load_config
+    from trainperf.config.resolve import check_model_shape
+
+    base = ["model.n_layer=4", "model.n_head=8", "model.n_embd=64"]
+    with pytest.raises(ConfigError, match=r"tensor=3 does not divide model.n_head=8 .*choose parallelism.tensor among "
+                                          r"1, 2, 4, 8"):
+        check_model_shape(load_config(None, base + ["parallelism.tensor=3"]))
+    with pytest.raises(ConfigError, match=r"4 x 2 = 8 stages exceeds model.n_layer=4 .*choose pipeline <= 2"):
+        check_model_shape(load_config(None, base + ["parallelism.pipeline=4", "parallelism.interleave=2"]))
+    check_model_shape(load_config(None, base + ["parallelism.pipeline=2", "parallelism.interleave=2"]))
 
 
 def test_compression_checks():

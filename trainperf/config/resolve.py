@@ -231,9 +231,7 @@ def check_layout(cfg: Config, dims) -> None:
                 "need the reference GPT's blocks and attention projections; set both to 1 or use the reference model"
             )
         return
-    shape = model_shape(cfg)
-    dims.validate_model(n_head=shape["n_head"], n_layer=shape["n_layer"], n_embd=shape["n_embd"],
-                        interleave=cfg.parallelism.interleave if dims.pp_enabled else 1)
+    # the reference GPT: heads against tensor, blocks against stages, checked once, in check_model_shape
 
 
 def _resolve_compile(cfg: Config, dims, notes: dict) -> None:
@@ -372,8 +370,11 @@ def check_model_shape(cfg: Config) -> None:
             f"{cfg.model.preset!r}); choose parallelism.tensor among {_divisors(s['n_head'])}, or a model whose head "
             f"count is a multiple of {p.tensor} (model.n_head, or a model.preset such as {', '.join(fits[:3]) or '(none)'})"
         )
-    if p.pipeline * p.interleave > s["n_layer"]:
+    stages = p.pipeline * (p.interleave if p.pipeline > 1 else 1)
+    if stages > s["n_layer"]:
+        best = max([d for d in range(1, s["n_layer"] + 1) if d * p.interleave <= s["n_layer"]] or [1])
         raise ConfigError(
-            f"parallelism.pipeline x interleave = {p.pipeline} x {p.interleave} exceeds model.n_layer={s['n_layer']} "
-            "blocks; every stage needs at least one block"
+            f"parallelism.pipeline x interleave = {p.pipeline} x {p.interleave} = {stages} stages exceeds "
+            f"model.n_layer={s['n_layer']} blocks (every stage needs at least one block); choose pipeline <= {best} "
+            "or a deeper model"
         )

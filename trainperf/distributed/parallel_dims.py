@@ -80,23 +80,6 @@ class ParallelDims:
                 f"(torchrun --nproc-per-node {prod}) or set parallelism.data=-1 to derive it from the world size"
             )
 
-    def validate_model(self, *, n_head: int, n_layer: int, interleave: int = 1, n_embd: int | None = None) -> None:
-        """Check the degrees against the model shape (tensor | heads, pipeline stages <= blocks)."""
-        if n_head % self.tp:
-            raise ConfigError(
-                f"parallelism.tensor={self.tp} does not divide model.n_head={n_head}; choose {_fmt(_divisors(n_head))}"
-            )
-        if n_embd is not None and (4 * n_embd) % self.tp:
-            raise ConfigError(f"parallelism.tensor={self.tp} does not divide the MLP width 4 x {n_embd}")
-        stages = self.pp * interleave
-        if stages > n_layer:
-            best = [d for d in range(1, n_layer + 1) if d * interleave <= n_layer]
-            raise ConfigError(
-                f"parallelism.pipeline x interleave = {self.pp} x {interleave} = {stages} stages exceeds "
-                f"model.n_layer={n_layer} blocks (every stage needs at least one block); choose pipeline <= "
-                f"{max(best) if best else 1} or a deeper model"
-            )
-
     # ------------------------------------------------------------------ properties
     @property
     def dp(self) -> int:
