@@ -441,3 +441,13 @@ def test_ctrl_c_on_a_real_tune_keeps_the_best_and_leaves_no_process_behind(tmp_p
     assert json.loads((out / "settings.json").read_text())["interrupted"] is True
     _, alive = psutil.wait_procs(family, timeout=20)
     assert not alive, [a.cmdline()[:3] for a in alive]
+
+
+def test_threads_are_searched_from_four_cpus_per_rank():
+    cfg = resolve(load_config(None, BASE + ["run.threads=8"]), world_size=1).cfg
+    big = space.threads(cfg, space.Facts("cpu", cpus=8))
+    assert [o.settings for o in big.options] == [{"run.threads": 4}]
+    small = space.threads(resolve(load_config(None, BASE + ["run.threads=2"]), world_size=1).cfg, CPU)
+    assert not small.options and "2 usable CPU(s) per rank" in small.rejected[0][1]
+    two_ranks = space.threads(cfg, space.Facts("cpu", cpus=8, world_size=4))
+    assert not two_ranks.options  # 2 CPUs per rank

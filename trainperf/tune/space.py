@@ -14,6 +14,7 @@ the search's (:mod:`trainperf.tune.fit`), not the dimension's.
     data.loader     simple (in-process) / hybrid (workers + prefetch tiers)
     num_workers     loader workers (hybrid or dataloader only)
     prefetch depth  data.prefetch.depth (hybrid or dataloader only)
+    threads         CPU: half the intra-op threads (from 4 CPUs per rank: hyperthreads, loader workers)
     layout          under torchrun: the planner's best layouts for the world size
 """
 
@@ -31,7 +32,7 @@ Settings = dict[str, Any]
 KEYS = ("precision.dtype", "run.host_memory", "train.micro_batch", "memory.checkpointing.mode",
         "memory.checkpointing.ratio",
         "compile.enabled", "compile.regional", "data.loader", "data.num_workers", "data.prefetch.depth",
-        "parallelism.data", "parallelism.data_shard", "parallelism.tensor", "parallelism.pipeline")
+        "parallelism.data", "parallelism.data_shard", "parallelism.tensor", "parallelism.pipeline", "run.threads")
 
 # Activation checkpointing, least recompute first.
 CHECKPOINTING: list[Settings] = [
@@ -204,6 +205,22 @@ def prefetch_depth(cfg: Config, facts: Facts) -> Dimension:
     return _loader_only("data.prefetch.depth", "data.prefetch.depth", cfg, [2, 4, 8])
 
 
+def threads(cfg: Config, facts: Facts) -> Dimension:
+    """CPU training: the intra-op thread count, a setting of the whole process (each trial has its
+    own). Fewer threads than cores can win where cores are hyperthread siblings or loader workers
+    need CPUs; with fewer than 4 CPUs per rank halving them halves the matmul throughput (x0.67
+    measured on 2 cores), so it is not worth a trial there."""
+    key, cur = "run.threads", cfg.run.threads
+    if facts.device != "cpu":
+        return Dimension("threads", [], [({key: "*"}, f"run.device={facts.device}: the step runs on the device")])
+    per_rank = max(1, facts.cpus // max(1, facts.world_size))
+    half = max(1, int(cur) // 2)
+    if per_rank < 4 or half == cur:
+        return Dimension("threads", [], [({key: half}, f"{per_rank} usable CPU(s) per rank: fewer threads than cores "
+                                                       "only loses matmul throughput here (searched from 4 per rank)")])
+    return Dimension("threads", [Option({key: half})])
+
+
 def layouts(cfg: Config, facts: Facts, top: int = 3) -> Dimension:
     """Under torchrun: the ``top`` layouts the planner ranks fastest for this world size (its
     analytic cost model), as parallelism degrees + micro-batch + checkpointing."""
@@ -259,5 +276,6 @@ def dimensions(facts: Facts) -> list[Callable[[Config, int, bool], Dimension]]:
         lambda c, dp, sh: loader(c, facts),
         lambda c, dp, sh: num_workers(c, facts),
         lambda c, dp, sh: prefetch_depth(c, facts),
+        lambda c, dp, sh: threads(c, facts),
     ]
     return dims
