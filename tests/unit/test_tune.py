@@ -253,6 +253,11 @@ def test_a_trial_in_its_own_process_reports_its_errors_and_its_death():
     assert bad.value.kind == "ConfigError" and "global batch" in str(bad.value)
     assert _error_status(bad.value) == ("failed", f"ConfigError: {bad.value}")
     assert _error_status(WorkerError("OutOfMemoryError", "CUDA out of memory"))[0] == "oom"
+    late = Worker.__new__(Worker)  # the budget's end: a worker not ready by then is stopped, not waited for
+    with pytest.raises(WorkerError) as timed_out:
+        late.__init__(cfg, global_batch=cfg.train.global_batch, warmup=1, timeout_s=0.05)
+    assert timed_out.value.kind == "Timeout" and "budget" in str(timed_out.value)
+    assert not late.proc.is_alive()
     w = Worker(cfg, global_batch=cfg.train.global_batch, warmup=1)
     try:
         assert w.proc.pid != os.getpid() and w.measured.first_step_s > 0
@@ -451,3 +456,12 @@ def test_threads_are_searched_from_four_cpus_per_rank():
     assert not small.options and "2 usable CPU(s) per rank" in small.rejected[0][1]
     two_ranks = space.threads(cfg, space.Facts("cpu", cpus=8, world_size=4))
     assert not two_ranks.options  # 2 CPUs per rank
+
+
+def test_a_default_too_slow_for_the_budget_is_an_error_that_says_what_to_do(tmp_path):
+    from trainperf.errors import UserError
+    from trainperf.tune.trial import WorkerError
+
+    fake = Fake(lambda s: WorkerError("Timeout", "the trial gave no answer within 55 s, the time left in the budget"))
+    with pytest.raises(UserError, match=r"did not finish its first steps within the 1000 s budget .*raise --budget-min"):
+        _run(tmp_path, fake)

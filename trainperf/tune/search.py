@@ -235,7 +235,7 @@ class _Search:
             cfg = self.resolved({})
             est = self.estimate(cfg).bytes
             if self.paired is not None:
-                m = self.paired.run_default(cfg, steps=self.opts.steps)
+                m = self.paired.run_default(cfg, steps=self.opts.steps, deadline=self.deadline_monotonic())
             else:
                 m = self.trial_fn(cfg, global_batch=self.global_batch, warmup=self.opts.warmup, steps=self.opts.steps)
         except Exception as exc:  # noqa: BLE001
@@ -286,6 +286,10 @@ class _Search:
     def finish(self, interrupted: bool, config_path: str | None, doctor: dict | None) -> TuneResult:
         d, b = self.default, self.best
         if b is None:
+            if d is not None and d.reason and "Timeout" in d.reason:
+                raise UserError(f"the default config did not finish its first steps within the {self.opts.budget_s:.0f} s "
+                                f"budget ({d.reason}): one of its steps takes too long to measure in this budget; raise "
+                                "--budget-min, or tune with a smaller train.global_batch or model")
             raise UserError("no candidate ran, the default included: "
                             + "; ".join(f"{t.status}: {t.reason}" for t in self.trials[:3]))
         chosen, sbs, notes, confirmed = b, None, [], []

@@ -241,8 +241,8 @@ def _minor_faults() -> int:
 def interleave(ta, tb, *, rounds: int, steps: int, deadline: float | None = None, warmup: int = 0,
                margin: float | None = None, max_rounds: int | None = None) -> dict:
     """``rounds`` rounds of ``steps`` steps of each side (a trainer of this process, or anything with
-    ``steps(k)`` and ``tokens_per_step``: a :class:`Worker`), the order alternating; once two are
-    done, no round starts that would end (as long as the last one took) past ``deadline``
+    ``steps(k)`` and ``tokens_per_step``: a :class:`Worker`), the order alternating; after the first
+    (the least a figure needs), no round starts that would end (as long as the last one took) past ``deadline``
     (``time.monotonic()``). With a ``margin``: while the per-round ratios give no verdict after
     ``rounds`` rounds (:func:`trainperf.tune.stats.verdict`), more rounds follow, up to
     ``max_rounds``."""
@@ -257,7 +257,7 @@ def interleave(ta, tb, *, rounds: int, steps: int, deadline: float | None = None
     for r in range(limit):
         if r >= rounds and verdict(per_round, margin) is not None:
             break  # decided
-        if deadline is not None and r >= 2 and time.monotonic() + last > deadline:
+        if deadline is not None and r >= 1 and time.monotonic() + last > deadline:
             break  # the next round would end past the deadline
         t0 = time.monotonic()
         for name in (("a", "b") if r % 2 == 0 else ("b", "a")):
@@ -384,7 +384,8 @@ class Worker:
     (``measured``: a :class:`Measured` without step figures, its peak memory the process's own),
     then ``steps(k)`` on request. Errors in the worker raise :class:`WorkerError` here."""
 
-    def __init__(self, cfg: Config, *, global_batch: int, warmup: int, env: dict | None = None, wait: bool = True):
+    def __init__(self, cfg: Config, *, global_batch: int, warmup: int, env: dict | None = None, wait: bool = True,
+                 timeout_s: float | None = None):
         ctx = _context()
         self.conn, child = ctx.Pipe()
         self.proc = ctx.Process(target=_worker_main,
@@ -397,7 +398,7 @@ class Worker:
         child.close()
         if wait:
             try:
-                self.started(self._recv())
+                self.started(self._recv(timeout_s))
             except BaseException:
                 self.close()
                 raise
@@ -405,7 +406,12 @@ class Worker:
     def started(self, answer) -> None:
         self.measured, self.tokens_per_step = answer
 
-    def _recv(self):
+    def _recv(self, timeout_s: float | None = None):
+        """The worker's answer; with ``timeout_s``, none by then kills the worker (the budget's end)."""
+        if timeout_s is not None and not self.conn.poll(max(0.0, timeout_s)):
+            self.kill()
+            raise WorkerError("Timeout", f"the trial gave no answer within {max(0.0, timeout_s):.0f} s, the time left "
+                                         "in the budget: it was stopped")
         try:
             status, payload = self.conn.recv()
         except (EOFError, OSError):
@@ -419,9 +425,9 @@ class Worker:
             raise WorkerError(*payload)
         return payload
 
-    def steps(self, k: int) -> list[float]:
+    def steps(self, k: int, timeout_s: float | None = None) -> list[float]:
         self.conn.send(("steps", k))
-        times, faults = self._recv()
+        times, faults = self._recv(timeout_s)
         self.faults += faults
         return times
 
@@ -452,7 +458,8 @@ class WorkerGroup:
     others are killed, not left waiting in a collective), and a group that answers nothing within
     ``timeout_s`` is killed and reported."""
 
-    def __init__(self, cfg: Config, *, global_batch: int, warmup: int, nproc: int, timeout_s: float | None = None):
+    def __init__(self, cfg: Config, *, global_batch: int, warmup: int, nproc: int, timeout_s: float | None = None,
+                 start_timeout_s: float | None = None):
         from trainperf.distributed.harness import free_port
 
         self.timeout_s = timeout_s or GROUP_TIMEOUT_S + 30
@@ -463,7 +470,7 @@ class WorkerGroup:
                 env = {"RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": str(nproc), "LOCAL_WORLD_SIZE": str(nproc),
                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
                 self.workers.append(Worker(cfg, global_batch=global_batch, warmup=warmup, env=env, wait=False))
-            answers = self._recv_all()
+            answers = self._recv_all(start_timeout_s)
         except BaseException:
             self.close()
             raise
@@ -480,19 +487,20 @@ class WorkerGroup:
         self.faults = 0
         self.proc = self.workers[0].proc
 
-    def _recv_all(self) -> list:
+    def _recv_all(self, timeout_s: float | None = None) -> list:
         from multiprocessing.connection import wait
 
         answers: dict[int, object] = {}
         pending = {w.conn: i for i, w in enumerate(self.workers)}
-        deadline = time.monotonic() + self.timeout_s
+        timeout_s = self.timeout_s if timeout_s is None else min(self.timeout_s, max(0.0, timeout_s))
+        deadline = time.monotonic() + timeout_s
         while pending:
             ready = wait(list(pending), timeout=max(0.0, deadline - time.monotonic()))
             if not ready:
                 late = sorted(pending.values())
                 self.kill()
-                raise WorkerError("Timeout", f"rank(s) {late} answered nothing in {self.timeout_s:.0f} s: the group "
-                                             "was stopped")
+                raise WorkerError("Timeout", f"rank(s) {late} answered nothing in {timeout_s:.0f} s (the collective "
+                                             "timeout, or the time left in the budget): the group was stopped")
             for conn in ready:
                 i = pending.pop(conn)
                 try:
@@ -502,10 +510,10 @@ class WorkerGroup:
                     raise WorkerError(exc.kind, f"rank {i}: {exc}") from None
         return [answers[i] for i in range(len(self.workers))]
 
-    def steps(self, k: int) -> list[float]:
+    def steps(self, k: int, timeout_s: float | None = None) -> list[float]:
         for w in self.workers:
             w.conn.send(("steps", k))
-        answers = self._recv_all()
+        answers = self._recv_all(timeout_s)
         times = [max(per_rank) for per_rank in zip(*(a[0] for a in answers))]
         self.faults += max(a[1] for a in answers)
         return times
@@ -525,11 +533,12 @@ class WorkerGroup:
             w.close()
 
 
-def start(cfg: Config, *, global_batch: int, warmup: int, nproc: int = 1):
-    """A candidate started in its own process(es): a :class:`Worker`, or a :class:`WorkerGroup`."""
+def start(cfg: Config, *, global_batch: int, warmup: int, nproc: int = 1, timeout_s: float | None = None):
+    """A candidate started in its own process(es): a :class:`Worker`, or a :class:`WorkerGroup`; with
+    ``timeout_s``, one not ready by then (built, first step, warm-up) is stopped."""
     if nproc > 1:
-        return WorkerGroup(cfg, global_batch=global_batch, warmup=warmup, nproc=nproc)
-    return Worker(cfg, global_batch=global_batch, warmup=warmup)
+        return WorkerGroup(cfg, global_batch=global_batch, warmup=warmup, nproc=nproc, start_timeout_s=timeout_s)
+    return Worker(cfg, global_batch=global_batch, warmup=warmup, timeout_s=timeout_s)
 
 
 def run_group_trial(cfg: Config, *, global_batch: int, warmup: int = 2, steps: int = 5, nproc: int = 2) -> Measured:
@@ -570,16 +579,18 @@ class Paired:
         self.margin, self.max_rounds = margin, max_rounds  # see interleave()
         self.default = self.best = self.pending = None
 
-    def _start(self, cfg: Config) -> tuple[Worker, Measured, float]:
+    def _start(self, cfg: Config, deadline: float | None) -> tuple[Worker, Measured, float]:
         t0 = time.perf_counter()
-        w = start(cfg, global_batch=self.global_batch, warmup=self.warmup, nproc=self.nproc)
+        w = start(cfg, global_batch=self.global_batch, warmup=self.warmup, nproc=self.nproc,
+                  timeout_s=None if deadline is None else deadline - time.monotonic())
         return w, w.measured, t0
 
-    def run_default(self, cfg: Config, *, steps: int) -> Measured:
-        w, m, t0 = self._start(cfg)
+    def run_default(self, cfg: Config, *, steps: int, deadline: float | None = None) -> Measured:
+        """The default's trial; with a ``deadline`` (``time.monotonic``) it is stopped there."""
+        w, m, t0 = self._start(cfg, deadline)
         self.default = self.best = w
         try:
-            times = w.steps(steps)
+            times = w.steps(steps, None if deadline is None else deadline - time.monotonic())
         except BaseException:
             self.close()
             raise
@@ -589,7 +600,7 @@ class Paired:
         return m
 
     def run(self, cfg: Config, *, deadline: float | None = None) -> Measured:
-        w, m, t0 = self._start(cfg)
+        w, m, t0 = self._start(cfg, deadline)
         try:
             res = interleave(self.best, w, rounds=self.rounds, steps=self.steps, deadline=deadline,
                              warmup=self.warmup, margin=self.margin, max_rounds=self.max_rounds)
