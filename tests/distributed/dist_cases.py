@@ -101,17 +101,19 @@ def four_process(rank: int, world: int, ckpt_dir: str) -> dict:
     return out
 
 
-def oom_recovery(rank: int, world: int) -> dict:
-    """data=2, global batch 16, micro-batch 4 (2 micro-steps per rank): rank 1 fails every micro-batch
-    above 2 samples (injected OutOfMemoryError) from the first step; with train.on_oom=halve_micro_batch
-    both ranks agree and continue at micro-batch 2 x 4. Against the same run at micro-batch 2 from the start."""
+def oom_recovery(rank: int, world: int, micro: int = 4, above: int = 2) -> dict:
+    """data=2, global batch 16, micro-batch ``micro`` (4: 2 micro-steps per rank; 8: one, the synchronized
+    one): rank 1 fails every micro-batch above ``above`` samples (injected OutOfMemoryError) from the first
+    step; with train.on_oom=halve_micro_batch both ranks agree and continue at the micro-batch that fits.
+    Against the same run at that micro-batch from the start."""
     from trainperf.train.knobs import Knobs
 
-    base = {"parallelism.data": 2, "train.global_batch": 16, "train.micro_batch": 4, "train.on_oom": "halve_micro_batch"}
+    base = {"parallelism.data": 2, "train.global_batch": 16, "train.micro_batch": micro,
+            "train.on_oom": "halve_micro_batch"}
     cfg = H.make_config(base)
     data = H.batches(cfg, 4)
-    got = H.run_trainer(cfg, data, rank=rank, world=world, knobs=Knobs(oom_above=(1, 2)))
-    small = H.run_trainer(H.make_config({**base, "train.micro_batch": 2}), data, rank=rank, world=world)
+    got = H.run_trainer(cfg, data, rank=rank, world=world, knobs=Knobs(oom_above=(1, above)))
+    small = H.run_trainer(H.make_config({**base, "train.micro_batch": above}), data, rank=rank, world=world)
     trainer = got["trainer"]
     out = {"losses": got["losses"], "small_losses": small["losses"], "micro_batch": trainer.micro_batch,
            "accum": trainer.accum, "events": [{k: v for k, v in e.items() if k.startswith("oom/")} for e in got["extras"]],

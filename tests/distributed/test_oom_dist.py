@@ -23,6 +23,21 @@ def oom():
     return spawn(dist_cases.oom_recovery, 2, timeout_s=60)
 
 
+def test_an_oom_in_the_only_micro_step_is_agreed_before_the_gradient_all_reduce():
+    """Micro-batch 8 = the rank's whole batch: its one micro-step is the synchronized one (DDP's all-reduce
+    runs in its backward). Rank 1's OOM in the forward is agreed on between forward and backward: both
+    ranks go to 4 x 2 together, no hang, and the run matches micro-batch 4 from the start."""
+    os.environ["OMP_NUM_THREADS"] = "1"
+    got = spawn(dist_cases.oom_recovery, 2, 8, 4, timeout_s=60)
+    assert got["per_rank"] == [(4, 2), (4, 2)]
+    events = [e for e in got["events"] if e]
+    assert len(events) == 1 and events[0]["oom/old_micro_batch"] == 8 and events[0]["oom/new_micro_batch"] == 4
+    for a, b in zip(got["losses"], got["small_losses"]):
+        assert abs(a - b) <= 1e-6 * abs(b), (got["losses"], got["small_losses"])
+    worst = max((got["params"][k] - got["small_params"][k]).abs().max().item() for k in got["small_params"])
+    assert worst <= 1e-6, worst
+
+
 def test_both_ranks_shrink_together_and_keep_the_global_batch(oom):
     assert oom["per_rank"] == [(2, 4), (2, 4)]  # every rank: micro-batch 2, accumulation 4 (8 samples per rank)
     events = [e for e in oom["events"] if e]

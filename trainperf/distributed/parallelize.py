@@ -118,10 +118,17 @@ class ParallelModel:
             last = i == len(sizes) - 1
             mx, my = x[start:start + m], y[start:start + m]
             start += m
-            if self.oom_agree is None or last:
-                # the synchronized (last) micro-step: an OOM inside its gradient collectives cannot be agreed
-                # on; in one process it is caught by the trainer, distributed the collective timeout ends the job
+            if self.oom_agree is None:  # one process: the trainer catches an OOM itself
                 total += self._micro_step(model, mx, my, m, last, accum, loss_scale, backward, phase)
+                continue
+            if last:
+                # the synchronized micro-step: DDP's gradient all-reduce runs inside its backward, so the ranks
+                # agree between its forward and its backward (an OOM inside the backward's collectives cannot be
+                # agreed on: there the collective timeout ends the job with the fail-fast report). Under FSDP2
+                # every forward gathers parameters block by block: an OOM partway through it leaves the other
+                # ranks in a gather, and the same timeout ends the job; one before the first gather is agreed on.
+                total += self._micro_step(model, mx, my, m, last, accum, loss_scale, backward, phase,
+                                          agree=self.oom_agree)
                 continue
             # OOM recovery: every rank agrees at the boundary after each earlier micro-step (no gradient
             # collective runs before the last one), so all abandon the step together or none does.
@@ -136,20 +143,42 @@ class ParallelModel:
                 raise StepOOM(str(failed) if failed else "another rank ran out of memory") from failed
         return total
 
-    def _micro_step(self, model, mx, my, m, last, accum, loss_scale, backward, phase) -> torch.Tensor:
+    def _micro_step(self, model, mx, my, m, last, accum, loss_scale, backward, phase, agree=None) -> torch.Tensor:
         with self._sync(model, last):
             if phase:
                 phase("forward")
-            if self.oom_above is not None and m > self.oom_above:
-                raise torch.OutOfMemoryError(f"injected: micro-batch of {m} > {self.oom_above} samples (test knob)")
-            with (self.autocast or contextlib.nullcontext)():
-                _, loss = model(mx, my)
+            failed = None
+            try:
+                if self.oom_above is not None and m > self.oom_above:
+                    raise torch.OutOfMemoryError(f"injected: micro-batch of {m} > {self.oom_above} samples (test knob)")
+                with (self.autocast or contextlib.nullcontext)():
+                    _, loss = model(mx, my)
+            except Exception as exc:  # noqa: BLE001 - only out-of-memory errors are agreed on
+                if agree is None or not is_oom(exc):
+                    raise
+                failed = exc
+            if agree is not None and agree(failed is not None):  # collective, before any gradient collective
+                reason = str(failed) if failed else "another rank ran out of memory"
+                failed = loss = None  # the failed forward's activations (its traceback holds them)
+                if self.kind == "ddp":
+                    self._complete_ddp_round(model, mx[:1], my[:1])
+                raise StepOOM(reason)
             # mean over the local batch, or the balancer's exact global-batch factor
             loss = loss * loss_scale(m) if loss_scale is not None else loss / accum
             if phase:
                 phase("backward")
             (backward or torch.Tensor.backward)(loss)
         return loss.detach()
+
+    def _complete_ddp_round(self, model, x1, y1) -> None:
+        """After an agreed OOM in DDP's synchronized micro-step: a rank whose forward finished expects
+        that forward's backward (DDP prepared its gradient reduction), a rank that failed in it does
+        not, and the next backward would all-reduce on some ranks only. One zero-weighted forward and
+        backward of one sample on every rank runs the same all-reduce on all of them (the trainer then
+        zeroes the gradients before the retry)."""
+        with (self.autocast or contextlib.nullcontext)():
+            _, loss = model(x1, y1)
+        (loss * 0.0).backward()
 
     def _sync(self, model, enabled: bool):
         if self.kind == "ddp" and not enabled:

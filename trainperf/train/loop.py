@@ -111,6 +111,11 @@ class Trainer:
                                   "parallelism.microbatches instead")
             if pm.dims.distributed:
                 pm.oom_agree = oom_agreement(self.device)
+                if pm.dims.fsdp_enabled or pm.dims.tp_enabled:
+                    self.notes["on_oom"] = (
+                        "FSDP2 / tensor parallelism gather inside the forward: an OOM partway through one cannot be "
+                        "agreed on (the other ranks wait in the next gather); the collective timeout then ends the job "
+                        "with the fail-fast report. Under DDP every forward OOM is agreed on and recovered.")
 
     # ------------------------------------------------------------------ properties
     @property
