@@ -139,5 +139,5 @@ def test_site_builds_strict(tmp_path):
                        cwd=ROOT, capture_output=True, text=True, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
     assert r.returncode == 0, r.stderr[-4000:]
     for page in ("reference/cli", "reference/config", "concepts/diagnosis-rules", "reference/api", "architecture"):
-        html = (tmp_path / "site" / page / "index.html").read_text()
+        html = (tmp_path / "site" / f"{page}.html").read_text()
         assert "<table>" in html or "doc-heading" in html or "One room per concern" in html, page
