@@ -129,13 +129,17 @@ def _section_ref(node: dict) -> dict | None:
     return refs[0] if refs else None
 
 
-def _sections(schema: dict, defs: dict, prefix: str, description: str = ""):
+def _sections(schema: dict, defs: dict, prefix: str, node: dict | None = None):
     """(dotted prefix, section schema, its description) of every section, in the schema's order, parents first."""
-    yield prefix, schema, description or schema.get("description", "")
-    for name, node in schema.get("properties", {}).items():
-        ref = _section_ref(node)
+    node = node or {}
+    description = node.get("description") or schema.get("description", "")
+    if any(o.get("type") == "null" for o in node.get("anyOf", [])):
+        description += f" Optional: absent by default (`{json.dumps(node.get('default'))}`)."
+    yield prefix, schema, description.strip()
+    for name, child in schema.get("properties", {}).items():
+        ref = _section_ref(child)
         if ref is not None:
-            yield from _sections(_resolve(ref, defs), defs, f"{prefix}{name}.", node.get("description", ""))
+            yield from _sections(_resolve(ref, defs), defs, f"{prefix}{name}.", child)
 
 
 def config_markdown() -> str:
