@@ -97,8 +97,8 @@ def test_cli_reference_lists_every_command_and_option():
             if isinstance(action, argparse._SubParsersAction):
                 for name, sub in action.choices.items():
                     yield from walk(sub, [*path, name])
-            elif not isinstance(action, argparse._HelpAction):
-                yield path, action
+            elif not isinstance(action, argparse._HelpAction) and action.help != argparse.SUPPRESS:
+                yield path, action  # options hidden from --help stay hidden here too
 
     seen = 0
     for path, action in walk(build_parser(), ["trainperf"]):
