@@ -3,7 +3,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-fast test-xla docs clean
+.PHONY: install demo test test-fast test-xla docs docs-serve clean
 VENV_XLA ?= .venv-xla
 
 $(STAMP): pyproject.toml scripts/setup_env.sh
@@ -27,9 +27,20 @@ test-fast: $(STAMP)
 test-xla:
 	bash scripts/test_xla.sh $(VENV_XLA)
 
-# README.md and BENCHMARKS.md are generated: edit docs/ (head, docs/fragments/<area>-*.md, tail), then this.
-docs:
-	python3 scripts/assemble_docs.py
+# The documentation site (source docs/, navigation mkdocs.yml) into site/; --strict: a broken link or a missing
+# page fails. The docs extra is part of `test`; the stamp installs it into a venv made with other EXTRAS.
+DOCS_STAMP := $(VENV)/.docs-installed
+$(DOCS_STAMP): $(STAMP)
+	$(BIN)/python -c "import mkdocs, material, mkdocstrings" 2>/dev/null || \
+	  $(BIN)/pip install -q -e ".[docs]" -c $(VENV)/torch-pin.txt
+	touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
+# Preview while editing docs/ (bound to 127.0.0.1).
+docs-serve: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve --dev-addr 127.0.0.1:8000
 
 clean:
-	rm -rf $(VENV) $(VENV_XLA) runs build *.egg-info
+	rm -rf $(VENV) $(VENV_XLA) runs build site *.egg-info

@@ -1,4 +1,4 @@
-"""The planner on its development set (docs/fragments/planner-benchmarks.md has the LOSO tables).
+"""The planner on its development set (docs/benchmarks/planner.md has the LOSO tables).
 
 Rows: Korthikanti et al. 2022 Table 5 (REFERENCE.md, built in) and, when the shared development
 data are present (/work/shared/planner-dev or $TRAINPERF_PLANNER_DEV), the MPT FSDP tables on
@@ -73,7 +73,7 @@ def test_baseline_is_one_constant_efficiency():
 
 
 def test_fitted_constants_are_the_documented_ones():
-    # The shipped values are those BENCHMARKS.md reports for "(all sources)" (3 significant digits).
-    text = open(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "fragments", "planner-benchmarks.md")).read()
+    # The shipped values are those the benchmarks page reports for "(all sources)" (3 significant digits).
+    text = open(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "benchmarks", "planner.md")).read()
     for name in fit.FITTED:
         assert f"{name}={getattr(DEFAULTS, name):g}" in text, name
