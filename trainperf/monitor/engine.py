@@ -85,11 +85,16 @@ def diagnose_path(path: str | Path, *, top_n: int = 10, patterns: list[str] | No
     if found["kind"] != "run":
         results, across = read_traces(found["files"], **kw)
         return diagnose_results(results, across)
-    result = diagnose_run(load_run(found["run_dir"]))
+    return with_traces(diagnose_run(load_run(found["run_dir"])), found["files"], **kw)
+
+
+def with_traces(result: dict, files: list[Path], **kw) -> dict[str, Any]:
+    """A run directory's diagnosis (``diagnose_run``) with its profiler traces read: the rules only a trace
+    can judge are judged on them, and the contract's ``traces`` / ``ranks`` filled."""
     result = {"source": "run", **result, "traces": [], "ranks": {}}
-    if not found["files"]:
+    if not files:
         return result
-    results, across = read_traces(found["files"], **kw)
+    results, across = read_traces(files, **kw)
     trace_only = [r for r in RULES if "run" in r.not_from]
     sub = diagnose_results(results, across, trace_only)
     have = {f["id"] for f in result["findings"]}
@@ -107,4 +112,4 @@ def contract(result: dict) -> dict:
     return {k: v for k, v in result.items() if not k.startswith("_")}
 
 
-__all__ = ["contract", "diagnose_path", "diagnose_results"]
+__all__ = ["contract", "diagnose_path", "diagnose_results", "with_traces"]
