@@ -489,7 +489,8 @@ def format_findings(result: dict) -> str:
 
 def rules_markdown() -> str:
     """The troubleshooting table (README), generated from RULES."""
-    rows = ["| id | symptom | fires when | likely cause | what to try |", "|---|---|---|---|---|"]
+    rows = ["| id | symptom | fires when | judged from | likely cause | what to try |", "|---|---|---|---|---|---|"]
     for r in RULES:
-        rows.append(f"| `{r.id}` | {r.symptom} | {r.condition} | {r.cause} | {r.fix} |")
+        src = ", ".join(x for x in ("run", "trace") if x not in r.not_from)
+        rows.append(f"| `{r.id}` | {r.symptom} | {r.condition} | {src} | {r.cause} | {r.fix} |")
     return "\n".join(rows)

@@ -87,13 +87,29 @@ def left_lines(result: dict) -> list[str]:
             f"rule's threshold): {items}"]
 
 
+def verdict(traces: list[dict]) -> str:
+    """Why a quiet trace is quiet, in its own figures (worst rank)."""
+    def worst(key, low=True):
+        vals = [t[key] for t in traces if isinstance(t.get(key), (int, float))]
+        return (min(vals) if low else max(vals)) if vals else None
+
+    parts = []
+    if worst("gpu_utilization_pct") is not None:
+        parts.append(f"the GPU is busy {worst('gpu_utilization_pct'):.0f}% of the step")
+    if worst("comm_compute_overlap_pct") is not None:
+        parts.append(f"communication {worst('comm_compute_overlap_pct'):.0f}% overlapped with compute")
+    if worst("tensor_core_kernel_pct") is not None:
+        parts.append(f"tensor-core kernels {worst('tensor_core_kernel_pct'):.0f}% of kernel time")
+    return (": " + ", ".join(parts)) if parts else ""
+
+
 def format_traces(result: dict) -> str:
     lines = ["== trainperf diagnosis (profiler traces) =="]
     for t in result["traces"]:
         lines += rank_lines(t)
     lines += ranks_lines(result.get("ranks") or {})
     if not result["findings"]:
-        lines.append("  no findings: no rule fired on these traces")
+        lines.append("  no findings: no rule fired on these traces" + verdict(result["traces"]))
     lines += findings_lines(result)
     lines += left_lines(result)
     for m in result.get("not_measured", []):
