@@ -102,6 +102,7 @@ class _Sim:
         self.pid, self.tid = 4242, 4242
         self.kernels = 0
         self.queue_us = 4.0
+        self.cur: int | None = None  # the External id of the op being run: its launches carry it
 
     def _ts(self, x: float):
         return int(round(x)) if self.units == "us" else round(x, 3)
@@ -127,8 +128,9 @@ class _Sim:
                driver: bool = False) -> tuple[float, float]:
         """A launch call now on the CPU and its GPU event; returns the GPU (start, end)."""
         self.corr += 1
-        self.ext += 1
-        c, x = self.corr, self.ext
+        if self.cur is None:
+            self.ext += 1
+        c, x = self.corr, (self.cur if self.cur is not None else self.ext)
         api = api or ("cuLaunchKernel" if driver else "cudaLaunchKernel" if cat == "kernel" else
                       "cudaMemcpyAsync" if cat == "gpu_memcpy" else "cudaMemsetAsync")
         start = max(self.gpu.get(stream, 0.0), self.t + launch_us + self.queue_us, after)
@@ -162,7 +164,9 @@ class _Sim:
         x = self.ext
         s = self.t
         self.t += 2.0
+        outer, self.cur = self.cur, x
         out = body(*args, **kw)
+        self.cur = outer
         self.t += 2.0
         self.cpu_span("cpu_op", name, s, self.t, x)
         return out
@@ -261,15 +265,18 @@ def _step(sim: _Sim, kind: str, n: int, names: dict) -> dict[str, float]:
             name = comm[(i // every) % len(comm)]
             if "AllGather" in name:
                 extra["Collective name"] = "allgather"
-            sim.launch(name, _jit(rng, comm_us), 40, after=sim.gpu.get(7, 0.0), args=extra if two else None,
-                       gap=cpu_gap)
+            sim.op("record_param_comms", lambda: sim.launch(name, _jit(rng, comm_us), 40, after=sim.gpu.get(7, 0.0),
+                                                            args=extra if two else None, gap=cpu_gap))
     sim.cpu_span("user_annotation", "## backward ##", bwd_s, sim.t, bwd_ext)
     # the optimizer waits for the last bucket
     last = sim.gpu.get(40, 0.0)
-    for j in range(3 if kind != "launch_bound" else 40):
-        sim.launch(names["opt"][0], _jit(rng, 150.0 if kind != "launch_bound" else 3.0), 7,
-                   after=last if j == 0 else 0.0, gap=cpu_gap)
-    sim.launch("Memset (Device)", 2.0, 7, cat="gpu_memset")
+    def optimizer():
+        for j in range(3 if kind != "launch_bound" else 40):
+            sim.launch(names["opt"][0], _jit(rng, 150.0 if kind != "launch_bound" else 3.0), 7,
+                       after=last if j == 0 else 0.0, gap=cpu_gap)
+
+    sim.op("Optimizer.step#AdamW.step", optimizer)
+    sim.op("aten::zero_", lambda: sim.launch("Memset (Device)", 2.0, 7, cat="gpu_memset"))
     # loss.item(): a device-to-host copy and a stream sync (not in the tuned trace)
     if kind != "fp8_tuned":
         sim.ext += 1

@@ -18,7 +18,8 @@ by its definitions (read from its ``event_parser.py``, ``overall_parser.py``, ``
   end], over that span. **Estimated SM efficiency**: over the same span, each instant weighted by
   min(1, sum of ``blocks per SM`` of the kernels running). **Estimated achieved occupancy**: kernel-time
   weighted mean of ``est. achieved occupancy %``, kernel time clipped to the span. **Tensor-core kernel
-  share**: time of kernels on tensor cores over the time of the kernels launched by a runtime call.
+  share**: time of kernels on tensor cores over the time of the kernels launched from inside a CPU op (a
+  launch call whose External id is an op's), as the plugin walks its op tree.
 
 Two deliberate departures, each making the plugin's intent hold on torch 2.x traces, which 0.4.3 predates:
 ``cuda_runtime`` / ``cuda_driver`` are its ``Runtime`` (0.4.3 ignores them, so on 2.x traces it sees no
@@ -188,6 +189,16 @@ def gpu_metrics(tl: Timeline, spans: list, launch: np.ndarray, tc_tb: np.ndarray
     out: dict[str, Any] = {"devices": {}, "main": None}
     if not spans or not kern.any():
         return out
+    # the plugin's tensor-core share counts the kernels launched from inside a CPU op (a launch whose
+    # External id is an op's); without External ids, every launched kernel
+    by_op = launch >= 0
+    if tl.op_ext.size and tl.r_ext.size:
+        rext = np.full(launch.size, -1, dtype=np.int64)
+        rext[by_op] = tl.r_ext[launch[by_op]]
+        pos = np.clip(np.searchsorted(tl.op_ext, rext), 0, tl.op_ext.size - 1)
+        under = by_op & (tl.op_ext[pos] == rext)
+        if under.any():
+            by_op = under
     lo, hi = spans[0][0], spans[-1][1]
     end = tl.g_ts + tl.g_dur
     best, best_t = None, -1.0
@@ -203,7 +214,7 @@ def gpu_metrics(tl: Timeline, spans: list, launch: np.ndarray, tc_tb: np.ndarray
         cd = np.clip(np.minimum(end[m], hi) - np.maximum(tl.g_ts[m], lo), 0, None)
         w = cd * has
         d["occupancy_pct"] = float(np.sum(occ[has] * w[has]) / np.sum(w)) if np.sum(w) > 0 else None
-        launched = m & (launch >= 0)
+        launched = m & by_op
         tot = float(np.sum(tl.g_dur[launched]))
         d["tensor_core_tb"] = float(np.sum(tl.g_dur[launched & tc_tb])) / tot if tot > 0 else (0.0 if launched.any() else None)
         d["tensor_core"] = float(np.sum(tl.g_dur[launched & tc_ext])) / tot if tot > 0 else (0.0 if launched.any() else None)

@@ -72,6 +72,18 @@ class _Roles(dict):
         return v
 
 
+def _tc_op(name: Any) -> bool:
+    n = str(name) if name is not None else ""
+    return not (STEP_RE.match(n) or n in ("DataParallel.forward", "DistributedDataParallel.forward")
+                or n.startswith("Optimizer."))
+
+
+class _TcOps(dict):
+    def __missing__(self, name):
+        v = self[name] = _tc_op(name)
+        return v
+
+
 class _Names(dict):
     """String -> small int, in first-seen order (``names[i]`` is the string)."""
 
@@ -149,6 +161,7 @@ class Timeline:
     r_ts: np.ndarray = None
     r_dur: np.ndarray = None
     r_corr: np.ndarray = None
+    r_ext: np.ndarray = None
     r_name: np.ndarray = None
     r_driver: np.ndarray = None  # bool: a cuda_driver event
     # CPU side
@@ -157,6 +170,7 @@ class Timeline:
     comm_ops: list = field(default_factory=list)  # (ts, dur): nccl:* / gloo:* ops (the plugin's CPU comm)
     sync_ops: list = field(default_factory=list)  # (ts, dur, name): aten::item, _local_scalar_dense
     cpu_ops: Set = None  # union of the other CPU ops (the plugin's "CPU Exec" role)
+    op_ext: np.ndarray = None  # the External ids of the CPU ops and annotations (sorted, unique)
     # CUPTI synchronization records (cat cuda_sync: Stream Sync, Stream Wait Event...) that name a stream
     s_ts: np.ndarray = None
     s_dur: np.ndarray = None
@@ -175,11 +189,13 @@ class Collector:
     def __init__(self):
         self.names = _Names()
         self.roles = _Roles()
+        self.tc_ops = _TcOps()
         self.cats: dict[Any, tuple] = {}
         self.base: float | None = None
         self.g: dict[str, list] = {k: [] for k in ("ts", "dur", "kind", "name", "stream", "device", "corr", "ext",
                                                     "occ", "bps", "bytes", "coll", "pg")}
-        self.r: dict[str, list] = {k: [] for k in ("ts", "dur", "corr", "name", "driver")}
+        self.r: dict[str, list] = {k: [] for k in ("ts", "dur", "corr", "ext", "name", "driver")}
+        self.op_ext: list[np.ndarray] = []
         self.sy: dict[str, list] = {"ts": [], "dur": [], "stream": []}
         self.ops = Accumulator()
         self.t = Timeline()
@@ -272,7 +288,9 @@ class Collector:
         ts, dur = self._times(evs)
         r["ts"].append(ts)
         r["dur"].append(dur)
-        r["corr"].append(_ints([(e.args or NOARGS).corr for e in evs]))
+        A = [e.args or NOARGS for e in evs]
+        r["corr"].append(_ints([a.corr for a in A]))
+        r["ext"].append(_ints([a.ext if a.ext is not None else a.ext18 for a in A]))
         r["name"].append(np.array([names[e.name] for e in evs], dtype=np.int32))
         r["driver"].append(np.array(kinds, dtype=bool))
 
@@ -284,6 +302,11 @@ class Collector:
                 continue
             ts, dur = self._times(group)
             role = np.array([roles[e.name] for e in group], dtype=np.int8)
+            # the ops whose launches the plugin's tensor-core share counts: operator nodes (not the
+            # ProfilerStep, not DataParallel.forward / DistributedDataParallel.forward, not Optimizer.*)
+            A = [group[i].args or NOARGS for i, e in enumerate(group) if self.tc_ops[e.name]]
+            ext = _ints([a.ext if a.ext is not None else a.ext18 for a in A])
+            self.op_ext.append(np.unique(ext[ext > 0]))
             end = ts + dur
             plain = role == _R_OP
             if plain.any():
@@ -324,6 +347,7 @@ class Collector:
                     setattr(t, prefix + k, getattr(t, prefix + k)[ok])
         for k, dt in (("ts", np.float64), ("dur", np.float64), ("stream", np.int64)):
             setattr(t, "s_" + k, np.concatenate(self.sy[k]) if self.sy[k] else np.zeros(0, dtype=dt))
+        t.op_ext = np.unique(np.concatenate(self.op_ext)) if self.op_ext else np.zeros(0, dtype=np.int64)
         t.steps.sort()
         t.dataloader.sort()
         t.cpu_ops = self.ops.result()
