@@ -57,7 +57,9 @@ TB_TENSOR_CORE = ["h884", "s884", "h1688", "s1688", "hmma", "i8816", "16816", "d
                   "c1688"]
 TENSOR_CORE_PATTERNS = [re.escape(s) for s in TB_TENSOR_CORE] + [
     r"i16832|16832|h16816|i8832", r"xmma", r"tensorop", r"wmma", r"\bmma_", r"_mma\b", r"gmma",  # wgmma, hgmma
-    r"sm9\d_|sm9\da|sm_9\d", r"sm1[0-2]\d_|sm1[0-2]\da|sm_1[0-2]\d", r"cutlass3x", r"tcgen05|utcmma|umma",
+    r"sm9\d_|sm9\da|sm_9\d", r"sm1[0-2]\d_|sm1[0-2]\da|sm_1[0-2]\d", r"cutlass3x",
+    r"tcgen05|utcmma|umma",
+    r"KernelTma\w*WarpSpecialized|MainloopSm\d+",  # CUTLASS 3.x Hopper+ GEMM schedules (GMMA / UMMA)
     r"nvjet", r"fp8|e4m3|e5m2|f8f8|f8f6f4|nvfp4|mxfp|fp4_|_fp4", r"tf32",
     r"flash::|flash_fwd|flash_bwd|flashattn|flash_attn|fmha_.*(?:bf16|f16|fp16)|fused_attn.*(?:bf16|f16|fp16)",
     r"cudnn_generated_fort_native_sdpa|sdpa_flash|fmha_v2|fmha_sm\d",
