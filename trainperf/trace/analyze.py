@@ -136,7 +136,7 @@ def analyze_timeline(tl: Timeline, *, path: str = "", rank: int | None = None, p
 
 def analyze_file(path: str | Path, *, rank: int | None = None, patterns: Any = None, top_n: int = 10,
                  progress: Callable[[int], None] | None = None) -> dict[str, Any]:
-    """One rank's figures from one trace file (see /work/notes/i21-interface.md for every key). Raises
+    """One rank's figures from one trace file (every key: the docstrings of figures.py, tb.py, hta.py). Raises
     :class:`~trainperf.errors.UserError` naming the file when it is not a readable trace."""
     tl = read_timeline(path, progress)
     return analyze_timeline(tl, path=str(path), rank=rank, patterns=patterns, top_n=top_n)

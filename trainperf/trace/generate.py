@@ -178,7 +178,6 @@ def _jit(rng: random.Random, x: float, f: float = 0.08) -> float:
 
 def _step(sim: _Sim, kind: str, n: int, names: dict) -> dict[str, float]:
     rng = sim.rng
-    step_start = sim.t
     info: dict[str, float] = {}
     two = sim.fmt == "2x"
     # the DataLoader

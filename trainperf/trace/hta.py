@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from trainperf.trace import intervals as iv
-from trainperf.trace.timeline import GPU_KERNEL, Timeline
+from trainperf.trace.timeline import Timeline
 
 KERNEL_WAIT_US = 30.0  # HTA's consecutive_kernel_delay
 LAUNCH_CALLS = {"cudaLaunchKernel", "cudaLaunchKernelExC", "cudaMemcpyAsync", "cudaMemsetAsync",
