@@ -98,8 +98,9 @@ def find_hta(hta_python: str | None = None) -> tuple[str | None, str]:
 
 
 def run_child(argv: list[str], *, env: dict | None = None, timeout: float = 3600.0) -> dict[str, Any]:
-    """Run a process; its wall time, peak RSS (ru_maxrss of that child alone, via os.wait4), exit code,
-    stdout and the tail of stderr."""
+    """Run a process; its wall time, CPU time (user + system) and peak RSS (ru_maxrss) of that child alone
+    (via os.wait4), exit code, stdout and the tail of stderr. On a loaded machine the CPU time is the steadier
+    figure: it does not count the time the child waited for a core."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         t0 = time.perf_counter()
         p = subprocess.Popen(argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env)
@@ -117,7 +118,8 @@ def run_child(argv: list[str], *, env: dict | None = None, timeout: float = 3600
         p.returncode = os.waitstatus_to_exitcode(status)
         out.seek(0)
         err.seek(0)
-        return {"wall_s": wall, "peak_rss_mb": ru.ru_maxrss / 1024, "rc": p.returncode,
+        return {"wall_s": wall, "cpu_s": ru.ru_utime + ru.ru_stime, "peak_rss_mb": ru.ru_maxrss / 1024,
+                "rc": p.returncode,
                 "stdout": out.read().decode("utf-8", "replace"), "stderr": err.read().decode("utf-8", "replace")[-2000:]}
 
 
