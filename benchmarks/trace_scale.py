@@ -6,7 +6,8 @@ Writes SRC repeated ``--times`` times (``trainperf.trace.synth.repeat``: the eve
 timestamps, ids and profiler steps renumbered) in each layout: ``lines`` (one event per line, as torch writes
 a trace) and ``single`` (the whole JSON on one line, as tools that re-save traces write it), gzipped. Then
 runs ``python -m trainperf diagnose FILE --json`` on each, as a whole process, ``--repeat`` times alternating,
-and prints per file: events, MB on disk, wall seconds (median), peak RSS of the child (``ru_maxrss`` via
+and prints per file: events, MB on disk, wall and CPU seconds (median; CPU = user + system of the child,
+steadier on a loaded machine), peak RSS of the child (``ru_maxrss`` via
 ``os.wait4``), and for Nx its ratios to 1x (time ~N and memory ~constant is the claim). A wall time on a
 shared machine is noisy: the ratios are measured side by side in one run.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -60,18 +62,22 @@ def main(argv=None) -> int:
         out = json.loads(rs[-1]["stdout"])
         ev = events or sum(t.get("events") or 0 for t in out["traces"]) or None
         rows.append({"layout": layout, "times": n, "file": str(p), "events": ev, "mb": p.stat().st_size / 2**20,
-                     "wall_s": statistics.median(r["wall_s"] for r in rs), "peak_rss_mb": max(r["peak_rss_mb"] for r in rs),
+                     "wall_s": statistics.median(r["wall_s"] for r in rs), "cpu_s": statistics.median(r["cpu_s"] for r in rs),
+                     "peak_rss_mb": max(r["peak_rss_mb"] for r in rs),
                      "steps": out["traces"][0].get("steps")})
     base = {r["layout"]: r for r in rows if r["times"] == 1}
     for r in rows:
         b = base[r["layout"]]
         r["time_ratio"] = r["wall_s"] / b["wall_s"]
+        r["cpu_ratio"] = r["cpu_s"] / b["cpu_s"]
         r["rss_ratio"] = r["peak_rss_mb"] / b["peak_rss_mb"]
-    print(f"{'layout':<8}{'x':>4}{'events':>11}{'MB gz':>8}{'steps':>7}{'wall s':>9}{'peak RSS MB':>13}"
-          f"{'time/1x':>9}{'RSS/1x':>8}")
+    print(f"uptime: {os.popen('uptime').read().strip()}")
+    print(f"{'layout':<8}{'x':>4}{'events':>11}{'MB gz':>8}{'steps':>7}{'wall s':>9}{'CPU s':>8}{'peak RSS MB':>13}"
+          f"{'time/1x':>9}{'CPU/1x':>8}{'RSS/1x':>8}")
     for r in rows:
         print(f"{r['layout']:<8}{r['times']:>4}{(r['events'] or 0):>11,}{r['mb']:>8.1f}{str(r['steps']):>7}"
-              f"{r['wall_s']:>9.2f}{r['peak_rss_mb']:>13.0f}{r['time_ratio']:>9.2f}{r['rss_ratio']:>8.2f}")
+              f"{r['wall_s']:>9.2f}{r['cpu_s']:>8.2f}{r['peak_rss_mb']:>13.0f}{r['time_ratio']:>9.2f}{r['cpu_ratio']:>8.2f}"
+              f"{r['rss_ratio']:>8.2f}")
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=1))
     return 0
