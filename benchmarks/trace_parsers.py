@@ -22,12 +22,13 @@ machine's load hits them alike:
 * ``HTA``: ``TraceAnalysis`` load + ``get_temporal_breakdown`` + ``get_idle_time_breakdown``, as
   ``trainperf bench traces`` runs it.
 
-Each parse-only child prints the number of events it saw, checked equal across candidates (so each
-measures what it names). Measured per run: wall time of the whole child (its imports included, median over
-repeats), its CPU time (user + system: on a loaded machine the steadier figure, since it leaves out the
-time the child waited for a core) and its peak RSS (``ru_maxrss`` via ``os.wait4``: that child's own
-high-water mark). Ratios are to the gzip floor of the same file, in the same run. A candidate whose module is absent in this interpreter
-runs under ``--peer-python`` if that has it, else it is skipped with a note.
+Each parse-only child prints the number of events it saw, checked equal across candidates (so each measures
+what it names). Measured per run: wall time of the whole child (its imports included, median over repeats),
+its CPU time (user + system: on a loaded machine the steadier figure, since it leaves out the time the child
+waited for a core) and its peak RSS (that child program's own high-water mark, ``VmHWM``, see
+``trainperf.bench.traces.run_child``). Ratios are to the gzip floor of the same file, in the same run. A
+candidate whose module is absent in this interpreter runs under ``--peer-python`` if that has it, else it is
+skipped with a note.
 """
 
 from __future__ import annotations

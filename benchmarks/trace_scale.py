@@ -7,9 +7,9 @@ timestamps, ids and profiler steps renumbered) in each layout: ``lines`` (one ev
 a trace) and ``single`` (the whole JSON on one line, as tools that re-save traces write it), gzipped. Then
 runs ``python -m trainperf diagnose FILE --json`` on each, as a whole process, ``--repeat`` times alternating,
 and prints per file: events, MB on disk, wall and CPU seconds (median; CPU = user + system of the child,
-steadier on a loaded machine), peak RSS of the child (``ru_maxrss`` via
-``os.wait4``), and for Nx its ratios to 1x (time ~N and memory ~constant is the claim). A wall time on a
-shared machine is noisy: the ratios are measured side by side in one run.
+steadier on a loaded machine), peak RSS of the child (its own high-water mark, ``VmHWM``: see
+``trainperf.bench.traces.run_child``), and for Nx its ratios to 1x (time ~N and memory ~constant is the
+claim). A wall time on a shared machine is noisy: the ratios are measured side by side in one run.
 """
 
 from __future__ import annotations

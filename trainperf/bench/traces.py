@@ -9,11 +9,11 @@ Each tool runs as a whole process on the same PATH (a trace file, or a directory
   link to it. Once more, untimed against the claim, HTA's ``get_comm_comp_overlap`` and
   ``get_gpu_kernel_breakdown`` for the figures that compare.
 
-Per tool: wall time (median over the repeats, and each run), peak resident memory of the child process
-(``ru_maxrss`` from ``os.wait4``: the child's own high-water mark, its imports included). Then the figures
-both compute, per rank, with their difference in percentage points: temporal breakdown (compute /
-non-compute / idle % of the GPU timeline), idle breakdown (host_wait / kernel_wait / other, HTA's idle time
-summed over the rank's streams), comm/compute overlap, and kernel time by type.
+Per tool: wall time (median over the repeats, and each run), peak resident memory of the child process (the
+child program's own high-water mark, ``VmHWM``, its imports included; see :func:`run_child`). Then the figures
+both compute, per rank, with their difference in percentage points: temporal breakdown (compute / non-compute
+/ idle % of the GPU timeline), idle breakdown (host_wait / kernel_wait / other, HTA's idle time summed over
+the rank's streams), comm/compute overlap, and kernel time by type.
 
 HTA is an optional peer, found as ``hta_python`` (``--hta-python``), else ``TRAINPERF_HTA_PYTHON``, else the
 current interpreter if it can ``import hta``; without it the HTA rows are skipped with a note saying how
@@ -97,15 +97,36 @@ def find_hta(hta_python: str | None = None) -> tuple[str | None, str]:
     return (sys.executable, "this interpreter") if ok else (None, INSTALL_NOTE)
 
 
+def _hwm_mb(pid: int) -> float | None:
+    """The peak resident set of a live process's current program (VmHWM, Linux), MB; None elsewhere."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def run_child(argv: list[str], *, env: dict | None = None, timeout: float = 3600.0) -> dict[str, Any]:
-    """Run a process; its wall time, CPU time (user + system) and peak RSS (ru_maxrss) of that child alone
-    (via os.wait4), exit code, stdout and the tail of stderr. On a loaded machine the CPU time is the steadier
-    figure: it does not count the time the child waited for a core."""
+    """Run a process; its wall time, CPU time (user + system, via os.wait4) and peak RSS, exit code, stdout
+    and the tail of stderr. On a loaded machine the CPU time is the steadier figure: it leaves out the time the
+    child waited for a core.
+
+    Peak RSS is the child program's own high-water mark (``VmHWM`` from /proc, read every few ms while it
+    runs: it only grows), not ``ru_maxrss``: Linux carries into a child's ``ru_maxrss`` the resident size
+    the parent had when it forked, so a large parent would floor every child's figure. Where /proc is absent
+    ``ru_maxrss`` is the fallback (``peak_rss_from`` says which)."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         t0 = time.perf_counter()
         p = subprocess.Popen(argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env)
         deadline = t0 + timeout
+        hwm = None
         while True:
+            h = _hwm_mb(p.pid)  # before wait4: once reaped, the pid is gone
+            if h is not None:
+                hwm = h if hwm is None else max(hwm, h)
             pid, status, ru = os.wait4(p.pid, os.WNOHANG)
             if pid:
                 break
@@ -118,8 +139,9 @@ def run_child(argv: list[str], *, env: dict | None = None, timeout: float = 3600
         p.returncode = os.waitstatus_to_exitcode(status)
         out.seek(0)
         err.seek(0)
-        return {"wall_s": wall, "cpu_s": ru.ru_utime + ru.ru_stime, "peak_rss_mb": ru.ru_maxrss / 1024,
-                "rc": p.returncode,
+        return {"wall_s": wall, "cpu_s": ru.ru_utime + ru.ru_stime,
+                "peak_rss_mb": hwm if hwm is not None else ru.ru_maxrss / 1024,
+                "peak_rss_from": "VmHWM" if hwm is not None else "ru_maxrss", "rc": p.returncode,
                 "stdout": out.read().decode("utf-8", "replace"), "stderr": err.read().decode("utf-8", "replace")[-2000:]}
 
 
