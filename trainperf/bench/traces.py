@@ -167,6 +167,8 @@ def _diff(a, b):
 
 def compare_figures(tp: dict, hta: dict, extra: dict | None) -> list[dict]:
     """One row per (rank, figure) that both computed: trainperf's value, HTA's, the difference (points)."""
+    from trainperf.trace.hta import hta_type_name
+
     rows = []
     extra = extra or {}
     for t in tp.get("traces", []):
@@ -182,12 +184,11 @@ def compare_figures(tp: dict, hta: dict, extra: dict | None) -> list[dict]:
                          "hta": hi.get(name)})
         rows.append({"rank": r, "figure": "comm/compute overlap %", "trainperf": t.get("comm_compute_overlap_pct"),
                      "hta": (extra.get("overlap") or {}).get(key)})
-        mine = t.get("kernel_type_pct") or {}
-        for ht_name, tp_name in (("COMPUTATION", "compute"), ("COMMUNICATION", "communication"), ("MEMORY", "memory")):
-            theirs = (extra.get("kernel_types") or {}).get(ht_name)
-            if theirs is not None or mine.get(tp_name) is not None:
-                rows.append({"rank": r, "figure": f"kernel time {tp_name} % (rank 0 for HTA)" if len(tp["traces"]) > 1
-                             else f"kernel time {tp_name} %", "trainperf": mine.get(tp_name), "hta": theirs})
+        mine = {hta_type_name(k): v for k, v in (t.get("kernel_type_pct") or {}).items()}
+        theirs = extra.get("kernel_types") or {}
+        for name in sorted(set(mine) | set(theirs), key=lambda n: (n.count("overlapping"), n)):
+            label = f"kernel time {name} %" + (" (rank 0 for HTA)" if len(tp["traces"]) > 1 else "")
+            rows.append({"rank": r, "figure": label, "trainperf": mine.get(name), "hta": theirs.get(name)})
     for row in rows:
         row["diff_points"] = _diff(row["trainperf"], row["hta"])
     return rows
@@ -220,7 +221,7 @@ def bench_traces(path: str | Path, *, repeat: int = 1, hta_python: str | None = 
             if r["rc"] != 0:
                 raise UserError(f"trainperf diagnose {path} failed (exit {r['rc']}): {r['stderr'][-500:]}")
             tp_out = json.loads(r["stdout"])
-            runs["trainperf"].append({k: r[k] for k in ("wall_s", "peak_rss_mb")})
+            runs["trainperf"].append({k: r[k] for k in ("wall_s", "cpu_s", "peak_rss_mb")})
             if py:
                 h = run_child([py, "-c", HTA_TIMED, str(hdir)], env=env, timeout=timeout)
                 got = _hta_json(h["stdout"]) if h["rc"] == 0 else None
@@ -229,7 +230,7 @@ def bench_traces(path: str | Path, *, repeat: int = 1, hta_python: str | None = 
                     py = None
                 else:
                     hta_out = got
-                    runs["hta"].append({"wall_s": h["wall_s"], "peak_rss_mb": h["peak_rss_mb"],
+                    runs["hta"].append({"wall_s": h["wall_s"], "cpu_s": h["cpu_s"], "peak_rss_mb": h["peak_rss_mb"],
                                         "load_s": got["load_s"], "breakdowns_s": got["breakdowns_s"]})
         if py:
             x = run_child([py, "-c", HTA_EXTRA, str(hdir)], env=env, timeout=timeout)
@@ -244,6 +245,7 @@ def bench_traces(path: str | Path, *, repeat: int = 1, hta_python: str | None = 
             return None
         walls = [r["wall_s"] for r in rs]
         return {"wall_s": statistics.median(walls), "wall_s_runs": walls,
+                "cpu_s": statistics.median(r["cpu_s"] for r in rs),
                 "peak_rss_mb": max(r["peak_rss_mb"] for r in rs), **(
                     {"load_s": statistics.median(r["load_s"] for r in rs),
                      "breakdowns_s": statistics.median(r["breakdowns_s"] for r in rs)} if "load_s" in rs[0] else {})}
@@ -254,6 +256,7 @@ def bench_traces(path: str | Path, *, repeat: int = 1, hta_python: str | None = 
             "events": events, "repeat": repeat, "hta_python": py and str(py), "hta_found_by": how if py else None,
             "trainperf": tp_s, "hta": hta_s,
             "speedup": (hta_s["wall_s"] / tp_s["wall_s"]) if (tp_s and hta_s) else None,
+            "cpu_speedup": (hta_s["cpu_s"] / tp_s["cpu_s"]) if (tp_s and hta_s and tp_s["cpu_s"]) else None,
             "rss_ratio": (hta_s["peak_rss_mb"] / tp_s["peak_rss_mb"]) if (tp_s and hta_s) else None,
             "figures": compare_figures(tp_out or {}, hta_out or {}, extra) if hta_out else [],
             "hta_measures": "load + temporal + idle breakdown (whole process)",
