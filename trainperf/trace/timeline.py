@@ -338,6 +338,7 @@ class Collector:
         for prefix, d in (("g_", self.g), ("r_", self.r)):
             for k, parts in d.items():
                 arr = np.concatenate(parts) if parts else np.zeros(0, dtype=cat[k])
+                parts.clear()  # the per-chunk pieces go now, column by column: never two copies of it all
                 setattr(t, prefix + k, arr)
         # drop events without a time
         for prefix, keys in (("g_", self.g), ("r_", self.r)):
@@ -347,7 +348,9 @@ class Collector:
                     setattr(t, prefix + k, getattr(t, prefix + k)[ok])
         for k, dt in (("ts", np.float64), ("dur", np.float64), ("stream", np.int64)):
             setattr(t, "s_" + k, np.concatenate(self.sy[k]) if self.sy[k] else np.zeros(0, dtype=dt))
+            self.sy[k].clear()
         t.op_ext = np.unique(np.concatenate(self.op_ext)) if self.op_ext else np.zeros(0, dtype=np.int64)
+        self.op_ext.clear()
         t.steps.sort()
         t.dataloader.sort()
         t.cpu_ops = self.ops.result()
