@@ -100,7 +100,7 @@ def test_json_commands_not_run_here_print_through_the_strict_printer():
     (strict) and that no module writes JSON to stdout another way."""
     commands = set(json_commands())
     rest = commands - RUN_HERE
-    assert rest <= {("bench", k) for k in ("step", "data", "balance", "comm")} | {("tune",)}, rest
+    assert rest <= {("bench", k) for k in ("step", "data", "balance", "comm", "traces")} | {("tune",)}, rest
     for key in rest:
         kind = key[-1]
         name = f"bench_{kind}.py" if key[0] == "bench" else f"{kind}.py"  # printing lives in cli/
@@ -114,3 +114,18 @@ def test_json_commands_not_run_here_print_through_the_strict_printer():
                 pytest.fail(f"bench {kind}: json.dump to stdout")
             if getattr(c.func, "id", None) == "print" and "json.dumps" in ast.unparse(c):
                 pytest.fail(f"bench {kind}: print(json.dumps(...))")
+
+
+def test_diagnose_report_and_bench_traces_of_profiler_traces_print_strict_json(tmp_path, capsys):
+    """The trace path of diagnose and report (a generated trace), and bench traces (the HTA peer skipped when
+    absent: TRAINPERF_HTA_PYTHON unset and no hta here, or found and run)."""
+    from tests.unit.trace_factory import base_rank
+
+    t = base_rank(tmp_path / "rank0.pt.trace.json.gz", steps=2)
+    for argv in (["diagnose", str(t), "--json"], ["report", str(t), "--json"], ["bench", "traces", str(t), "--json"]):
+        rc = main(argv)
+        out, err = capsys.readouterr()
+        assert rc == 0, f"{argv}: exit {rc}: {err[-500:]}"
+        obj = strict_loads(out)
+        if argv[0] == "bench":
+            assert obj["trainperf"]["wall_s"] > 0 and (obj["hta"] is not None or obj["notes"])

@@ -147,3 +147,30 @@ def test_charts_render_in_headless_chromium(run_dir, tmp_path):
             assert c["w"] > 600 and c["h"] > 280 and c["colored"] >= 100, c
         png = screenshot.read_bytes()
         assert png[:8] == b"\x89PNG\r\n\x1a\n" and int.from_bytes(png[16:20], "big") == 1500, shot
+
+
+@pytest.mark.slow
+def test_trace_report_charts_render_in_headless_chromium(tmp_path):
+    """The report of a directory of profiler traces (generated ranks, one a straggler): its charts render."""
+    if CHROMIUM is None:
+        msg = "needs the chromium browser (Debian package chromium; .ci/run installs it)"
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail("CI: " + msg)
+        pytest.skip(msg)
+    from tests.unit.trace_factory import base_rank
+    from trainperf.trace import synth
+
+    synth.multi_rank(base_rank(tmp_path / "base.json.gz"), tmp_path / "ranks", world=4, straggler=2, slowdown=1.3)
+    page = tmp_path / "ranks" / "trace_report.html"
+    assert main(["report", str(tmp_path / "ranks")]) == 0
+    html = page.read_text()
+    assert "straggler" in html and "gain (upper bound)" in html and "Not measured" in html
+    ARTIFACTS.mkdir(exist_ok=True)
+    screenshot = ARTIFACTS / "trace_report.png"
+    screenshot.unlink(missing_ok=True)
+    charts, err = _render(page, screenshot)
+    assert {c["name"] for c in charts} == {"trace_breakdown", "trace_temporal", "trace_ranks"}, (charts, err[-1000:])
+    for c in charts:
+        assert c["w"] > 600 and c["h"] > 280 and c["colored"] >= 100, c
+    png = screenshot.read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and int.from_bytes(png[16:20], "big") == 1500

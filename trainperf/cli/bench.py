@@ -13,11 +13,12 @@ KINDS = {
     "data": "HybridLoader vs torch DataLoader on a slow source",
     "balance": "dynamic load balancer on a straggler rank",
     "comm": "bytes and time per step for each parallel layout and compression",
+    "traces": "trainperf vs Holistic Trace Analysis on the same profiler traces: time, memory, figures",
 }
 
 
 CLI = {"step": "trainperf.cli.bench_step", "data": "trainperf.cli.bench_data", "balance": "trainperf.cli.bench_balance",
-       "comm": "trainperf.cli.bench_comm"}
+       "comm": "trainperf.cli.bench_comm", "traces": "trainperf.cli.bench_traces"}
 
 
 def register(subparsers) -> None:

@@ -1,5 +1,6 @@
-"""``trainperf report RUN_DIR [RUN_DIR ...] [--out FILE] [--json]``: a self-contained HTML report
-(one run), or the side-by-side comparison of `trainperf compare` as HTML (several runs)."""
+"""``trainperf report PATH [RUN_DIR ...] [--out FILE] [--json]``: a self-contained HTML report of one run
+directory (its profile/ traces included) or of profiler traces (a trace file, or a directory of traces one
+per rank), or the side-by-side comparison of `trainperf compare` as HTML (several run directories)."""
 
 from __future__ import annotations
 
@@ -7,13 +8,19 @@ from trainperf.cli._common import add_json_flag
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("report", help="write RUN_DIR/report.html (charts, findings); with several runs, "
+    from trainperf.cli.diagnose import add_trace_args
+
+    p = subparsers.add_parser("report", help="write RUN_DIR/report.html (charts, findings), a trace report "
+                                             "(TRACE.report.html or DIR/trace_report.html); with several runs, "
                                              "RUN_A/compare.html (the runs side by side)")
-    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR",
-                   help="run directory written by `trainperf train` (run.dir); several: compare them")
+    p.add_argument("run_dirs", nargs="+", metavar="PATH",
+                   help="run directory written by `trainperf train` (run.dir), a trace file or a directory of "
+                        "traces; several run directories: compare them")
     p.add_argument("--out", default=None, metavar="FILE",
-                   help="HTML path (default: RUN_DIR/report.html, or RUN_A/compare.html for several runs)")
+                   help="HTML path (default: RUN_DIR/report.html, TRACE.report.html, DIR/trace_report.html, or "
+                        "RUN_A/compare.html for several runs)")
     add_json_flag(p)
+    add_trace_args(p)
     p.set_defaults(func=run)
 
 
@@ -21,9 +28,17 @@ def run(args) -> int:
     from trainperf.runio import dumps_strict
 
     if len(args.run_dirs) == 1:
-        from trainperf.monitor.report import build_report
+        from trainperf.trace.ranks import discover
 
-        result = build_report(args.run_dirs[0], args.out)
+        if discover(args.run_dirs[0])["kind"] == "run":
+            from trainperf.monitor.report import build_report
+
+            result = build_report(args.run_dirs[0], args.out)
+        else:
+            from trainperf.monitor.trace_report import build_trace_report
+
+            result = build_trace_report(args.run_dirs[0], args.out, top_n=args.top,
+                                        patterns=args.comm_patterns or None)
     else:
         from trainperf.monitor.compare import build_compare_report
 

@@ -1,11 +1,22 @@
-"""Diagnosis: a rule table over a run's metrics -> findings with evidence, cause and fix.
+"""Diagnosis: one rule table over evidence -> findings with evidence, cause, fix and gain.
+
+Evidence is a dict of figures with one shape whatever it came from: a run directory
+(:func:`compute_summary`, ``"source": "run"``) or a profiler trace (one rank's figures, built by
+:mod:`trainperf.monitor.trace_evidence`, ``"source": "trace"``). A rule reads the figures it needs
+and does not ask where they came from; ``Rule.not_from`` names the evidence a rule cannot be judged
+from, with the reason (listed as not measured). :func:`apply_rules` runs the table over one evidence
+dict. ``trainperf diagnose PATH`` (run directory, trace, directory of traces) is
+:func:`trainperf.monitor.engine.diagnose_path`.
 
 ``diagnose(run_dir)`` reads what ``trainperf train`` wrote (metrics*.jsonl, samples*.jsonl,
 summary.json and config.yaml; a crashed run without summary.json works too) and returns::
 
-    {"findings": [{"id", "severity", "title", "evidence", "cause", "fix"}],
+    {"findings": [{"id", "severity", "title", "evidence", "cause", "fix", "gain"}],
      "summary": {"mfu", "hfu", "phase_fractions", "step_time_s", "tokens_per_s", ...},
-     "missing": ["what could not be checked, and why"]}
+     "missing": ["what could not be checked, and why"], "not_measured": [{"id", "reason"}]}
+
+``gain`` is the upper bound a fix can bring (:mod:`trainperf.monitor.gain`), or None where no honest
+bound can be computed.
 
 The first 10% of the steps (at least one, when there are three or more) are left out of every
 figure: they hold compilation, allocator growth and cold caches. The ``compile`` phase (the
@@ -19,12 +30,14 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
+from trainperf.monitor.gain import fraction, step_gain
 from trainperf.monitor.rules_runtime import COMPILE_PHASE, RUNTIME_RULES, _num, rank_compute_windows
 from trainperf.monitor.rules_runtime import pct as _pct
+from trainperf.monitor.rules_trace import NOT_FROM_TRACE, TRACE_RULES, comm_bound_trace, data_bound_trace
 from trainperf.monitor.rundir import load_run, rank_of
 from trainperf.monitor.xla import XLA_RECOMPILE_RULE
 
@@ -48,6 +61,10 @@ class Rule:
     cause: str
     fix: str
     check: Callable[[dict], dict | None]
+    not_from: dict[str, str] = field(default_factory=dict)
+    """evidence source ("run" | "trace") -> why this rule cannot be judged from it."""
+    scope: str = "rank"
+    """"rank": judged on each rank's evidence; "job": once, over every rank (straggler)."""
 
 
 # ---------------------------------------------------------------------- loading
@@ -95,7 +112,7 @@ def compute_summary(run: dict) -> dict[str, Any]:
     """Figures the rules look at (over the steady steps). The ``compile`` phase (first-step
     compilation, booked apart by the trainer) is never part of the steady-state fractions: its
     total over the whole run is ``compile_s``."""
-    s: dict[str, Any] = {}
+    s: dict[str, Any] = {"source": "run"}
     ranks = run["ranks"]
     recs0 = ranks.get(0) or (next(iter(ranks.values())) if ranks else [])
     main = _steady(recs0)
@@ -186,11 +203,27 @@ def _cpu_share(s: dict) -> float | None:
     return min(1.0, max(comp)) if comp else None
 
 
+def _step_s(s: dict) -> float | None:
+    """Mean step time: the sum of the mean phases (run) or the trace's step time."""
+    tot = sum((s.get("phase_mean_s") or {}).values())
+    return tot if tot > 0 and s.get("source") != "trace" else s.get("step_time_s")
+
+
+def _on(s: dict) -> str:
+    return f" on rank {s['rank']}" if s.get("source") == "trace" and s.get("world", 1) > 1 else ""
+
+
 def _data_bound(s: dict) -> dict | None:
     f = s["phase_fractions"].get("data", 0.0)
     if f <= DATA_WARN:
         return None
-    ms = 1000 * s["phase_mean_s"].get("data", 0.0)
+    mean_s = s["phase_mean_s"].get("data", 0.0)
+    g = step_gain(_step_s(s), mean_s, "DataLoader waits were hidden" if s.get("source") == "trace"
+                  else "data waits were hidden")
+    sev = "critical" if f > DATA_CRIT else "warning"
+    if s.get("source") == "trace":
+        return data_bound_trace(s, f, mean_s, sev, g, DATA_WARN)
+    ms = 1000 * mean_s
     ratio = s["phase_cpu_ratio"].get("data")
     share = _cpu_share(s)
     busy = ratio / share if (ratio is not None and share) else ratio
@@ -210,8 +243,8 @@ def _data_bound(s: dict) -> dict | None:
         ev += " -> CPU-bound" if busy is not None else ""
         cause = "the loader is CPU-bound: decoding/collating batches in the training process (decode-bound)"
         fix = "data.loader=dataloader or hybrid with more data.num_workers; pre-tokenize (`trainperf data prepare`)"
-    return {"severity": "critical" if f > DATA_CRIT else "warning", "evidence": ev, "cause": cause,
-            "fix": fix, "kind": kind, "data_cpu_ratio": ratio, "cpu_share": share}
+    return {"severity": sev, "evidence": ev, "cause": cause, "fix": fix, "gain": g, "kind": kind,
+            "data_cpu_ratio": ratio, "cpu_share": share}
 
 
 def _comm_bound(s: dict) -> dict | None:
@@ -221,10 +254,15 @@ def _comm_bound(s: dict) -> dict | None:
     f = per.get(rank, s["phase_fractions"].get("comm", 0.0))
     if f <= COMM_WARN:
         return None
-    ms = 1000 * (s["ranks"][rank]["comm_s"] if rank in s["ranks"] else s["phase_mean_s"].get("comm", 0.0))
-    where = f" on rank {rank}" if len(per) > 1 else ""
-    return {"severity": "critical" if f > COMM_CRIT else "warning",
-            "evidence": f"exposed communication {_pct(f)} of step time{where} ({ms:.0f} ms per step, threshold "
+    sec = s["ranks"][rank]["comm_s"] if rank in s["ranks"] else s["phase_mean_s"].get("comm", 0.0)
+    step = (s["ranks"][rank].get("step_time_s") if rank in s["ranks"] else None) or _step_s(s)
+    g = step_gain(step, sec, "communication were fully overlapped with compute")
+    where = f" on rank {rank}" if len(per) > 1 else _on(s)
+    sev = "critical" if f > COMM_CRIT else "warning"
+    if s.get("source") == "trace":
+        return comm_bound_trace(s, f, sec, where, sev, g, COMM_WARN)
+    return {"severity": sev, "gain": g,
+            "evidence": f"exposed communication {_pct(f)} of step time{where} ({1000 * sec:.0f} ms per step, threshold "
                         f"{_pct(COMM_WARN)})",
             "cause": "gradient collectives are not hidden behind backward: too little compute per byte sent, "
                      "or a slow link",
@@ -239,11 +277,32 @@ def _launch_bound(s: dict) -> dict | None:
     other = s["phase_fractions"].get("data", 0.0) + s["phase_fractions"].get("comm", 0.0)
     if other > 0.15:
         return None  # the GPU idles for data or communication: those rules speak
-    return {"severity": "warning",
-            "evidence": f"NVML kernel-busy {busy:.0f}% (threshold {LAUNCH_BUSY_PCT:.0f}%) while data + comm are "
-                        f"only {_pct(other)} of step time",
-            "cause": "the host cannot launch kernels fast enough (many small kernels, Python overhead)",
-            "fix": "compile.enabled=true (compile.mode=reduce-overhead for CUDA graphs); raise train.micro_batch"}
+    label = s.get("busy_label") or "NVML kernel-busy"
+    ev = f"{label} {busy:.0f}% (threshold {LAUNCH_BUSY_PCT:.0f}%) while data + comm are only {_pct(other)} of step time"
+    idle_s = (1 - busy / 100) * (_step_s(s) or 0.0)
+    launch = s.get("launch") or {}
+    if s.get("source") == "trace":
+        hw = s.get("idle_host_wait_frac")
+        if hw is not None:
+            idle_s = hw * (s.get("step_time_s") or 0.0)  # only the idle the host caused
+            ev += f"; the GPU waits for the host {_pct(hw)} of the step (HTA's host_wait)"
+        if launch.get("short_kernel_pct") is not None:
+            ev += (f"; {launch['short_kernel_pct']:.0f}% of {launch.get('kernels', '?')} kernels run shorter than "
+                   f"their launch (median kernel {_fmt_us(launch.get('gpu_us_median'))}, launch "
+                   f"{_fmt_us(launch.get('cpu_launch_us_median'))})")
+        fix = ("torch.compile(model) (fusion: fewer, larger kernels; mode='reduce-overhead' for CUDA graphs); CUDA "
+               "graphs for a static step; a larger micro-batch (each launch does more work)")
+    else:
+        fix = "compile.enabled=true (compile.mode=reduce-overhead for CUDA graphs); raise train.micro_batch"
+    return {"severity": "warning", "evidence": ev, "gain": step_gain(_step_s(s), idle_s, "the GPU never waited "
+            "for kernel launches"), "fix": fix,
+            "cause": "the host cannot launch kernels fast enough (many small kernels, Python overhead)"}
+
+
+def _fmt_us(v) -> str:
+    if not isinstance(v, (int, float)):
+        return "n/a"
+    return f"{v:.1f} us" if v < 1000 else f"{v / 1000:.2f} ms"
 
 
 def _memory_bound(s: dict) -> dict | None:
@@ -280,25 +339,30 @@ def _target(key: str, limit: float, above: bool, label: str):
         v = s.get(key)
         if v is None or (v > limit if above else v < limit):
             return None
-        return {"severity": "info",
-                "evidence": f"{label} {v:.0f}% (mean over the steady steps; target "
+        over = "over the profiled steps" + _on(s) if s.get("source") == "trace" else "mean over the steady steps"
+        return {"severity": "info", "gain": None,
+                "evidence": f"{s.get(key + '_label') or label} {v:.0f}% ({over}; target "
                             f"{'>' if above else '<'} {limit:.0f}%)"}
     return check
 
 
-RULES: list[Rule] = [
-    Rule("data_bound", "steps wait for batches", f"data phase > {_pct(DATA_WARN)} of step time "
-         f"(critical > {_pct(DATA_CRIT)}); IO- vs decode-bound from the process CPU during the wait "
-         f"(< {IO_CPU_RATIO} of the CPU the process gets: IO)",
+_TABLE: list[Rule] = [
+    Rule("data_bound", "steps wait for batches", f"data phase (trace: DataLoader time) > {_pct(DATA_WARN)} of step "
+         f"time (critical > {_pct(DATA_CRIT)}); IO- vs decode-bound from the process CPU during the wait "
+         f"(< {IO_CPU_RATIO} of the CPU the process gets: IO); trace: num_workers=0 from the DataLoader iterator",
          "slow storage (IO) or CPU decoding in the training process",
-         "data.loader=hybrid, prefetch depth/io_threads, data.cache.dir; more workers; pre-tokenize", _data_bound),
-    Rule("comm_bound", "ranks wait on collectives", f"exposed comm phase > {_pct(COMM_WARN)} of step time "
-         f"on the rank that waits most (critical > {_pct(COMM_CRIT)})", "collectives not overlapped with backward; slow links",
-         "parallelism.compression.type=bf16/powersgd; larger global batch; fsdp_reduce_dtype=bf16", _comm_bound),
+         "data.loader=hybrid, prefetch depth/io_threads, data.cache.dir; more workers (DataLoader num_workers, "
+         "pin_memory); pre-tokenize", _data_bound),
+    Rule("comm_bound", "ranks wait on collectives", f"exposed comm phase (trace: communication kernels not "
+         f"overlapped by compute, waits for a straggler left out) > {_pct(COMM_WARN)} of step time on the rank that "
+         f"waits most (critical > {_pct(COMM_CRIT)})", "collectives not overlapped with backward; slow links",
+         "parallelism.compression.type=bf16/powersgd; larger global batch; fsdp_reduce_dtype=bf16; DDP bucket_cap_mb, "
+         "FSDP prefetch", _comm_bound),
     *(Rule(**r) for r in RUNTIME_RULES),  # trainperf/monitor/rules_runtime.py
-    Rule("launch_bound", "GPU idle between small kernels (host-bound)", f"NVML kernel-busy < {LAUNCH_BUSY_PCT:.0f}% "
-         "with data + comm < 15% of step time", "Python/launch overhead, many small kernels",
-         "compile.enabled=true (mode reduce-overhead); larger micro-batch", _launch_bound),
+    Rule("launch_bound", "GPU idle between small kernels (host-bound)", f"NVML kernel-busy (trace: GPU utilization) "
+         f"< {LAUNCH_BUSY_PCT:.0f}% with data + comm < 15% of step time", "Python/launch overhead, many small kernels",
+         "compile.enabled=true (mode reduce-overhead: CUDA graphs); larger micro-batch", _launch_bound),
+    *(Rule(**r) for r in TRACE_RULES),  # trainperf/monitor/rules_trace.py
     Rule("memory_bound", "memory left unused, device under-fed", f"peak allocated < {_pct(MEMORY_USED_FRAC)} of "
          "device memory and MFU < 40%", "batch too small for the memory", "raise train.micro_batch; "
          "drop activation checkpointing", _memory_bound),
@@ -306,18 +370,46 @@ RULES: list[Rule] = [
          "(GPU only: on CPU, MFU against a measured matmul peak is reported, not judged)", "fp32, eager small kernels, "
          "small model or batch", "precision.dtype=bf16; compile.enabled=true; optimizer.type=fused_adam", _low_mfu),
     Rule("gpu_util_below_target", "GPU kernel-busy below the founding target",
-         f"NVML kernel-busy (utilization) < {TARGET_GPU_UTIL:.0f}%", "the GPU waits: see data/comm/launch findings",
-         "fix the bottleneck named by the other findings", _target("gpu_kernel_busy_pct", TARGET_GPU_UTIL, True,
-                                                                   "NVML kernel-busy utilization")),
-    Rule("sm_efficiency_below_target", "SMs idle while kernels run", f"SM activity (NVML GPM / DCGM) < "
-         f"{TARGET_SM_EFF:.0f}%", "kernels too small to fill the SMs", "raise train.micro_batch; compile.enabled=true",
-         _target("gpu_sm_active_pct", TARGET_SM_EFF, True, "SM activity (GPM)")),
+         f"NVML kernel-busy (trace: GPU utilization) < {TARGET_GPU_UTIL:.0f}%", "the GPU waits: see data/comm/launch "
+         "findings", "fix the bottleneck named by the other findings",
+         _target("gpu_kernel_busy_pct", TARGET_GPU_UTIL, True, "NVML kernel-busy utilization")),
+    Rule("sm_efficiency_below_target", "SMs idle while kernels run", f"SM activity (NVML GPM / DCGM; trace: "
+         f"estimated SM efficiency) < {TARGET_SM_EFF:.0f}%", "kernels too small to fill the SMs",
+         "raise train.micro_batch; compile.enabled=true", _target("gpu_sm_active_pct", TARGET_SM_EFF, True,
+                                                                 "SM activity (GPM)")),
     Rule("mem_copy_above_target", "device memory busy copying", f"NVML memory-copy utilization > "
          f"{TARGET_MEMCOPY:.0f}%", "memory-bound kernels (elementwise, fp32, unfused)",
          "precision.dtype=bf16; compile.enabled=true (fusion); optimizer.type=fused_adam",
          _target("gpu_mem_copy_util_pct", TARGET_MEMCOPY, False, "NVML memory-copy utilization")),
     Rule(**XLA_RECOMPILE_RULE),  # trainperf/monitor/xla.py
 ]
+RULES: list[Rule] = [replace(r, not_from={**r.not_from, "trace": NOT_FROM_TRACE[r.id]}) if r.id in NOT_FROM_TRACE
+                     else r for r in _TABLE]
+
+
+def apply_rules(ev: dict, rules: list[Rule] | None = None) -> tuple[list[dict], list[dict]]:
+    """Run the rule table over one evidence dict: (findings, not measured [{"id", "reason"}]). A rule that
+    cannot be judged from ``ev["source"]`` (``Rule.not_from``) or whose check says ``unmeasured`` is listed
+    as not measured with the reason."""
+    findings, not_measured = [], []
+    src = ev.get("source", "run")
+    for rule in RULES if rules is None else rules:
+        if src in rule.not_from:
+            not_measured.append({"id": rule.id, "reason": rule.not_from[src]})
+            continue
+        got = rule.check(ev)
+        if got is None:
+            continue
+        if "unmeasured" in got:
+            not_measured.append({"id": rule.id, "reason": got["unmeasured"]})
+            continue
+        f = {"id": rule.id, "severity": got.pop("severity"), "title": rule.symptom,
+             "evidence": got.pop("evidence"), "cause": got.pop("cause", rule.cause), "fix": got.pop("fix", rule.fix),
+             "gain": got.pop("gain", None)}
+        f.update(got)
+        findings.append(f)
+    findings.sort(key=lambda f: (SEVERITY_ORDER[f["severity"]], -fraction(f.get("gain"))))
+    return findings, not_measured
 
 
 def _why_no_mfu(run: dict) -> str:
@@ -357,20 +449,13 @@ def diagnose(run_dir: str | Path) -> dict[str, Any]:
 
 
 def diagnose_run(run: dict) -> dict[str, Any]:
-    """The diagnosis of a run already loaded by :func:`load_run`."""
+    """The diagnosis of a run already loaded by :func:`load_run` (its metrics; the profile/ traces are
+    read by :func:`trainperf.monitor.engine.diagnose_path`)."""
     s = compute_summary(run)
-    findings = []
-    for rule in RULES:
-        got = rule.check(s)
-        if got is None:
-            continue
-        f = {"id": rule.id, "severity": got.pop("severity"), "title": rule.symptom,
-             "evidence": got.pop("evidence"), "cause": got.pop("cause", rule.cause), "fix": got.pop("fix", rule.fix)}
-        f.update(got)
-        findings.append(f)
-    findings.sort(key=lambda f: SEVERITY_ORDER[f["severity"]])
+    findings, not_measured = apply_rules(s)
+    missing = _missing(run, s)
     return {"run_dir": str(run["dir"]), "crashed": run["crashed"], "findings": findings, "summary": s,
-            "missing": _missing(run, s)}
+            "missing": missing, "not_measured": [*not_measured, *({"id": None, "reason": m} for m in missing)]}
 
 
 # ---------------------------------------------------------------------- output
@@ -395,6 +480,8 @@ def format_findings(result: dict) -> str:
         lines.append(f"  [{f['severity']}] {f['id']}: {f['evidence']}")
         lines.append(f"      cause: {f['cause']}")
         lines.append(f"      try:   {f['fix']}")
+        if f.get("gain"):
+            lines.append(f"      gain:  {f['gain']['text']}")
     for m in result.get("missing", []):
         lines.append(f"  not measured: {m}")
     return "\n".join(lines)
@@ -402,7 +489,8 @@ def format_findings(result: dict) -> str:
 
 def rules_markdown() -> str:
     """The troubleshooting table (README), generated from RULES."""
-    rows = ["| id | symptom | fires when | likely cause | what to try |", "|---|---|---|---|---|"]
+    rows = ["| id | symptom | fires when | judged from | likely cause | what to try |", "|---|---|---|---|---|---|"]
     for r in RULES:
-        rows.append(f"| `{r.id}` | {r.symptom} | {r.condition} | {r.cause} | {r.fix} |")
+        src = ", ".join(x for x in ("run", "trace") if x not in r.not_from)
+        rows.append(f"| `{r.id}` | {r.symptom} | {r.condition} | {src} | {r.cause} | {r.fix} |")
     return "\n".join(rows)

@@ -179,13 +179,23 @@ def findings_html(result: dict) -> str:
 
 def build_report(run_dir: str | Path, out: str | Path | None = None) -> dict[str, Any]:
     """Write the HTML report and SVGs; returns {"html": path, "charts": [svg paths], "skipped": [...], "findings"}."""
+    from trainperf.monitor.engine import with_traces
+    from trainperf.monitor.trace_report import findings_html as findings_with_gain
+    from trainperf.monitor.trace_report import trace_section
+    from trainperf.trace.ranks import discover
+
     run_dir = Path(run_dir)
     run = load_run(run_dir)
-    result = diagnose_run(run)
+    result = with_traces(diagnose_run(run), discover(run_dir)["files"])
     s = result["summary"]
     drawn = [(name, fn(run)) for name, fn in CHARTS]
     if s.get("rank_compute"):
         drawn.append(("rank_compute", _chart_rank_compute(s)))
+    traces_html = ""
+    if result["traces"]:
+        table, trace_drawn = trace_section(result)
+        drawn += [(n, svg) for n, svg in trace_drawn if svg]  # drawn with the run's charts
+        traces_html = f"<h2>Profiler traces (profile/)</h2>{table}"
     paths, figs, skipped = write_charts(drawn, run_dir / "report")
     missing = "".join(f"<li>{html.escape(m)}</li>" for m in result["missing"] + [f"chart '{n}': no data"
                                                                                  for n in skipped])
@@ -193,8 +203,8 @@ def build_report(run_dir: str | Path, out: str | Path | None = None) -> dict[str
         if run["crashed"] else ""
     body = (f"<h1>trainperf report: {html.escape(str(run_dir))}</h1>\n{crashed}"
             f"<h2>Summary</h2>{C.table(summary_rows(s, run['summary']))}"
-            f"<h2>Findings</h2>{findings_html(result)}"
-            f"<h2>Charts</h2><div class=\"charts\">{''.join(figs)}</div>"
+            f"<h2>Findings</h2>{findings_with_gain(result) if result['findings'] else findings_html(result)}"
+            f"<h2>Charts</h2><div class=\"charts\">{''.join(figs)}</div>{traces_html}"
             f"<h2>Not measured</h2><ul>{missing or '<li>nothing</li>'}</ul>")
     out = Path(out) if out else run_dir / "report.html"
     out.write_text(C.page(f"trainperf report: {run_dir.name}", body), encoding="utf-8")

@@ -9,6 +9,9 @@ from __future__ import annotations
 import math
 import statistics
 
+from trainperf.monitor.gain import gain, step_gain
+from trainperf.monitor.rules_trace import straggler_by_trace
+
 STRAGGLER_RATIO = 1.15  # a rank's compute over the median of the others' (median over the log windows)
 STRAGGLER_CRIT = 1.5
 STRAGGLER_MIN_GAP_S = 0.001  # and at least this much slower per step (clock resolution, tiny steps)
@@ -83,7 +86,7 @@ def _straggler_by_clock(rc: dict) -> dict | None:
     above = sum(1 for x in ratios[worst] if x > STRAGGLER_RATIO)
     clock = rc.get("clock")
     return {"severity": "critical" if ratio > STRAGGLER_CRIT else "warning", "rank": worst, "ratio": ratio,
-            "clock": clock,
+            "clock": clock, "_excess_s": slow_s - base_s,
             "evidence": f"rank {worst} computes {slow_s * 1000:.0f} ms per step against {base_s * 1000:.0f} ms "
                         f"for the median of the other ranks: {ratio:.2f}x (median over {rc['n_windows']} log windows, "
                         f"above {STRAGGLER_RATIO}x in {pct(above / len(ratios[worst]))} of the steps they cover); "
@@ -116,7 +119,7 @@ def _straggler_by_files(s: dict) -> dict | None:
     if ratio <= STRAGGLER_RATIO or slow - base < STRAGGLER_MIN_GAP_S:
         return None
     return {"severity": "critical" if ratio > STRAGGLER_CRIT else "warning", "rank": worst, "ratio": ratio,
-            "clock": "wall",
+            "clock": "wall", "_excess_s": slow - base,
             "evidence": f"rank {worst} computes {slow * 1000:.0f} ms per step, {ratio:.2f}x the median "
                         f"{base * 1000:.0f} ms of the other ranks (threshold {STRAGGLER_RATIO}x; wall clock of "
                         "each rank's non-comm phases from its own metrics file: a wait hidden inside an "
@@ -124,11 +127,16 @@ def _straggler_by_files(s: dict) -> dict | None:
 
 
 def straggler(s: dict) -> dict | None:
-    """By the trainer's per-rank compute clock where recorded, else by each rank's own file."""
+    """By the trainer's per-rank compute clock where recorded, else by each rank's own file; from traces,
+    by each rank's GPU compute (:func:`trainperf.monitor.rules_trace.straggler_by_trace`)."""
+    if s.get("source") == "trace":
+        return straggler_by_trace(s)
     got = _straggler_by_clock(s["rank_compute"]) if s.get("rank_compute") else _straggler_by_files(s)
     if got is None:
         return None
     r = got["rank"]
+    got["gain"] = step_gain(s.get("step_time_s"), got.pop("_excess_s", None),
+                            f"rank {r} computed as fast as the median rank (every rank waits for it)")
     got["fix"] = (f"parallelism.balance.enabled=true (moves micro-batches off rank {r}); check rank {r}'s host "
                   "load, clocks and temperature (samples.jsonl)")
     return got
@@ -174,6 +182,8 @@ def compile_time(s: dict) -> dict | None:
     if frac <= COMPILE_INFO_FRAC:
         return None
     return {"severity": "info", "compile_s": c,
+            "gain": gain(total, c, "later runs reused the compiled kernels (a persistent cache)",
+                         metric="training time", unit="s", scale=1.0, verb="the training time would shrink"),
             "evidence": f"compilation took {c:.1f} s, {pct(frac)} of the {total:.1f} s of training (booked as the "
                         f"phase '{COMPILE_PHASE}', not as data; left out of the steady-state fractions and figures)"}
 
@@ -194,10 +204,12 @@ RUNTIME_RULES = [
     dict(id="straggler", symptom="one rank is slower than the others",
          condition=f"a rank's own compute (the trainer's rank_compute_s: thread CPU time on CPU, CUDA events on GPU) "
                    f"> {STRAGGLER_RATIO}x the median of the other ranks', median over the log windows (critical > "
-                   f"{STRAGGLER_CRIT}x); without rank_compute_s, each rank file's non-comm wall time",
+                   f"{STRAGGLER_CRIT}x); without rank_compute_s, each rank file's non-comm wall time; traces: each "
+                   "rank's GPU time in non-communication kernels per step (never wall time)",
          cause="one rank is slower (throttled clocks, a shared or slower device, a busy host) and every collective "
                "waits for it",
-         fix="parallelism.balance.enabled=true; inspect that rank's clocks and host", check=straggler),
+         fix="parallelism.balance.enabled=true; inspect that rank's clocks and host", check=straggler,
+         scope="job"),
     dict(id="host_contention", symptom="the host is shared or unsteady: less CPU than asked, erratic step times",
          condition=f"CPU runs: compute got < {HOST_MIN_CORES} core per wall second, or < {pct(HOST_MIN_SHARE)} of "
                    f"run.threads while the machine is >= {MACHINE_BUSY_PCT:.0f}% busy; any run: p90 step time > "

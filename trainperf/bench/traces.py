@@ -1,0 +1,267 @@
+"""``trainperf bench traces FILE|DIR``: trainperf and Holistic Trace Analysis side by side on the same traces.
+
+Each tool runs as a whole process on the same PATH (a trace file, or a directory of one trace per rank),
+``repeat`` times, the two alternating so that a change in the machine's load hits both alike:
+
+* trainperf: ``python -m trainperf diagnose PATH --json`` (reading, every figure, the rules);
+* HTA: ``TraceAnalysis(trace_dir)`` (load) + ``get_temporal_breakdown`` + ``get_idle_time_breakdown``:
+  the work the speed claim is about. A single file is given to HTA as a temporary directory holding a
+  link to it. Once more, untimed against the claim, HTA's ``get_comm_comp_overlap`` and
+  ``get_gpu_kernel_breakdown`` for the figures that compare.
+
+Per tool: wall time (median over the repeats, and each run), peak resident memory of the child process (the
+child program's own high-water mark, ``VmHWM``, its imports included; see :func:`run_child`). Then the figures
+both compute, per rank, with their difference in percentage points: temporal breakdown (compute / non-compute
+/ idle % of the GPU timeline), idle breakdown (host_wait / kernel_wait / other, HTA's idle time summed over
+the rank's streams), comm/compute overlap, and kernel time by type.
+
+HTA is an optional peer, found as ``hta_python`` (``--hta-python``), else ``TRAINPERF_HTA_PYTHON``, else the
+current interpreter if it can ``import hta``; without it the HTA rows are skipped with a note saying how
+to install it. Nothing here imports torch or HTA in this process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from trainperf.errors import UserError
+
+INSTALL_NOTE = ("HTA not found: install it in a virtual environment of its own (python -m venv hta; "
+                "hta/bin/pip install HolisticTraceAnalysis==0.5.0) and pass --hta-python hta/bin/python "
+                "(or set TRAINPERF_HTA_PYTHON)")
+
+# The HTA child: load + temporal + idle (timed as a whole process), printed as JSON.
+HTA_TIMED = r"""
+import json, sys, time
+t0 = time.perf_counter()
+from hta.trace_analysis import TraceAnalysis
+ta = TraceAnalysis(trace_dir=sys.argv[1])
+t1 = time.perf_counter()
+tb = ta.get_temporal_breakdown(visualize=False)
+ranks = sorted(int(r) for r in ta.t.traces.keys())
+idle = ta.get_idle_time_breakdown(ranks=ranks, visualize=False)[0]
+t2 = time.perf_counter()
+out = {"load_s": t1 - t0, "breakdowns_s": t2 - t1, "temporal": {}, "idle": {}}
+for _, r in tb.iterrows():
+    out["temporal"][int(r["rank"])] = {"compute": float(r["compute_time_pctg"]),
+        "non_compute": float(r["non_compute_time_pctg"]), "idle": float(r["idle_time_pctg"])}
+for rank, g in idle.groupby("rank"):
+    tot = float(g["idle_time"].sum())
+    out["idle"][int(rank)] = {c: (100.0 * float(g[g["idle_category"] == c]["idle_time"].sum()) / tot if tot else None)
+                              for c in ("host_wait", "kernel_wait", "other")}
+print("HTA_JSON " + json.dumps(out))
+"""
+
+HTA_EXTRA = r"""
+import json, sys
+from hta.trace_analysis import TraceAnalysis
+ta = TraceAnalysis(trace_dir=sys.argv[1])
+out = {"overlap": {}, "kernel_types": {}}
+try:
+    ov = ta.get_comm_comp_overlap(visualize=False)
+    for _, r in ov.iterrows():
+        v = float(r["comp_comm_overlap_pctg"])
+        out["overlap"][int(r["rank"])] = v if v == v else None
+except Exception as exc:
+    out["overlap_error"] = f"{type(exc).__name__}: {exc}"
+try:
+    kt = ta.get_gpu_kernel_breakdown(visualize=False)[0]
+    out["kernel_types"] = {str(r["kernel_type"]): float(r["percentage"]) for _, r in kt.iterrows()}
+except Exception as exc:
+    out["kernel_types_error"] = f"{type(exc).__name__}: {exc}"
+print("HTA_JSON " + json.dumps(out))
+"""
+
+
+def find_hta(hta_python: str | None = None) -> tuple[str | None, str]:
+    """(the interpreter that has HTA, how it was found) or (None, the note saying how to install it)."""
+    cand = hta_python or os.environ.get("TRAINPERF_HTA_PYTHON")
+    how = "--hta-python" if hta_python else "TRAINPERF_HTA_PYTHON"
+    if cand:
+        if not Path(cand).exists():
+            raise UserError(f"{how}={cand}: no such interpreter; pass the python of a venv that has "
+                            "HolisticTraceAnalysis installed")
+        ok = subprocess.run([cand, "-c", "import hta"], capture_output=True, timeout=120).returncode == 0
+        if not ok:
+            raise UserError(f"{how}={cand} cannot `import hta`; " + INSTALL_NOTE)
+        return cand, how
+    ok = subprocess.run([sys.executable, "-c", "import hta"], capture_output=True, timeout=120).returncode == 0
+    return (sys.executable, "this interpreter") if ok else (None, INSTALL_NOTE)
+
+
+def _hwm_mb(pid: int) -> float | None:
+    """The peak resident set of a live process's current program (VmHWM, Linux), MB; None elsewhere."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def run_child(argv: list[str], *, env: dict | None = None, timeout: float = 3600.0) -> dict[str, Any]:
+    """Run a process; its wall time, CPU time (user + system, via os.wait4) and peak RSS, exit code, stdout
+    and the tail of stderr. On a loaded machine the CPU time is the steadier figure: it leaves out the time the
+    child waited for a core.
+
+    Peak RSS is the child program's own high-water mark (``VmHWM`` from /proc, read every few ms while it
+    runs: it only grows), not ``ru_maxrss``: Linux carries into a child's ``ru_maxrss`` the resident size
+    the parent had when it forked, so a large parent would floor every child's figure. Where /proc is absent
+    ``ru_maxrss`` is the fallback (``peak_rss_from`` says which)."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        t0 = time.perf_counter()
+        p = subprocess.Popen(argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env)
+        deadline = t0 + timeout
+        hwm = None
+        while True:
+            h = _hwm_mb(p.pid)  # before wait4: once reaped, the pid is gone
+            if h is not None:
+                hwm = h if hwm is None else max(hwm, h)
+            pid, status, ru = os.wait4(p.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.perf_counter() > deadline:
+                p.kill()
+                pid, status, ru = os.wait4(p.pid, 0)
+                break
+            time.sleep(0.005)
+        wall = time.perf_counter() - t0
+        p.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        return {"wall_s": wall, "cpu_s": ru.ru_utime + ru.ru_stime,
+                "peak_rss_mb": hwm if hwm is not None else ru.ru_maxrss / 1024,
+                "peak_rss_from": "VmHWM" if hwm is not None else "ru_maxrss", "rc": p.returncode,
+                "stdout": out.read().decode("utf-8", "replace"), "stderr": err.read().decode("utf-8", "replace")[-2000:]}
+
+
+def _hta_json(stdout: str) -> dict | None:
+    for line in stdout.splitlines():
+        if line.startswith("HTA_JSON "):
+            return json.loads(line[9:])
+    return None
+
+
+def _hta_dir(path: Path, tmp: Path) -> Path:
+    if path.is_dir():
+        return path
+    d = tmp / "hta_traces"
+    d.mkdir()
+    (d / path.name).symlink_to(path.resolve())
+    return d
+
+
+def _diff(a, b):
+    return (a - b) if isinstance(a, (int, float)) and isinstance(b, (int, float)) else None
+
+
+def compare_figures(tp: dict, hta: dict, extra: dict | None) -> list[dict]:
+    """One row per (rank, figure) that both computed: trainperf's value, HTA's, the difference (points)."""
+    from trainperf.trace.hta import hta_type_name
+
+    rows = []
+    extra = extra or {}
+    for t in tp.get("traces", []):
+        r = t.get("rank")
+        key = str(r)
+        ht = (hta.get("temporal") or {}).get(key) or {}
+        hi = (hta.get("idle") or {}).get(key) or {}
+        for name in ("compute", "non_compute", "idle"):
+            rows.append({"rank": r, "figure": f"temporal {name} %", "trainperf": (t.get("temporal_pct") or {}).get(name),
+                         "hta": ht.get(name)})
+        for name in ("host_wait", "kernel_wait", "other"):
+            rows.append({"rank": r, "figure": f"idle {name} %", "trainperf": (t.get("idle_pct") or {}).get(name),
+                         "hta": hi.get(name)})
+        rows.append({"rank": r, "figure": "comm/compute overlap %", "trainperf": t.get("comm_compute_overlap_pct"),
+                     "hta": (extra.get("overlap") or {}).get(key)})
+        mine = {hta_type_name(k): v for k, v in (t.get("kernel_type_pct") or {}).items()}
+        theirs = extra.get("kernel_types") or {}
+        for name in sorted(set(mine) | set(theirs), key=lambda n: (n.count("overlapping"), n)):
+            label = f"kernel time {name} %" + (" (rank 0 for HTA)" if len(tp["traces"]) > 1 else "")
+            rows.append({"rank": r, "figure": label, "trainperf": mine.get(name), "hta": theirs.get(name)})
+    for row in rows:
+        row["diff_points"] = _diff(row["trainperf"], row["hta"])
+    return rows
+
+
+def bench_traces(path: str | Path, *, repeat: int = 1, hta_python: str | None = None,
+                 timeout: float = 3600.0) -> dict[str, Any]:
+    """Run both tools on PATH; see the module docstring. Returns strict-JSON-ready figures."""
+    from trainperf.trace.ranks import discover
+
+    if repeat < 1:
+        raise UserError(f"--repeat {repeat}: run each tool at least once")
+    path = Path(path)
+    found = discover(path)
+    if found["kind"] == "run":
+        raise UserError(f"{path} is a run directory: pass a trace file or a directory of traces (e.g. {path}/profile)")
+    files = found["files"]
+    py, how = find_hta(hta_python)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    tp_argv = [sys.executable, "-m", "trainperf", "diagnose", str(path), "--json"]
+    runs: dict[str, list[dict]] = {"trainperf": [], "hta": []}
+    tp_out: dict | None = None
+    hta_out: dict | None = None
+    extra: dict | None = None
+    notes = []
+    with tempfile.TemporaryDirectory(prefix="bench-traces-") as tmp:
+        hdir = _hta_dir(path, Path(tmp)) if py else None
+        for _ in range(repeat):
+            r = run_child(tp_argv, env=env, timeout=timeout)
+            if r["rc"] != 0:
+                raise UserError(f"trainperf diagnose {path} failed (exit {r['rc']}): {r['stderr'][-500:]}")
+            tp_out = json.loads(r["stdout"])
+            runs["trainperf"].append({k: r[k] for k in ("wall_s", "cpu_s", "peak_rss_mb")})
+            if py:
+                h = run_child([py, "-c", HTA_TIMED, str(hdir)], env=env, timeout=timeout)
+                got = _hta_json(h["stdout"]) if h["rc"] == 0 else None
+                if got is None:
+                    notes.append(f"HTA failed on {path} (exit {h['rc']}): {h['stderr'][-400:].strip()}")
+                    py = None
+                else:
+                    hta_out = got
+                    runs["hta"].append({"wall_s": h["wall_s"], "cpu_s": h["cpu_s"], "peak_rss_mb": h["peak_rss_mb"],
+                                        "load_s": got["load_s"], "breakdowns_s": got["breakdowns_s"]})
+        if py:
+            x = run_child([py, "-c", HTA_EXTRA, str(hdir)], env=env, timeout=timeout)
+            extra = _hta_json(x["stdout"]) if x["rc"] == 0 else None
+            if extra is None:
+                notes.append(f"HTA's overlap / kernel breakdown failed (exit {x['rc']}): {x['stderr'][-300:].strip()}")
+    if not runs["hta"] and how == INSTALL_NOTE:
+        notes.append(INSTALL_NOTE)
+
+    def summary(rs: list[dict]) -> dict | None:
+        if not rs:
+            return None
+        walls = [r["wall_s"] for r in rs]
+        return {"wall_s": statistics.median(walls), "wall_s_runs": walls,
+                "cpu_s": statistics.median(r["cpu_s"] for r in rs),
+                "peak_rss_mb": max(r["peak_rss_mb"] for r in rs), **(
+                    {"load_s": statistics.median(r["load_s"] for r in rs),
+                     "breakdowns_s": statistics.median(r["breakdowns_s"] for r in rs)} if "load_s" in rs[0] else {})}
+
+    tp_s, hta_s = summary(runs["trainperf"]), summary(runs["hta"])
+    events = sum((t.get("events") or 0) for t in (tp_out or {}).get("traces", [])) or None
+    return {"path": str(path), "files": [str(f) for f in files], "bytes": sum(f.stat().st_size for f in files),
+            "events": events, "repeat": repeat, "hta_python": py and str(py), "hta_found_by": how if py else None,
+            "trainperf": tp_s, "hta": hta_s,
+            "speedup": (hta_s["wall_s"] / tp_s["wall_s"]) if (tp_s and hta_s) else None,
+            "cpu_speedup": (hta_s["cpu_s"] / tp_s["cpu_s"]) if (tp_s and hta_s and tp_s["cpu_s"]) else None,
+            "rss_ratio": (hta_s["peak_rss_mb"] / tp_s["peak_rss_mb"]) if (tp_s and hta_s) else None,
+            "figures": compare_figures(tp_out or {}, hta_out or {}, extra) if hta_out else [],
+            "hta_measures": "load + temporal + idle breakdown (whole process)",
+            "trainperf_measures": "trainperf diagnose PATH --json (whole process: every figure and the rules)",
+            "notes": notes}
+
+
+__all__ = ["bench_traces", "compare_figures", "find_hta", "run_child"]

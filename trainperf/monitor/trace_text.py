@@ -1,0 +1,132 @@
+"""The text of ``trainperf diagnose`` over traces: per-rank figures, across ranks, findings, what is left."""
+
+from __future__ import annotations
+
+from trainperf.monitor.rules_trace import MIN_GAIN
+
+BREAKDOWN = ("kernel", "memcpy", "memset", "runtime", "dataloader", "cpu_exec", "other")
+
+
+def _p(v, digits: int = 0) -> str:
+    return f"{v:.{digits}f}%" if isinstance(v, (int, float)) else "n/a"
+
+
+def _ms(us) -> str:
+    return f"{us / 1000:.1f} ms" if isinstance(us, (int, float)) else "n/a"
+
+
+def _device(t: dict) -> str:
+    d = t.get("device_info") or t.get("device")
+    if isinstance(d, dict):
+        return d.get("name") or (f"compute capability {d['compute_capability']}" if d.get("compute_capability")
+                                 else "GPU")
+    return str(d) if d else "CPU only"
+
+
+def rank_lines(t: dict) -> list[str]:
+    steps = t.get("steps")
+    lines = [f"  rank {t.get('rank')}: {t.get('path')} ({_device(t)}; {steps if steps else 'no'} profiler step(s)"
+             + ("" if steps else ": the whole trace as one step") + ")"]
+    bd = t.get("step_breakdown_pct") or {}
+    lines.append(f"    step {_ms(t.get('step_time_us'))}: " + ", ".join(f"{k} {_p(bd.get(k))}" for k in BREAKDOWN))
+    lines.append(f"    GPU utilization {_p(t.get('gpu_utilization_pct'))}, est. SM efficiency "
+                 f"{_p(t.get('sm_efficiency_pct'))}, est. achieved occupancy {_p(t.get('achieved_occupancy_pct'))}, "
+                 f"tensor cores {_p(t.get('tensor_core_kernel_pct'))} of kernel time")
+    tp, ip = t.get("temporal_pct") or {}, t.get("idle_pct") or {}
+    if tp:
+        lines.append(f"    temporal: compute {_p(tp.get('compute'))}, non-compute {_p(tp.get('non_compute'))}, idle "
+                     f"{_p(tp.get('idle'))} (host_wait {_p(ip.get('host_wait'))}, kernel_wait "
+                     f"{_p(ip.get('kernel_wait'))}, other {_p(ip.get('other'))}); comm/compute overlap "
+                     f"{_p(t.get('comm_compute_overlap_pct'))}")
+    top = t.get("top_kernels") or []
+    if top:
+        lines.append("    top kernels: " + "; ".join(
+            f"{str(k.get('name'))[:48]} [{k.get('kind', k.get('group', '?'))}] {_ms(k.get('us', k.get('total_us')))}"
+            for k in top[:3]))
+    return lines
+
+
+def ranks_lines(r: dict) -> list[str]:
+    if not r or r.get("count", 0) < 2:
+        return []
+    lines = [f"  across {r['count']} ranks (compute = GPU time in non-communication kernels per step; wait = "
+             "collective time beyond the last arrival's):"]
+    for p in r.get("per_rank", []):
+        lines.append(f"    rank {p['rank']}: step {_ms(p.get('step_time_us'))}, compute {_ms(p.get('compute_us_per_step'))},"
+                     f" communication {_ms(p.get('comm_us_per_step'))}, of which waiting "
+                     f"{_ms(p.get('comm_wait_us_per_step'))} per step")
+    m = r.get("matching") or {}
+    if m:
+        lines.append(f"    collectives matched across ranks: {m.get('matched_collectives')} (by "
+                     f"{', '.join(m.get('by') or []) or '-'}; {m.get('unmatched_kernels')} kernels unmatched)")
+    return lines
+
+
+def findings_lines(result: dict) -> list[str]:
+    lines = []
+    for f in result["findings"]:
+        where = f" (ranks {', '.join(map(str, f['ranks']))})" if len(f.get("ranks") or []) > 1 else ""
+        lines.append(f"  [{f['severity']}] {f['id']}{where}: {f['evidence']}")
+        lines.append(f"      cause: {f['cause']}")
+        lines.append(f"      try:   {f['fix']}")
+        if f.get("gain"):
+            lines.append(f"      gain:  {f['gain']['text']}")
+    return lines
+
+
+def left_lines(result: dict) -> list[str]:
+    """What is left after the findings: each remainder as a share of the step, worst rank."""
+    worst: dict[str, float] = {}
+    for per in result.get("_left") or []:
+        for label, frac in per:
+            worst[label] = max(worst.get(label, 0.0), frac or 0.0)
+    if not worst:
+        return []
+    items = ", ".join(f"{k} {100 * v:.1f}%" for k, v in sorted(worst.items(), key=lambda kv: -kv[1]))
+    return [f"  what is left (share of the step, worst rank; a finding needs >= {100 * MIN_GAIN:.0f}% or its "
+            f"rule's threshold): {items}"]
+
+
+def verdict(traces: list[dict]) -> str:
+    """Why a quiet trace is quiet, in its own figures (worst rank)."""
+    def worst(key, low=True):
+        vals = [t[key] for t in traces if isinstance(t.get(key), (int, float))]
+        return (min(vals) if low else max(vals)) if vals else None
+
+    parts = []
+    if worst("gpu_utilization_pct") is not None:
+        parts.append(f"the GPU is busy {worst('gpu_utilization_pct'):.0f}% of the step")
+    if worst("comm_compute_overlap_pct") is not None:
+        parts.append(f"communication {worst('comm_compute_overlap_pct'):.0f}% overlapped with compute")
+    if worst("tensor_core_kernel_pct") is not None:
+        parts.append(f"tensor-core kernels {worst('tensor_core_kernel_pct'):.0f}% of kernel time")
+    return (": " + ", ".join(parts)) if parts else ""
+
+
+def format_traces(result: dict) -> str:
+    lines = ["== trainperf diagnosis (profiler traces) =="]
+    for t in result["traces"]:
+        lines += rank_lines(t)
+    lines += ranks_lines(result.get("ranks") or {})
+    if not result["findings"]:
+        lines.append("  no findings: no rule fired on these traces" + verdict(result["traces"]))
+    lines += findings_lines(result)
+    lines += left_lines(result)
+    for m in result.get("not_measured", []):
+        lines.append(f"  not measured: {m['id']}: {m['reason']}")
+    return "\n".join(lines)
+
+
+def format_run_traces(result: dict) -> str:
+    """The profile/ traces of a run directory, after the run's own diagnosis."""
+    if not result.get("traces"):
+        return ""
+    lines = ["  profiler traces (profile/):"]
+    for t in result["traces"]:
+        lines += rank_lines(t)
+    lines += ranks_lines(result.get("ranks") or {})
+    lines += left_lines(result)
+    return "\n".join(lines)
+
+
+__all__ = ["format_run_traces", "format_traces"]

@@ -1,0 +1,23 @@
+"""Torch-free, streaming reader of torch.profiler (Kineto / Chrome) traces and their per-rank figures.
+
+``analyze_file(path, rank=None, patterns=None, top_n=10, progress=None) -> dict``: one rank's figures
+(step-time breakdown and GPU metrics as the TensorBoard plugin defines them, temporal / idle breakdowns
+and overlap as HTA does, kernels by class, launches, copies, host syncs...). ``classify_kernel(name)``:
+compute / communication / memory, by the one pattern table (:mod:`trainperf.trace.patterns`).
+Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+from trainperf.lazy import lazy_names
+
+_LAZY = {
+    "analyze_file": ("trainperf.trace.analyze", "analyze_file"),
+    "classify_kernel": ("trainperf.trace.patterns", "classify_kernel"),
+    "is_tensor_core": ("trainperf.trace.patterns", "is_tensor_core"),
+    "load_patterns": ("trainperf.trace.patterns", "load"),
+    "Patterns": ("trainperf.trace.patterns", "Patterns"),
+    "make_trace": ("trainperf.trace.generate", "make_trace"),
+}
+__getattr__ = lazy_names(__name__, globals(), _LAZY)
+__all__ = sorted(_LAZY)

@@ -1,0 +1,366 @@
+"""Stream the events out of a Chrome-trace file (torch.profiler / Kineto), in bounded memory.
+
+A trace is one JSON object ``{..., "traceEvents": [ev, ev, ...], ...}`` (or a bare array of events), plain
+or gzipped (recognised by its magic bytes, not its name). The whole document is never held in memory:
+
+1. the decompressed bytes are read ``CHUNK`` at a time;
+2. in each buffer the last event boundary (``}`` ``,`` ``{`` with any whitespace between) is found with a
+   byte regex; whatever precedes it is a run of whole events, decoded at C speed by ``msgspec`` into typed
+   structs (:class:`Event`, :class:`Args`: only the fields the figures read; every other key is skipped by
+   the decoder, never built as a Python object); the rest waits for the next read;
+3. a boundary can be a false one (``},{`` inside a string or inside an event's nested list): then the
+   piece does not decode (it ends inside a string or an open object, which a JSON decoder always rejects),
+   and the previous boundary is tried; after a few misses the buffer is split by a scanner that tracks
+   strings and depth (slower, exact);
+4. the keys before ``traceEvents`` are decoded on their own, and at the end of the file the last events with
+   whatever follows the array (``displayTimeUnit``, ``baseTimeNanoseconds``... Kineto writes some there).
+
+Memory is the buffer (a few MB) plus one chunk's structs; time is the gzip inflate plus the decode, which
+``benchmarks/trace_parsers.py`` measured against json / orjson / msgspec-whole / ijson (see the notes).
+
+Any file that is not such a trace (not gzip nor JSON, cut off, no ``traceEvents``, binary) raises
+:class:`~trainperf.errors.UserError` naming the file and what to do.
+"""
+
+from __future__ import annotations
+
+import gzip
+import re
+import zlib
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional, Union
+
+from trainperf.errors import UserError
+
+try:
+    import msgspec
+except ImportError as exc:  # pragma: no cover - a declared dependency
+    raise ImportError("trainperf's trace reader needs msgspec (a dependency of trainperf): "
+                      "pip install 'msgspec>=0.18'") from exc
+
+CHUNK = 4 << 20  # decompressed bytes read at a time
+MAX_EVENT = 256 << 20  # one event (or the metadata before traceEvents) larger than this is not a trace
+_BOUNDARY = re.compile(rb"\}\s*,\s*\{")
+_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
+_TOKEN = re.compile(rb'"(?:[^"\\]|\\.)*"|[{}\[\]]', re.S)
+Num = Union[int, float, None]
+Scalar = Union[int, float, str, None]
+
+
+class Args(msgspec.Struct, omit_defaults=True):
+    """The ``args`` of an event that the figures read (others are skipped by the decoder)."""
+    ext: Scalar = msgspec.field(default=None, name="External id")
+    ext18: Scalar = msgspec.field(default=None, name="external id")  # 1.8-era spelling
+    corr: Scalar = msgspec.field(default=None, name="correlation")
+    stream: Scalar = None
+    device: Scalar = None
+    nbytes: Scalar = msgspec.field(default=None, name="bytes")
+    occ: Scalar = msgspec.field(default=None, name="est. achieved occupancy %")
+    bps: Scalar = msgspec.field(default=None, name="blocks per SM")
+    coll: Scalar = msgspec.field(default=None, name="Collective name")
+    pg: Scalar = msgspec.field(default=None, name="Process Group Name")
+    pg_desc: Scalar = msgspec.field(default=None, name="Process Group Description")
+
+
+class Event(msgspec.Struct):
+    """One trace event: the fields the figures read."""
+    ph: Optional[str] = None
+    cat: Optional[str] = None
+    name: Scalar = None
+    pid: Scalar = None
+    tid: Scalar = None
+    ts: Scalar = None
+    dur: Scalar = None
+    args: Optional[Args] = None
+
+
+_EVENTS = msgspec.json.Decoder(list[Event])
+_RAW = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_ANY = msgspec.json.Decoder()
+
+
+def _bad(path: Path, what: str) -> UserError:
+    return UserError(f"{path}: {what}. Pass a torch.profiler trace (the Chrome-trace JSON that "
+                     "torch.profiler.tensorboard_trace_handler or prof.export_chrome_trace writes, .json or "
+                     ".json.gz); if it was cut off (a job killed while writing it), profile again")
+
+
+class _Source:
+    """Decompressed bytes of a file, ``read(n)`` at a time; ``progress(compressed bytes consumed)``."""
+
+    def __init__(self, path: Path, progress: Callable[[int], None] | None):
+        self.path = path
+        try:
+            self.f = open(path, "rb")
+        except OSError as exc:
+            raise UserError(f"{path}: cannot be read ({exc.strerror or exc}); check the path and its "
+                            "permissions") from exc
+        head = self.f.read(2)
+        self.f.seek(0)
+        self.gz = head == b"\x1f\x8b"
+        self.z = gzip.GzipFile(fileobj=self.f, mode="rb") if self.gz else None
+        self.progress = progress
+        self.eof = False
+
+    def read(self, n: int) -> bytes:
+        try:
+            b = self.z.read(n) if self.z is not None else self.f.read(n)
+        except (OSError, EOFError, zlib.error) as exc:
+            raise _bad(self.path, f"is not a readable gzip file ({exc})") from exc
+        if self.progress is not None:
+            try:
+                self.progress(self.f.tell())
+            except (OSError, ValueError):
+                pass
+        if not b:
+            self.eof = True
+        return b
+
+    def close(self) -> None:
+        if self.z is not None:
+            self.z.close()
+        self.f.close()
+
+
+def _decode_events(piece: bytes) -> list[Event] | None:
+    """A run of whole events (``ev, ev, ev``) -> structs; None if ``piece`` is not exactly that."""
+    try:
+        return _EVENTS.decode(b"[" + piece + b"]")
+    except msgspec.ValidationError:
+        return _lenient(piece)
+    except msgspec.DecodeError:
+        return None
+
+
+def _lenient(piece: bytes) -> list[Event] | None:
+    """Events whose fields have unexpected types (a string ts, a list as stream...): decoded untyped and
+    converted field by field; a field of the wrong kind is dropped, never the event."""
+    try:
+        raw = _ANY.decode(b"[" + piece + b"]")
+    except msgspec.DecodeError:
+        return None
+    out = []
+    for d in raw:
+        if not isinstance(d, dict):
+            raise _NotEvents(f"traceEvents holds a {type(d).__name__} ({str(d)[:40]!r}) where an event object "
+                             "belongs")
+        out.append(event_from_dict(d))
+    return out
+
+
+class _NotEvents(ValueError):
+    """The events array holds something other than event objects."""
+
+
+def _scalar(v: Any) -> Scalar:
+    if isinstance(v, bool) or not isinstance(v, (int, float, str)):
+        return None
+    return v
+
+
+def event_from_dict(d: dict) -> Event:
+    """An :class:`Event` from a plain dict (the lenient path, and the generator's tests)."""
+    a = d.get("args")
+    args = None
+    if isinstance(a, dict):
+        args = Args(**{f: _scalar(a.get(k)) for f, k in _ARG_KEYS.items()})
+    return Event(ph=d.get("ph") if isinstance(d.get("ph"), str) else None,
+                 cat=d.get("cat") if isinstance(d.get("cat"), str) else None,
+                 name=_scalar(d.get("name")), pid=_scalar(d.get("pid")), tid=_scalar(d.get("tid")),
+                 ts=_scalar(d.get("ts")), dur=_scalar(d.get("dur")), args=args)
+
+
+_ARG_KEYS = {f: (Args.__struct_encode_fields__[i]) for i, f in enumerate(Args.__struct_fields__)}
+
+
+def _structural_cut(buf: bytes, start: int) -> int:
+    """The end (exclusive) of the last whole event in ``buf[start:]`` found by tracking strings and depth
+    (the exact, slower split for buffers whose fast boundaries all fail); -1 if none."""
+    depth = 0
+    last = -1
+    for m in _TOKEN.finditer(buf, start):
+        t = m.group()
+        c = t[:1]
+        if c == b"{" or c == b"[":
+            depth += 1
+        elif c == b"}" or c == b"]":
+            depth -= 1
+            if depth == 0 and c == b"}":
+                last = m.end()
+            elif depth < 0:
+                break  # the end of the traceEvents array
+    return last
+
+
+class TraceReader:
+    """``meta`` (every top-level key but ``traceEvents``, complete once :meth:`chunks` is exhausted) and
+    :meth:`chunks`: the events in file order, as lists of :class:`Event`."""
+
+    def __init__(self, path: str | Path, progress: Callable[[int], None] | None = None):
+        self.path = Path(path)
+        self.progress = progress
+        self.meta: dict[str, Any] = {}
+        self.events = 0
+
+    def chunks(self) -> Iterator[list[Event]]:
+        src = _Source(self.path, self.progress)
+        try:
+            yield from self._chunks(src)
+        except _NotEvents as exc:
+            raise _bad(self.path, f"is not a profiler trace: {exc}") from exc
+        except RecursionError as exc:
+            raise _bad(self.path, "nests JSON too deeply") from exc
+        finally:
+            src.close()
+
+    def _fill(self, src: _Source, buf: bytes) -> bytes:
+        b = src.read(CHUNK)
+        return buf + b if b else buf
+
+    def _chunks(self, src: _Source) -> Iterator[list[Event]]:
+        path = self.path
+        buf = self._fill(src, b"")
+        lead = buf.lstrip()
+        while not lead and not src.eof:
+            buf = self._fill(src, buf)
+            lead = buf.lstrip()
+        if not lead:
+            raise _bad(path, "is empty")
+        if lead[:1] not in (b"{", b"["):
+            raise _bad(path, "is not JSON (it does not start with '{' or '[')" if not src.gz else
+                       "holds no JSON once decompressed")
+        if lead[:1] == b"[":  # a bare array of events (the Chrome format's "JSON Array")
+            bare = True
+            pos = len(buf) - len(lead) + 1
+        else:
+            bare = False
+            m = _KEY.search(buf)
+            while m is None and not src.eof and len(buf) < MAX_EVENT:
+                buf = self._fill(src, buf)
+                m = _KEY.search(buf)
+            if m is None:
+                self._no_events(buf, src)
+            head = buf[:m.start()].rstrip()
+            if head.endswith(b","):
+                head = head[:-1]
+            try:
+                self.meta.update(_ANY.decode(head + b"}"))
+            except (msgspec.DecodeError, TypeError) as exc:
+                raise _bad(path, f"has a malformed header before traceEvents ({exc})") from exc
+            pos = m.end()
+        buf = buf[pos:]
+        while True:
+            if not src.eof:
+                buf = self._fill(src, buf)
+            if src.eof:
+                break
+            cut = self._cut(buf)
+            if cut < 0:
+                if len(buf) > MAX_EVENT:
+                    raise _bad(path, f"has an event larger than {MAX_EVENT >> 20} MB, or no event boundaries")
+                continue
+            evs = _decode_events(buf[:cut])
+            if evs is None:
+                cut, evs = self._retry(buf, cut)
+            if evs is None:
+                continue  # no whole event yet: read more
+            self.events += len(evs)
+            buf = buf[cut:].lstrip()[1:]  # drop the separating comma
+            if evs:
+                yield evs
+        yield from self._tail(buf, bare)
+
+    def _cut(self, buf: bytes) -> int:
+        """The index just after the ``}`` that ends the last event before a boundary in ``buf``; -1."""
+        span = 1 << 16
+        while True:
+            lo = max(0, len(buf) - span)
+            last = None
+            for last in _BOUNDARY.finditer(buf, lo):
+                pass
+            if last is not None:
+                return last.start() + 1
+            if lo == 0:
+                return -1
+            span *= 4
+
+    def _retry(self, buf: bytes, cut: int) -> tuple[int, list[Event] | None]:
+        """The fast boundary at ``cut`` was false: try earlier ones, then the exact scanner."""
+        for _ in range(8):
+            m = None
+            for m in _BOUNDARY.finditer(buf, max(0, cut - (1 << 16)), cut - 1):
+                pass
+            if m is None:
+                break
+            cut = m.start() + 1
+            evs = _decode_events(buf[:cut])
+            if evs is not None:
+                return cut, evs
+        cut = _structural_cut(buf, 0)
+        if cut <= 0:
+            return -1, None
+        # the scanner may stop at the array's end: the decoded run must then be the whole array
+        evs = _decode_events(buf[:cut])
+        if evs is None:
+            raise _bad(self.path, "is not valid JSON inside traceEvents")
+        nxt = buf[cut:].lstrip()
+        if nxt[:1] != b",":
+            return -1, None  # the last event: it goes with the tail
+        return cut, evs
+
+    def _tail(self, buf: bytes, bare: bool) -> Iterator[list[Event]]:
+        path = self.path
+        if bare:
+            try:
+                evs = _EVENTS.decode(b"[" + buf)
+            except msgspec.ValidationError:
+                evs = _lenient(buf.rstrip()[:-1]) if buf.rstrip().endswith(b"]") else None
+            except msgspec.DecodeError as exc:
+                raise _bad(path, f"is cut off or not valid JSON near its end ({exc})") from exc
+            if evs is None:
+                raise _bad(path, "is cut off or not valid JSON near its end")
+            self.events += len(evs)
+            if evs:
+                yield evs
+            return
+        doc = b'{"traceEvents":[' + buf
+        try:
+            rest = _RAW.decode(doc)
+        except msgspec.DecodeError as exc:
+            raise _bad(path, f"is cut off or not valid JSON near its end ({exc})") from exc
+        raw_events = rest.pop("traceEvents")
+        for k, v in rest.items():
+            try:
+                self.meta[k] = _ANY.decode(v)
+            except msgspec.DecodeError:  # pragma: no cover - Raw came from a valid document
+                pass
+        evs = _decode_events(bytes(raw_events)[1:-1]) if len(raw_events) > 2 else []
+        if evs is None:
+            raise _bad(path, "has a malformed traceEvents array")
+        self.events += len(evs)
+        if evs:
+            yield evs
+
+    def _no_events(self, buf: bytes, src: _Source):
+        if src.eof:
+            try:
+                doc = _ANY.decode(buf)
+            except msgspec.DecodeError as exc:
+                raise _bad(self.path, f"is not valid JSON ({exc})") from exc
+            if isinstance(doc, dict):
+                keys = ", ".join(sorted(map(str, doc))[:6]) or "none"
+                raise _bad(self.path, f"is JSON without a traceEvents list (its keys: {keys}): not a "
+                                      "profiler trace")
+        raise _bad(self.path, "has no traceEvents list")
+
+
+def read_all(path: str | Path) -> tuple[dict, list[Event]]:
+    """(meta, every event): for tests and small files only."""
+    r = TraceReader(path)
+    evs: list[Event] = []
+    for c in r.chunks():
+        evs.extend(c)
+    return r.meta, evs
+
+
+__all__ = ["Args", "CHUNK", "Event", "TraceReader", "event_from_dict", "read_all"]

@@ -1,0 +1,360 @@
+"""From streamed events to a per-rank timeline of compact numpy arrays (never a Python object per event kept).
+
+Every torch format is normalised here. Categories (case-insensitive):
+
+=====================  ======================================================  ==============
+what                   torch 2.x                                               1.8-era
+=====================  ======================================================  ==============
+GPU kernel             ``kernel`` (ROCm too; MTIA ``mtia_ccp_events``)          ``Kernel``
+GPU copy / fill        ``gpu_memcpy`` / ``gpu_memset``                          ``Memcpy`` / ``Memset``
+launch / runtime call  ``cuda_runtime``, ``cuda_driver`` (``cuLaunchKernel``),  ``Runtime``
+                       ``mtia_runtime``
+CPU op                 ``cpu_op``, ``python``                                   ``Operator``
+annotation             ``user_annotation`` (``record_function``,                 (``Operator``)
+                       ``ProfilerStep#N``, ``enumerate(DataLoader)#...``)
+CUPTI sync record      ``cuda_sync`` with a ``stream`` (HTA's temporal breakdown counts them; nothing else)
+ignored                ``gpu_user_annotation``, ``python_function``, flows (``ac2g``,
+                       ``async``, ``fwdbwd``: the correlation ids in ``args`` already link launches to
+                       kernels), instant and counter events, ``Trace``
+=====================  ======================================================  ==============
+
+Time: ``ts``/``dur`` are microseconds (the Chrome trace format's unit; ``displayTimeUnit`` only says how a
+viewer shows them). Integer microseconds (1.8 to 2.3) and float microseconds with nanosecond decimals
+(torch >= 2.4, HTA's ``ns_resolution_trace``) both read exactly: each time is kept relative to the first
+event's (``base_us``), so no precision is lost to the epoch offset. ``baseTimeNanoseconds`` (the epoch of
+``ts`` = 0 in newer traces) is kept in the metadata.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from trainperf.trace.intervals import Accumulator, Set
+from trainperf.trace.reader import Args, Event
+
+GPU_KERNEL, GPU_MEMCPY, GPU_MEMSET = 0, 1, 2
+_GPU, _RT, _OP, _ANNO = 1, 2, 3, 4
+CATEGORIES = {"kernel": (_GPU, GPU_KERNEL), "mtia_ccp_events": (_GPU, GPU_KERNEL),
+              "gpu_memcpy": (_GPU, GPU_MEMCPY), "memcpy": (_GPU, GPU_MEMCPY),
+              "gpu_memset": (_GPU, GPU_MEMSET), "memset": (_GPU, GPU_MEMSET),
+              "cuda_runtime": (_RT, 0), "runtime": (_RT, 0), "cuda_driver": (_RT, 1), "mtia_runtime": (_RT, 0),
+              "hip_runtime": (_RT, 0), "cpu_op": (_OP, 0), "operator": (_OP, 0), "python": (_OP, 0),
+              "user_annotation": (_ANNO, 0), "cuda_sync": (5, 0)}
+STEP_RE = re.compile(r"^ProfilerStep\s*#\s*(\d+)")
+COMM_OPS = {"nccl:broadcast", "nccl:reduce", "nccl:all_reduce", "nccl:all_gather", "nccl:reduce_scatter",
+            "gloo:broadcast", "gloo:reduce", "gloo:all_reduce", "gloo:all_gather", "gloo:reduce_scatter"}
+SYNC_OPS = {"aten::item", "aten::_local_scalar_dense"}
+# CPU op roles
+_R_OP, _R_STEP, _R_DL, _R_COMM, _R_SYNC = 0, 1, 2, 3, 4
+NOARGS = Args()
+
+
+def _op_role(name: Any) -> int:
+    n = str(name) if name is not None else ""
+    if STEP_RE.match(n):
+        return _R_STEP
+    if (n.startswith("enumerate(DataLoader)#") and n.endswith(".__next__")) or n.startswith("enumerate(DataPipe)#"):
+        return _R_DL
+    if n in COMM_OPS:
+        return _R_COMM
+    if n in SYNC_OPS:
+        return _R_SYNC
+    return _R_OP
+
+
+class _Roles(dict):
+    def __missing__(self, name):
+        v = self[name] = _op_role(name)
+        return v
+
+
+def _tc_op(name: Any) -> bool:
+    n = str(name) if name is not None else ""
+    return not (STEP_RE.match(n) or n in ("DataParallel.forward", "DistributedDataParallel.forward")
+                or n.startswith("Optimizer."))
+
+
+class _TcOps(dict):
+    def __missing__(self, name):
+        v = self[name] = _tc_op(name)
+        return v
+
+
+class _Names(dict):
+    """String -> small int, in first-seen order (``names[i]`` is the string)."""
+
+    def __init__(self):
+        super().__init__()
+        self.names: list[str] = []
+
+    def __missing__(self, key):
+        s = "" if key is None else str(key)
+        i = self[key] = len(self.names)
+        self.names.append(s)
+        return i
+
+
+def _floats(values: list) -> np.ndarray:
+    try:
+        return np.array(values, dtype=np.float64)
+    except (TypeError, ValueError):
+        out = np.empty(len(values))
+        for i, v in enumerate(values):
+            try:
+                out[i] = float(v)
+            except (TypeError, ValueError):
+                out[i] = np.nan
+        return out
+
+
+def _ints(values: list) -> np.ndarray:
+    f = _floats([v if v is not None else np.nan for v in values])
+    f[~np.isfinite(f)] = -1
+    return f.astype(np.int64)
+
+
+def _stream_num(v: Any) -> int:
+    if isinstance(v, bool):
+        return -1
+    if isinstance(v, int):
+        return v
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    if isinstance(v, str):
+        m = re.search(r"(\d+)\s*$", v)
+        return int(m.group(1)) if m else -1
+    return -1
+
+
+def _tid_stream(tid: Any) -> int:
+    """A GPU event without ``args.stream``: its stream from a 1.8-era ``"tid": "stream 7"``, else -1 (none)."""
+    if isinstance(tid, str) and tid.lower().startswith("stream"):
+        return _stream_num(tid)
+    return -1
+
+
+@dataclass
+class Timeline:
+    """One rank's trace as arrays (times in us relative to ``base_us``)."""
+    meta: dict = field(default_factory=dict)
+    base_us: float = 0.0
+    names: list = field(default_factory=list)  # name id -> string (GPU events, launches, sync ops)
+    # GPU events (kernels, copies, fills)
+    g_ts: np.ndarray = None
+    g_dur: np.ndarray = None
+    g_kind: np.ndarray = None  # GPU_KERNEL / GPU_MEMCPY / GPU_MEMSET
+    g_name: np.ndarray = None
+    g_stream: np.ndarray = None
+    g_device: np.ndarray = None
+    g_corr: np.ndarray = None
+    g_ext: np.ndarray = None
+    g_occ: np.ndarray = None
+    g_bps: np.ndarray = None
+    g_bytes: np.ndarray = None
+    g_coll: np.ndarray = None  # name id of "Collective name", -1
+    g_pg: np.ndarray = None  # name id of "Process Group Name", -1
+    # launches / runtime calls
+    r_ts: np.ndarray = None
+    r_dur: np.ndarray = None
+    r_corr: np.ndarray = None
+    r_ext: np.ndarray = None
+    r_name: np.ndarray = None
+    r_driver: np.ndarray = None  # bool: a cuda_driver event
+    # CPU side
+    steps: list = field(default_factory=list)  # (ts, dur, number) of ProfilerStep#N, CPU side
+    dataloader: list = field(default_factory=list)  # (ts, dur, name)
+    comm_ops: list = field(default_factory=list)  # (ts, dur): nccl:* / gloo:* ops (the plugin's CPU comm)
+    sync_ops: list = field(default_factory=list)  # (ts, dur, name): aten::item, _local_scalar_dense
+    cpu_ops: Set = None  # union of the other CPU ops (the plugin's "CPU Exec" role)
+    op_ext: np.ndarray = None  # the External ids of the CPU ops and annotations (sorted, unique)
+    # CUPTI synchronization records (cat cuda_sync: Stream Sync, Stream Wait Event...) that name a stream
+    s_ts: np.ndarray = None
+    s_dur: np.ndarray = None
+    s_stream: np.ndarray = None
+    cpu_min: float = np.inf
+    cpu_max: float = -np.inf
+    all_min: float = np.inf
+    all_max: float = -np.inf
+    events: int = 0
+    cpu_events: int = 0
+
+
+class Collector:
+    """Feed it the reader's chunks; :meth:`finish` returns the :class:`Timeline`."""
+
+    def __init__(self):
+        self.names = _Names()
+        self.roles = _Roles()
+        self.tc_ops = _TcOps()
+        self.cats: dict[Any, tuple] = {}
+        self.base: float | None = None
+        self.g: dict[str, list] = {k: [] for k in ("ts", "dur", "kind", "name", "stream", "device", "corr", "ext",
+                                                    "occ", "bps", "bytes", "coll", "pg")}
+        self.r: dict[str, list] = {k: [] for k in ("ts", "dur", "corr", "ext", "name", "driver")}
+        self.op_ext: list[np.ndarray] = []
+        self.sy: dict[str, list] = {"ts": [], "dur": [], "stream": []}
+        self.ops = Accumulator()
+        self.t = Timeline()
+
+    def _cat(self, c: Any) -> tuple | None:
+        got = self.cats.get(c, False)
+        if got is False:
+            got = self.cats[c] = CATEGORIES.get(str(c).lower()) if c is not None else None
+        return got
+
+    def feed(self, evs: list[Event]) -> None:
+        t = self.t
+        gpu, rt, ops, annos, syncs = [], [], [], [], []
+        gk, rk = [], []
+        cat = self._cat
+        for e in evs:
+            if e.ph != "X":
+                continue
+            k = cat(e.cat)
+            if k is None:
+                continue
+            w = k[0]
+            if w == _GPU:
+                gpu.append(e)
+                gk.append(k[1])
+            elif w == _RT:
+                rt.append(e)
+                rk.append(k[1])
+            elif w == _OP:
+                ops.append(e)
+            elif w == _ANNO:
+                annos.append(e)
+            else:
+                syncs.append(e)
+        t.events += len(evs)
+        if not (gpu or rt or ops or annos or syncs):
+            return
+        if self.base is None:
+            first = next(iter(gpu or rt or ops or annos or syncs))
+            b = _floats([first.ts])[0]
+            self.base = float(b) if np.isfinite(b) else 0.0
+            t.base_us = self.base
+        if gpu:
+            self._gpu(gpu, gk)
+        if rt:
+            self._rt(rt, rk)
+        if ops or annos:
+            self._cpu(ops, annos)
+        if syncs:
+            ts, dur = self._times(syncs)
+            st = np.array([_stream_num((e.args or NOARGS).stream) for e in syncs], dtype=np.int64)
+            keep = st >= 0
+            self.sy["ts"].append(ts[keep])
+            self.sy["dur"].append(dur[keep])
+            self.sy["stream"].append(st[keep])
+
+    def _times(self, evs: list[Event]) -> tuple[np.ndarray, np.ndarray]:
+        ts = _floats([e.ts for e in evs]) - self.base
+        dur = _floats([e.dur for e in evs])
+        dur[~np.isfinite(dur) | (dur < 0)] = 0.0
+        t = self.t
+        ok = np.isfinite(ts)
+        if ok.any():
+            t.all_min = min(t.all_min, float(ts[ok].min()))
+            t.all_max = max(t.all_max, float((ts + dur)[ok].max()))
+        return ts, dur
+
+    def _gpu(self, evs: list[Event], kinds: list[int]) -> None:
+        g, names = self.g, self.names
+        ts, dur = self._times(evs)
+        A = [e.args or NOARGS for e in evs]
+        g["ts"].append(ts)
+        g["dur"].append(dur)
+        g["kind"].append(np.array(kinds, dtype=np.int8))
+        g["name"].append(np.array([names[e.name] for e in evs], dtype=np.int32))
+        g["stream"].append(np.array([_stream_num(a.stream) if a.stream is not None else _tid_stream(e.tid)
+                                     for a, e in zip(A, evs)], dtype=np.int64))
+        g["device"].append(np.array([_stream_num(a.device if a.device is not None else e.pid)
+                                     for a, e in zip(A, evs)], dtype=np.int64))
+        g["corr"].append(_ints([a.corr for a in A]))
+        g["ext"].append(_ints([a.ext if a.ext is not None else a.ext18 for a in A]))
+        g["occ"].append(_floats([a.occ if a.occ is not None else np.nan for a in A]).astype(np.float32))
+        g["bps"].append(_floats([a.bps if a.bps is not None else np.nan for a in A]).astype(np.float32))
+        g["bytes"].append(_floats([a.nbytes if a.nbytes is not None else np.nan for a in A]))
+        g["coll"].append(np.array([names[a.coll] if a.coll is not None else -1 for a in A], dtype=np.int32))
+        g["pg"].append(np.array([names[a.pg] if a.pg is not None else -1 for a in A], dtype=np.int32))
+
+    def _rt(self, evs: list[Event], kinds: list[int]) -> None:
+        r, names = self.r, self.names
+        ts, dur = self._times(evs)
+        r["ts"].append(ts)
+        r["dur"].append(dur)
+        A = [e.args or NOARGS for e in evs]
+        r["corr"].append(_ints([a.corr for a in A]))
+        r["ext"].append(_ints([a.ext if a.ext is not None else a.ext18 for a in A]))
+        r["name"].append(np.array([names[e.name] for e in evs], dtype=np.int32))
+        r["driver"].append(np.array(kinds, dtype=bool))
+
+    def _cpu(self, ops: list[Event], annos: list[Event]) -> None:
+        t, roles = self.t, self.roles
+        t.cpu_events += len(ops) + len(annos)
+        for group, is_op in ((ops, True), (annos, False)):
+            if not group:
+                continue
+            ts, dur = self._times(group)
+            role = np.array([roles[e.name] for e in group], dtype=np.int8)
+            # the ops whose launches the plugin's tensor-core share counts: operator nodes (not the
+            # ProfilerStep, not DataParallel.forward / DistributedDataParallel.forward, not Optimizer.*)
+            A = [group[i].args or NOARGS for i, e in enumerate(group) if self.tc_ops[e.name]]
+            ext = _ints([a.ext if a.ext is not None else a.ext18 for a in A])
+            self.op_ext.append(np.unique(ext[ext > 0]))
+            end = ts + dur
+            plain = role == _R_OP
+            if plain.any():
+                self.ops.add(ts[plain], end[plain])
+            span = np.isfinite(ts)  # the plugin's CPU span: ops, steps (and annotations, 1.8's Operator spans)
+            if span.any():
+                t.cpu_min = min(t.cpu_min, float(ts[span].min()))
+                t.cpu_max = max(t.cpu_max, float(end[span].max()))
+            for i in np.flatnonzero(role != _R_OP):
+                e, r = group[i], role[i]
+                if not np.isfinite(ts[i]):
+                    continue
+                if r == _R_STEP:
+                    t.steps.append((float(ts[i]), float(dur[i]), int(STEP_RE.match(str(e.name)).group(1))))
+                elif r == _R_DL:
+                    t.dataloader.append((float(ts[i]), float(dur[i]), str(e.name)))
+                elif r == _R_COMM:
+                    t.comm_ops.append((float(ts[i]), float(dur[i])))
+                elif r == _R_SYNC:
+                    t.sync_ops.append((float(ts[i]), float(dur[i]), str(e.name)))
+
+    def finish(self, meta: dict) -> Timeline:
+        t = self.t
+        t.meta = meta
+        t.names = self.names.names
+        cat = {"ts": np.float64, "dur": np.float64, "kind": np.int8, "name": np.int32, "stream": np.int64,
+               "device": np.int64, "corr": np.int64, "ext": np.int64, "occ": np.float32, "bps": np.float32,
+               "bytes": np.float64, "coll": np.int32, "pg": np.int32, "driver": bool}
+        for prefix, d in (("g_", self.g), ("r_", self.r)):
+            for k, parts in d.items():
+                arr = np.concatenate(parts) if parts else np.zeros(0, dtype=cat[k])
+                parts.clear()  # the per-chunk pieces go now, column by column: never two copies of it all
+                setattr(t, prefix + k, arr)
+        # drop events without a time
+        for prefix, keys in (("g_", self.g), ("r_", self.r)):
+            ok = np.isfinite(getattr(t, prefix + "ts"))
+            if not ok.all():
+                for k in keys:
+                    setattr(t, prefix + k, getattr(t, prefix + k)[ok])
+        for k, dt in (("ts", np.float64), ("dur", np.float64), ("stream", np.int64)):
+            setattr(t, "s_" + k, np.concatenate(self.sy[k]) if self.sy[k] else np.zeros(0, dtype=dt))
+            self.sy[k].clear()
+        t.op_ext = np.unique(np.concatenate(self.op_ext)) if self.op_ext else np.zeros(0, dtype=np.int64)
+        self.op_ext.clear()
+        t.steps.sort()
+        t.dataloader.sort()
+        t.cpu_ops = self.ops.result()
+        return t
+
+
+__all__ = ["CATEGORIES", "Collector", "GPU_KERNEL", "GPU_MEMCPY", "GPU_MEMSET", "STEP_RE", "Timeline"]
