@@ -100,6 +100,42 @@ def test_lightning_callback_diagnosed(tmp_path, delay_s, bound):
         assert {"loss", "phases", "throughput"} <= {Path(c).stem for c in rep["charts"]}, rep
 
 
+def _on_disk_steps(run_dir) -> list[int]:
+    p = run_dir / "metrics.jsonl"
+    recs = [json.loads(x) for x in p.read_text().splitlines()] if p.exists() else []
+    return [r["step"] for r in recs if "step_time_s" in r]
+
+
+class _Peek:
+    """At batch ``at``, wait past monitor.flush_s and read the run directory: the steps so far are on disk
+    though run.log_every is far away (a kill now would keep them)."""
+
+    def __init__(self, run_dir, at: int, flush_s: float):
+        self.run_dir, self.at, self.flush_s, self.seen = run_dir, at, flush_s, None
+
+    def check(self, step: int):
+        if step == self.at:
+            time.sleep(self.flush_s + 1.0)
+            self.seen = _on_disk_steps(self.run_dir)
+
+
+def test_lightning_run_directory_is_on_disk_within_flush_s(tmp_path):
+    from trainperf.integrations.lightning import TrainperfCallback
+
+    peek = _Peek(tmp_path / "run", at=6, flush_s=0.2)
+
+    class PeekCb(L.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            peek.check(batch_idx + 1)
+
+    cb = TrainperfCallback(run_dir=tmp_path / "run", log_every=1000, monitor={"flush_s": 0.2})
+    trainer = L.Trainer(max_steps=8, accelerator="cpu", devices=1, callbacks=[cb, PeekCb()], logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(TinyLM(), torch.utils.data.DataLoader(Tokens(), batch_size=BATCH))
+    assert peek.seen is not None and peek.seen[:5] == [1, 2, 3, 4, 5], peek.seen
+    assert _on_disk_steps(tmp_path / "run") == list(range(1, 9))
+
+
 # ---------------------------------------------------------------------- Hugging Face Trainer
 transformers = pytest.importorskip("transformers", reason="transformers not installed")
 
@@ -124,6 +160,28 @@ def _hf_train(run_dir, config, delay_s: float, steps: int = 12):
                                    callbacks=[cb])
     trainer.train()
     return cb
+
+
+@pytest.mark.slow  # the first Trainer import (accelerate) takes seconds
+def test_hf_trainer_run_directory_is_on_disk_within_flush_s(tmp_path, tiny_llama_config):
+    from trainperf.integrations.hf import TrainperfCallback
+
+    peek = _Peek(tmp_path / "run", at=6, flush_s=0.2)
+
+    class PeekCb(transformers.TrainerCallback):
+        def on_step_end(self, args, state, control, **kw):
+            peek.check(state.global_step)
+
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(tiny_llama_config)
+    args = transformers.TrainingArguments(output_dir=str(tmp_path / "hf_out"), max_steps=8,
+                                          per_device_train_batch_size=BATCH, report_to=[], save_strategy="no",
+                                          logging_strategy="no", use_cpu=True, disable_tqdm=True,
+                                          dataloader_num_workers=0)
+    cb = TrainperfCallback(run_dir=tmp_path / "run", log_every=1000, monitor={"flush_s": 0.2})
+    transformers.Trainer(model=model, args=args, train_dataset=Tokens(as_dict=True), callbacks=[cb, PeekCb()]).train()
+    assert peek.seen is not None and peek.seen[:5] == [1, 2, 3, 4, 5], peek.seen
+    assert _on_disk_steps(tmp_path / "run") == list(range(1, 9))
 
 
 @pytest.mark.slow  # the first Trainer import (accelerate) takes seconds
@@ -179,3 +237,8 @@ def test_plain_loop_context_managers(tmp_path):
     assert recs[0]["phases_s"]["data"] < 0.009  # nothing measured before the first step
     ids = [f["id"] for f in _diagnose(tmp_path / "run")["findings"]]
     assert "data_bound" in ids
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    # no formula for an Embedding + Linear: MFU from the counted forward (the Linear's matmul), and it says so
+    assert summary["mfu_source"] == "counted" and "3 x its forward FLOPs" in summary["mfu_convention"]
+    # per token of the batch given to tp.step (SEQ per row; the model sees SEQ - 1 of them)
+    assert summary["flops_per_token_counted_forward"] == pytest.approx(2 * 16 * VOCAB * (SEQ - 1) / SEQ)
