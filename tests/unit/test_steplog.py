@@ -121,6 +121,39 @@ def test_cpu_values_are_in_the_step_line_and_the_thread_writes_within_flush_s(tm
         sink.close()
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_values_follow_their_timing_line_without_a_host_sync(tmp_path):
+    """The real CUDA path (pinned copy + event): while the stream is still busy, add() and flush() return without
+    a host sync (sync debug mode 'error' raises on one), the timing line is on disk at once and the loss follows
+    in a values line once the device got there."""
+    sink = JSONLSink(tmp_path / "m.jsonl")
+    log = steplog.StepLog(lambda recs: sink.write_lines([dumps_strict(r, indent=None) for r in recs]), flush_s=3600)
+    x = torch.full((1024,), 2.0, device="cuda")
+    torch.cuda.synchronize()
+    try:
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            torch.cuda._sleep(2_000_000_000)  # the stream is busy for about a second (clock cycles)
+            loss = (x * 1.5).mean()  # queued behind the sleep: not computed yet
+            t0 = time.perf_counter()
+            log.add({"step": 1, "step_time_s": 0.1}, loss=loss, grad_norm=[x.sum(), x.sum() * 3])
+            log.flush()
+            returned_s = time.perf_counter() - t0
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        assert [json.loads(ln) for ln in _lines(sink.path)] == [{"step": 1, "step_time_s": 0.1}], returned_s
+        deadline = time.time() + 60
+        while len(_lines(sink.path)) < 2 and time.time() < deadline:
+            log.flush()  # event.query(): never blocks
+            time.sleep(0.02)
+        assert json.loads(_lines(sink.path)[1]) == {"step": 1, "part": "values", "loss": 3.0, "grad_norm": 4096.0}
+        assert log.wait() == [(1, {"loss": 3.0, "grad_norm": 4096.0})]
+    finally:
+        log.close()
+        sink.close()
+
+
 def test_a_failed_write_keeps_the_records_for_the_next_flush(tmp_path):
     got, fail = [], [True]
 
