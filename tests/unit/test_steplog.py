@@ -334,3 +334,32 @@ def test_a_run_killed_before_its_first_record_is_diagnosed_with_what_it_left(tmp
     assert r.returncode == 0 and "no step record reached metrics.jsonl" in r.stdout, r.stderr
     assert "no step record reached metrics.jsonl" in (run_dir / "report.html").read_text()
     assert "Traceback" not in r.stderr
+
+
+# ---------------------------------------------------------------------- an exit without close()
+_CRASH = """
+import sys, torch
+sys.path.insert(0, {root!r})
+import trainperf
+model = torch.nn.Linear(8, 8)
+tp = trainperf.track({run_dir!r}, model=model, log_every=1000000, monitor={{"flush_s": 3600}})  # never closed
+for step in range(5):
+    with tp.step(tokens=8):
+        with tp.phase("forward"):
+            loss = model(torch.randn(8, 8)).pow(2).mean()
+        with tp.phase("backward"):
+            loss.backward()
+        tp.loss(loss)
+raise RuntimeError("the user's loop crashes; nothing calls tp.close()")
+"""
+
+
+def test_an_uncaught_exception_without_close_still_writes_every_record(tmp_path):
+    """flush_s far away, log_every never reached, no close(): the interpreter's exit writes the queued records
+    (the flusher is a daemon thread, which dies with the interpreter)."""
+    run_dir = tmp_path / "run"
+    proc = _start(_CRASH.format(root=str(ROOT), run_dir=str(run_dir)))
+    _, err = proc.communicate(timeout=240)
+    assert proc.returncode == 1 and b"the user's loop crashes" in err, err.decode()[-2000:]
+    recs = _whole(run_dir / "metrics.jsonl")
+    assert [r["step"] for r in recs] == [1, 2, 3, 4, 5] and all(isinstance(r["loss"], float) for r in recs), recs

@@ -31,10 +31,14 @@ in one ``write``: a kill leaves at most one torn last line, which the readers sk
 Guarantee: a record, and a value once it is ready on the device, is on disk within ``flush_s``
 plus the time the flusher thread waits to be scheduled and to write (milliseconds; more on a
 machine whose cores are all busy). Records newer than that may be lost by a kill; nothing older.
+An exit of the interpreter without ``close()`` (an uncaught exception in a framework that has no
+error hook, a script that never closes) writes everything already on the host (``atexit``).
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import threading
 import warnings
 from collections import deque
@@ -120,6 +124,7 @@ class StepLog:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="trainperf-steplog", daemon=True)
         self._thread.start()
+        atexit.register(self._flush_at_exit)  # an exit without close(): what is on the host still reaches the disk
 
     def add(self, record: dict, **values) -> None:
         """Queue one step's record; ``values`` (loss, grad_norm, ...) follow it when they reach the host."""
@@ -177,9 +182,16 @@ class StepLog:
                     warnings.warn(f"trainperf: writing metrics failed ({type(exc).__name__}: {exc}); "
                                   "records are kept in memory and retried", stacklevel=2)
 
+    def _flush_at_exit(self) -> None:
+        """The interpreter exits and nobody called close() (an exception in a framework without an error hook,
+        a script that forgot close()): the daemon thread dies with it, so write what is on the host now."""
+        with contextlib.suppress(Exception):
+            self.flush()
+
     def close(self, wait: bool = True) -> None:
         """Stop the thread and write what is left: every value (``wait``), or only those already on the host
         (after an error: a broken device must not hang the exit)."""
+        atexit.unregister(self._flush_at_exit)
         self._stop.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout=max(2.0, 2 * self.flush_s))
