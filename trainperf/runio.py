@@ -126,14 +126,26 @@ def read_json(path: str | os.PathLike, *, what: str = "JSON file", expect: type 
 
 
 def read_jsonl(path: str | os.PathLike, *, what: str = "JSON-lines log") -> list[dict]:
-    """The object records of a JSON-lines file, in order. Lines that do not parse (the last one cut by a
-    crash) are skipped; a non-empty file of which no line parses raises UserError naming it."""
+    """The object records of a JSON-lines file, in order. Lines that do not parse are skipped; a non-empty
+    file of which no line parses raises UserError naming it, unless all it holds is what a crash leaves:
+    a last line without its newline that began a record (``{``: a write cut by kill -9), or zero-filled
+    blocks. Such a file (a run killed before its first whole record) reads as no records."""
     path = Path(path)
     text = _read_text(path, what, lenient=True)
     out: list[dict] = []
     bad = 0
-    for line in text.splitlines():
-        if not line.strip():
+    lines = text.splitlines()
+    torn = len(lines) if text.endswith(("\n", "\r")) else len(lines) - 1  # the unterminated last line, if any
+    for i, line in enumerate(lines):
+        if not line.strip() or not line.strip("\0"):  # blank, or zero-filled by a crash
+            continue
+        if i == torn and line.lstrip("\0 \t").startswith("{"):
+            try:
+                rec = json.loads(line, parse_constant=_nan_as_none)
+            except (json.JSONDecodeError, RecursionError):
+                continue  # the record a kill cut in half: not garbage
+            if isinstance(rec, dict):
+                out.append(rec)
             continue
         try:
             rec = json.loads(line, parse_constant=_nan_as_none)

@@ -100,6 +100,47 @@ def test_lightning_callback_diagnosed(tmp_path, delay_s, bound):
         assert {"loss", "phases", "throughput"} <= {Path(c).stem for c in rep["charts"]}, rep
 
 
+def _on_disk_steps(run_dir) -> list[int]:
+    p = run_dir / "metrics.jsonl"
+    recs = [json.loads(x) for x in p.read_text().splitlines()] if p.exists() else []
+    return [r["step"] for r in recs if "step_time_s" in r]
+
+
+class _Peek:
+    """At batch ``at``, wait past monitor.flush_s and read the run directory: the steps so far are on disk
+    though run.log_every is far away (a kill now would keep them)."""
+
+    def __init__(self, run_dir, at: int, flush_s: float):
+        self.run_dir, self.at, self.flush_s, self.seen, self.samples = run_dir, at, flush_s, None, 0
+
+    def check(self, step: int):
+        if step == self.at:
+            t = time.time()
+            time.sleep(self.flush_s + 1.0)
+            self.seen = _on_disk_steps(self.run_dir)
+            p = self.run_dir / "samples.jsonl"  # the device sampler's records: each on disk when taken
+            recs = [json.loads(x) for x in p.read_text().splitlines()] if p.exists() else []
+            self.samples = sum(1 for r in recs if isinstance(r.get("t"), float) and r["t"] >= t)
+
+
+def test_lightning_run_directory_is_on_disk_within_flush_s(tmp_path):
+    from trainperf.integrations.lightning import TrainperfCallback
+
+    peek = _Peek(tmp_path / "run", at=6, flush_s=0.2)
+
+    class PeekCb(L.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            peek.check(batch_idx + 1)
+
+    cb = TrainperfCallback(run_dir=tmp_path / "run", log_every=1000, monitor={"flush_s": 0.2, "sample_every_s": 0.2})
+    trainer = L.Trainer(max_steps=8, accelerator="cpu", devices=1, callbacks=[cb, PeekCb()], logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(TinyLM(), torch.utils.data.DataLoader(Tokens(), batch_size=BATCH))
+    assert peek.seen is not None and peek.seen[:5] == [1, 2, 3, 4, 5], peek.seen
+    assert peek.samples >= 1  # sampled during the pause (every 0.2 s), on disk before the run ended
+    assert _on_disk_steps(tmp_path / "run") == list(range(1, 9))
+
+
 # ---------------------------------------------------------------------- Hugging Face Trainer
 transformers = pytest.importorskip("transformers", reason="transformers not installed")
 
@@ -124,6 +165,29 @@ def _hf_train(run_dir, config, delay_s: float, steps: int = 12):
                                    callbacks=[cb])
     trainer.train()
     return cb
+
+
+@pytest.mark.slow  # the first Trainer import (accelerate) takes seconds
+def test_hf_trainer_run_directory_is_on_disk_within_flush_s(tmp_path, tiny_llama_config):
+    from trainperf.integrations.hf import TrainperfCallback
+
+    peek = _Peek(tmp_path / "run", at=6, flush_s=0.2)
+
+    class PeekCb(transformers.TrainerCallback):
+        def on_step_end(self, args, state, control, **kw):
+            peek.check(state.global_step)
+
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(tiny_llama_config)
+    args = transformers.TrainingArguments(output_dir=str(tmp_path / "hf_out"), max_steps=8,
+                                          per_device_train_batch_size=BATCH, report_to=[], save_strategy="no",
+                                          logging_strategy="no", use_cpu=True, disable_tqdm=True,
+                                          dataloader_num_workers=0)
+    cb = TrainperfCallback(run_dir=tmp_path / "run", log_every=1000, monitor={"flush_s": 0.2, "sample_every_s": 0.2})
+    transformers.Trainer(model=model, args=args, train_dataset=Tokens(as_dict=True), callbacks=[cb, PeekCb()]).train()
+    assert peek.seen is not None and peek.seen[:5] == [1, 2, 3, 4, 5], peek.seen
+    assert peek.samples >= 1
+    assert _on_disk_steps(tmp_path / "run") == list(range(1, 9))
 
 
 @pytest.mark.slow  # the first Trainer import (accelerate) takes seconds
@@ -160,10 +224,14 @@ def test_plain_loop_context_managers(tmp_path):
     model = torch.nn.Sequential(torch.nn.Embedding(VOCAB, 16), torch.nn.Linear(16, VOCAB))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     data = Tokens(n=32)
+    compute_s = 0.0
     with trainperf.track(tmp_path / "run", model=model, log_every=3) as tp:
         for i in range(0, 32, BATCH):
             batch = torch.stack([data[j] for j in range(i, i + BATCH)])
-            time.sleep(0.05)  # a slow fetch between steps: the data phase
+            # a slow fetch between steps: the data phase, 3x the last step's compute at least, so the wait
+            # dominates even on a loaded machine where this tiny step takes 100+ ms instead of 1 ms
+            time.sleep(max(0.05, 3 * compute_s))
+            t0 = time.perf_counter()
             with tp.step(batch):
                 with tp.phase("forward"):
                     logits = model(batch[:, :-1])
@@ -174,8 +242,44 @@ def test_plain_loop_context_managers(tmp_path):
                     opt.step()
                     opt.zero_grad()
                 tp.loss(loss)
+            compute_s = time.perf_counter() - t0
     recs = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert len(recs) == 8 and all(r["phases_s"]["data"] >= 0.049 for r in recs[1:])
     assert recs[0]["phases_s"]["data"] < 0.009  # nothing measured before the first step
     ids = [f["id"] for f in _diagnose(tmp_path / "run")["findings"]]
     assert "data_bound" in ids
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    # no formula for an Embedding + Linear: MFU from the counted forward (the Linear's matmul), and it says so
+    assert summary["mfu_source"] == "counted" and "3 x its forward FLOPs" in summary["mfu_convention"]
+    # per token of the batch given to tp.step (SEQ per row; the model sees SEQ - 1 of them)
+    assert summary["flops_per_token_counted_forward"] == pytest.approx(2 * 16 * VOCAB * (SEQ - 1) / SEQ)
+
+
+def test_plain_loop_run_directory_is_on_disk_within_flush_s(tmp_path):
+    """trainperf.track writes through the same bounded writer: steps and samples on disk long before
+    log_every (never reached here) or close()."""
+    import trainperf
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(VOCAB, 16), torch.nn.Linear(16, VOCAB))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    peek = _Peek(tmp_path / "run", at=6, flush_s=0.2)
+    tp = trainperf.track(tmp_path / "run", model=model, log_every=1000, monitor={"flush_s": 0.2, "sample_every_s": 0.2})
+    for step in range(1, 9):
+        batch = Tokens(n=BATCH).rows
+        with tp.step(batch):
+            with tp.phase("forward"):
+                loss = torch.nn.functional.cross_entropy(model(batch[:, :-1]).reshape(-1, VOCAB), batch[:, 1:].reshape(-1))
+            with tp.phase("backward"):
+                loss.backward()
+            with tp.phase("optimizer"):
+                opt.step()
+                opt.zero_grad()
+            tp.loss(loss)
+        peek.check(step)  # after step 6 closed: 1..6 are due on disk within flush_s
+    assert peek.seen == [1, 2, 3, 4, 5, 6], peek.seen
+    assert peek.samples >= 1
+    recs = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert all(isinstance(r["loss"], float) for r in recs)  # CPU: each loss in its step's line
+    tp.close()
+    assert _on_disk_steps(tmp_path / "run") == list(range(1, 9))

@@ -60,24 +60,51 @@ def _gpt(n_layer=2, n_embd=32, block=32):
     return GPT(GPTConfig(n_layer=n_layer, n_head=2, n_embd=n_embd, block_size=block, vocab_size=256))
 
 
+def _count(model, batch, seq, vocab=256):
+    """StepFlopCounter over one forward + backward, as the training step runs it (contiguous targets)."""
+    x = torch.randint(0, vocab, (batch, seq + 1), generator=torch.Generator().manual_seed(0))
+    idx, tgt = x[:, :-1].contiguous(), x[:, 1:].contiguous()
+    with F.StepFlopCounter() as c:
+        _, loss = model(idx, tgt)
+        loss.backward()
+    model.zero_grad(set_to_none=True)
+    return c.per_token(batch * seq)
+
+
 def test_counted_flops_agree_with_the_formula_and_see_recompute():
     from trainperf.memory.ac import apply_ac
 
     model = _gpt(n_layer=2, n_embd=64)
     formula = F.formula_flops_per_token(model, 32)
-    rng = torch.get_rng_state()
-    counted, note = F.count_flops_per_token(model, batch=2, seq_len=32, vocab=256, device=torch.device("cpu"))
-    assert torch.equal(rng, torch.get_rng_state())  # the count does not disturb the run's RNG
-    assert all(p.grad is None for p in model.parameters())  # nor its gradients
-    assert "FlopCounterMode" in note
+    counted, fwd, note = _count(model, 2, 32)
+    assert note == "counted" and fwd is not None
     assert 0.6 * formula < counted < 1.2 * formula  # the formula also counts non-matmul params
+    # forward share: 3 x forward is the 6N convention (backward = two forwards); lm_head, attention included
+    assert 0.9 * formula < 3 * fwd < 1.1 * formula
     apply_ac(model, mode="full")
-    counted_ac, _ = F.count_flops_per_token(model, batch=2, seq_len=32, vocab=256, device=torch.device("cpu"))
+    counted_ac, fwd_ac, _ = _count(model, 2, 32)
     extra, how = F.recompute_flops_per_token(model, 32, types.SimpleNamespace(mode="full"))
     assert counted_ac > counted  # recompute executes the blocks' forward again
+    assert fwd_ac == fwd  # ... inside the backward: the forward share (and the MFU built on it) stays
     # The formula adds one whole forward per block (Narayanan 2021): an upper bound, since
     # non-reentrant checkpointing stops recomputing once the last saved tensor it needs is back.
     assert 0.4 * extra < counted_ac - counted <= 1.01 * extra, how
+
+
+def test_counting_never_raises_into_the_step(monkeypatch):
+    """A FLOP formula that fails is noted; the step it counts runs on."""
+    import torch.utils.flop_counter as fc
+
+    def broken(*a, **k):
+        raise ValueError("no formula for this shape")
+
+    monkeypatch.setitem(fc.flop_registry, torch.ops.aten.mm, broken)
+    model = torch.nn.Linear(8, 8)
+    with F.StepFlopCounter() as c:
+        model(torch.randn(4, 8)).sum().backward()
+    assert model.weight.grad is not None
+    total, fwd, note = c.per_token(4)
+    assert total is None and "no formula for this shape" in note
 
 
 def test_attention_flops_are_counted_on_cpu():
@@ -85,7 +112,7 @@ def test_attention_flops_are_counted_on_cpu():
     long-context model counted 0.44x its formula and HFU read below MFU."""
     model = _gpt(n_layer=2, n_embd=32, block=256)  # attention is over half of the FLOPs at s=256, h=32
     formula = F.formula_flops_per_token(model, 256)
-    counted, _ = F.count_flops_per_token(model, batch=2, seq_len=256, vocab=256, device=torch.device("cpu"))
+    counted, _, _ = _count(model, 2, 256)
     assert 0.9 * formula < counted < 1.1 * formula
 
 
@@ -93,8 +120,15 @@ def test_mfu_and_hfu_from_throughput_and_peak():
     fl = {"flops_per_token_formula": 1e6, "flops_per_token_counted": 1.2e6}
     u = F.utilization(1e5, fl, {"peak_flops": 1e12}, world=2)
     assert u["mfu"] == pytest.approx(1e11 / 2e12) and u["hfu"] == pytest.approx(1.2e11 / 2e12)
-    assert "6N" in u["mfu_convention"] and "counted" in u["hfu_convention"]
+    assert "6N" in u["mfu_convention"] and "counted" in u["hfu_convention"] and u["mfu_source"] == "formula"
     assert F.utilization(None, fl, {"peak_flops": 1e12})["mfu"] is None
+    # no formula: MFU from 3 x the counted forward FLOPs, and it says so
+    u = F.utilization(1e5, {"flops_per_token_formula": None, "flops_per_token_counted": 1.2e6,
+                            "flops_per_token_counted_forward": 0.3e6}, {"peak_flops": 1e12})
+    assert u["mfu"] == pytest.approx(1e5 * 0.9e6 / 1e12) and u["mfu_source"] == "counted"
+    assert "3 x its forward" in u["mfu_convention"]
+    none = F.utilization(1e5, {"flops_per_token_formula": None}, {"peak_flops": 1e12})
+    assert none["mfu"] is None and none["mfu_convention"] is None  # no convention named for a figure not given
 
 
 def test_cpu_peak_is_measured_and_says_so(tmp_path, monkeypatch):

@@ -48,4 +48,8 @@ def run(args) -> int:
     else:
         print(f"report: {result['html']} ({len(result['charts'])} charts"
               + (f"; no data for {', '.join(result['skipped'])}" if result["skipped"] else "") + ")")
+        if result.get("known") is not None:  # a run killed before its first step record: what it left
+            from trainperf.monitor.diagnose import known_lines
+
+            print("\n".join(known_lines(result)))
     return 0

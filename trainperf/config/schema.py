@@ -373,6 +373,12 @@ class MonitorConfig(Section):
     """Address the Prometheus endpoint binds to (loopback unless you say otherwise)."""
     sample_every_s: float = Field(1.0, gt=0)
     """Device sampler period (NVML, CPU, RAM)."""
+    flush_s: float = Field(2.0, gt=0, le=3600)
+    """Longest time a step record waits in memory: a background thread writes metrics.jsonl at
+    least this often (records also reach the file every run.log_every steps), so a run killed
+    with kill -9 keeps every record older than about this. No host sync per step: on CUDA a
+    step's loss is copied to pinned host memory without blocking and may follow its timing
+    line in a later line of the same step (readers merge them)."""
     nvtx: bool = True
     """Emit NVTX ranges per phase on CUDA (visible under nsys profile -t cuda,nvtx)."""
     mfu: bool = True

@@ -5,6 +5,8 @@ directory exactly as ``trainperf train`` does, so ``trainperf diagnose``, ``repo
 read it unchanged::
 
     metrics.jsonl   {"step","loss","lr","step_time_s","tokens_per_s","phases_s","phases_cpu_s","mfu"?}
+                    on disk within monitor.flush_s (the Monitor's StepLog thread) and every log_every
+                    steps; on CUDA the loss may follow in {"step","part":"values","loss"} (readers merge)
     samples.jsonl   device sampler records
     summary.json    tokens/s, phase seconds, MFU/HFU with the FLOP convention and the peak used
 
@@ -17,10 +19,12 @@ A step's life, as the frameworks' hooks drive it::
     close_step(...)    end of the batch: one step record
 
 FLOPs: the model FLOPs per token come from the model's shape (``flops_per_token(seq_len)`` when the
-model has it, else a Hugging Face ``config``: see :func:`trainperf.models.hf.hf_flops_per_token`);
-the hardware FLOPs are counted with ``FlopCounterMode`` over the forward + backward of one real
-step (the second: the first warms up), recompute included. The peak is
-:func:`trainperf.monitor.flops.peak_flops` (catalog on CUDA, measured matmul peak on CPU).
+model has it, else a Hugging Face ``config`` in any submodule: see
+:func:`trainperf.monitor.flops.formula_with_note`); the hardware FLOPs are counted with
+:class:`~trainperf.monitor.flops.StepFlopCounter` over the forward + backward of one real step (the
+second: the first warms up), recompute included. Without a formula, MFU uses 3 x the counted
+forward FLOPs (``mfu_convention`` says so). The peak is :func:`trainperf.monitor.flops.peak_flops`
+(catalog on CUDA, measured matmul peak on CPU).
 
 Overhead: the time spent inside the recorder's own calls is accumulated (``overhead_s``) and
 reported per step in summary.json (``monitor_overhead``), next to the mean step time.
@@ -28,7 +32,6 @@ reported per step in summary.json (``monitor_overhead``), next to the mean step 
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -67,20 +70,9 @@ def model_flops_per_token(model, seq_len: int | None) -> tuple[float | None, str
     """Model FLOPs per token from the model's shape, with the convention; (None, why) when unknown."""
     if model is None or not seq_len:
         return None, "no model or sequence length seen"
-    base = getattr(model, "module", model)  # DDP / Lightning wrappers
-    if hasattr(base, "flops_per_token"):
-        return float(base.flops_per_token(seq_len)), "the model's flops_per_token(seq_len)"
-    config = getattr(base, "config", None)
-    if config is not None and (hasattr(config, "num_hidden_layers") or hasattr(config, "n_layer")):
-        from trainperf.models.hf import hf_flops_per_token
+    from trainperf.monitor.flops import formula_with_note
 
-        fpt, note = hf_flops_per_token(base, seq_len)
-        return fpt, note
-    for child in base.children():  # a LightningModule holding a transformers model
-        if hasattr(child, "config") or hasattr(child, "flops_per_token"):
-            return model_flops_per_token(child, seq_len)
-    return None, ("no FLOP formula for this model (it has neither flops_per_token(seq_len) nor a Hugging Face "
-                  "config); MFU not reported, HFU from the counted FLOPs")
+    return formula_with_note(getattr(model, "module", model), seq_len)  # DDP wrappers; any submodule's HF config
 
 
 class StepRecorder:
@@ -108,9 +100,10 @@ class StepRecorder:
         self._tokens = 0
         self._samples = 0
         self._loss_parts: list = []
-        self._pending: list[tuple[dict, Any]] = []
+        self._since_wait = 0  # steps queued since the last wait for their losses
         self._counter = None
         self._counted: float | None = None
+        self._counted_forward: float | None = None
         self._counted_note = "not counted (no step reached the counting step)"
         self.tokens_total = 0
         self.train_time_s = 0.0
@@ -176,42 +169,32 @@ class StepRecorder:
         self.step += 1
         self.mon.after_step(self.step)
         tokens = self._tokens or self._samples
-        rec: dict[str, Any] = {"step": self.step, "loss": None, "lr": lr, "step_time_s": dt,
+        rec: dict[str, Any] = {"step": self.step, "lr": lr, "step_time_s": dt,
                                "tokens_per_s": tokens / dt if dt > 0 and tokens else None, "phases_s": phases}
         self.tokens_total += tokens
         self.train_time_s += dt
-        self._pending.append((rec, list(self._loss_parts)))
-        if len(self._pending) >= self.log_every:
+        # queued: on disk within monitor.flush_s; the loss (mean of the micro-batches') when it reaches the host
+        self.mon.log_step(rec, loss=list(self._loss_parts))
+        self._since_wait += 1
+        if self._since_wait >= self.log_every:
             self.flush()
         self.overhead_s += time.perf_counter() - t
         # the next step's data phase starts now
         self.open_step()
 
     def flush(self) -> None:
-        """Bring the pending losses to the host (one sync for several steps) and write the records."""
-        if not self._pending:
-            return
-        tensors = [p for _, parts in self._pending for p in parts if isinstance(p, torch.Tensor)]
-        host = torch.stack([x.float().reshape(()) for x in tensors]).cpu().tolist() if tensors else []
-        it = iter(host)
-        for rec, parts in self._pending:
-            vals = [next(it) if isinstance(p, torch.Tensor) else p for p in parts]
-            if vals:
-                rec["loss"] = sum(vals) / len(vals)
-                self.last_loss = rec["loss"]
-            else:
-                rec.pop("loss")
-            self.mon.write(rec)
-        self._pending = []
+        """Bring the queued losses to the host (one sync for several steps) and write every record."""
+        self._since_wait = 0
+        for _, values in self.mon.wait_values():
+            if values.get("loss") is not None:
+                self.last_loss = values["loss"]
 
     # ------------------------------------------------------------------ FLOPs
     def _start_counter(self) -> None:
-        from torch.utils.flop_counter import FlopCounterMode
-
-        from trainperf.monitor.flops import _missing_flop_formulas
+        from trainperf.monitor.flops import StepFlopCounter
 
         try:
-            self._counter = FlopCounterMode(display=False, custom_mapping=_missing_flop_formulas())
+            self._counter = StepFlopCounter()
             self._counter.__enter__()
         except Exception as exc:  # noqa: BLE001 - counting is best effort
             self._counter = None
@@ -223,16 +206,19 @@ class StepRecorder:
         counter, self._counter = self._counter, None
         try:
             counter.__exit__(None, None, None)
-            total = counter.get_total_flops()
         except Exception as exc:  # noqa: BLE001
             self._counted_note = f"FlopCounterMode failed: {type(exc).__name__}: {exc}"[:200]
             return
-        if tokens and total:
-            self._counted = total / tokens
-            self._counted_note = (f"FlopCounterMode over the forward + backward of real step {COUNT_STEP + 1} "
-                                  f"({tokens} tokens), recompute included")
-        elif tokens is None:
+        if tokens is None:
             self._counted_note = "counting step interrupted (evaluation); not counted"
+            return
+        total, fwd, note = counter.per_token(tokens)
+        if total is None:
+            self._counted_note = note
+            return
+        self._counted, self._counted_forward = total, fwd
+        self._counted_note = (f"FlopCounterMode over the forward + backward of real step {COUNT_STEP + 1} "
+                              f"({tokens} tokens), recompute included; forward = the FLOPs outside autograd's backward")
 
     # ------------------------------------------------------------------ end of run
     def finish(self, extra: dict | None = None, *, verbose: bool = False) -> dict:
@@ -250,6 +236,7 @@ class StepRecorder:
             "flops_per_token_formula": fpt,
             "flops_per_token_formula_hfu": None,
             "flops_per_token_counted": self._counted,
+            "flops_per_token_counted_forward": self._counted_forward,
             "flops_formula_note": fnote,
             "flops_recompute_note": "in the counted figure (HFU)",
             "flops_counted_note": self._counted_note,
@@ -278,10 +265,9 @@ class StepRecorder:
         summary.update(extra or {})
         self.mon.finish(summary)
         if self.mon.rank == 0:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            tmp = self.run_dir / "summary.json.tmp"
-            tmp.write_text(json.dumps(summary, indent=2, default=str))
-            tmp.replace(self.run_dir / "summary.json")
+            from trainperf.runio import write_json
+
+            write_json(self.run_dir / "summary.json", summary)  # strict JSON (NaN -> null), atomic
             if verbose:
                 self.mon.print_findings()
         return summary

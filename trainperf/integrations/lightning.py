@@ -96,4 +96,4 @@ class TrainperfCallback(Callback):
 
     def on_exception(self, trainer, pl_module, exception):
         if self.rec is not None:
-            self.rec.mon.close()  # metrics.jsonl stays (a crashed run is still diagnosable)
+            self.rec.mon.close(wait=False)  # what is on the host is written; a crashed run stays diagnosable

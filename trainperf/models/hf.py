@@ -140,17 +140,38 @@ def default_block_path(model: nn.Module) -> str | None:
     return None
 
 
-def hf_flops_per_token(model: nn.Module, seq_len: int) -> tuple[float | None, str]:
-    """Model FLOPs per token of a HF decoder (PaLM appendix B convention, see the module docstring)."""
-    config = getattr(model, "config", None)
+def find_hf_module(model: nn.Module) -> tuple[str, nn.Module] | None:
+    """(path, module) of the outermost module inside ``model`` (itself included) that carries a Hugging Face
+    decoder ``config`` (layers, heads and head size readable): a user's ``nn.Module`` wrapper around a
+    transformers model hides the config from ``model.config``; any depth is searched, not only children."""
+    for path, mod in model.named_modules():
+        config = getattr(mod, "config", None)
+        if config is None or isinstance(config, dict):
+            continue
+        try:
+            s = hf_shape(config)
+        except (TypeError, ZeroDivisionError):
+            continue
+        if all(isinstance(s[k], int) and s[k] > 0 for k in ("n_layer", "n_head", "head_dim")):
+            return path, mod
+    return None
+
+
+def hf_flops_per_token(model: nn.Module, seq_len: int, *, hf_module: nn.Module | None = None) -> tuple[float | None, str]:
+    """Model FLOPs per token of a HF decoder (PaLM appendix B convention, see the module docstring).
+
+    ``hf_module``: the transformers model inside ``model`` (a user's wrapper) whose config gives the shape;
+    N counts every parameter of ``model`` (the wrapper's own layers too), the embedding lookups excepted."""
+    hf = hf_module if hf_module is not None else model
+    config = getattr(hf, "config", None)
     s = hf_shape(config) if config is not None else {}
     if not s.get("n_layer") or not s.get("n_head") or not s.get("head_dim"):
         return None, "the Hugging Face config does not give layers / heads / head_dim"
     n = sum(p.numel() for p in model.parameters())
-    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
-    out = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    n_emb = emb.weight.numel() if emb is not None else 0
-    tied = emb is not None and out is not None and out.weight is emb.weight
+    emb = _call(hf, "get_input_embeddings")
+    out = _call(hf, "get_output_embeddings")
+    n_emb = emb.weight.numel() if isinstance(emb, nn.Embedding) else 0
+    tied = emb is not None and out is not None and getattr(out, "weight", None) is getattr(emb, "weight", 0)
     n_pos = sum(m.weight.numel() for name, m in model.named_modules()
                 if isinstance(m, nn.Embedding) and m is not emb and name.split(".")[-1] in ("wpe", "embed_positions"))
     n_matmul = n - n_pos - (0 if tied else n_emb)
@@ -159,6 +180,16 @@ def hf_flops_per_token(model: nn.Module, seq_len: int) -> tuple[float | None, st
     return fpt, (f"6N + 12*l*(heads*head_dim)*s per token (PaLM app. B) from the Hugging Face config: N={n_matmul} "
                  f"matmul weights (lm_head {'tied, counted once' if tied else 'counted'}; embedding lookups "
                  f"excluded), l={s['n_layer']}, heads*head_dim={attn}, s={seq_len}")
+
+
+def _call(mod: nn.Module, name: str):
+    fn = getattr(mod, name, None)
+    if not callable(fn):
+        return None
+    try:
+        return fn()
+    except (NotImplementedError, AttributeError):
+        return None
 
 
 # ---------------------------------------------------------------------- the trainperf contract

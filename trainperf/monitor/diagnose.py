@@ -38,7 +38,7 @@ from trainperf.monitor.gain import fraction, step_gain
 from trainperf.monitor.rules_runtime import COMPILE_PHASE, RUNTIME_RULES, _num, rank_compute_windows
 from trainperf.monitor.rules_runtime import pct as _pct
 from trainperf.monitor.rules_trace import NOT_FROM_TRACE, TRACE_RULES, comm_bound_trace, data_bound_trace
-from trainperf.monitor.rundir import load_run, rank_of
+from trainperf.monitor.rundir import known_state, load_run, rank_of
 from trainperf.monitor.xla import XLA_RECOMPILE_RULE
 
 SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
@@ -454,15 +454,41 @@ def diagnose_run(run: dict) -> dict[str, Any]:
     s = compute_summary(run)
     findings, not_measured = apply_rules(s)
     missing = _missing(run, s)
-    return {"run_dir": str(run["dir"]), "crashed": run["crashed"], "findings": findings, "summary": s,
-            "missing": missing, "not_measured": [*not_measured, *({"id": None, "reason": m} for m in missing)]}
+    out = {"run_dir": str(run["dir"]), "crashed": run["crashed"], "findings": findings, "summary": s,
+           "missing": missing, "not_measured": [*not_measured, *({"id": None, "reason": m} for m in missing)]}
+    if not any(run["ranks"].values()):  # ended (killed) before its first whole step record: say what it left
+        out["known"] = known_state(run)
+    return out
+
+
+def known_lines(result: dict) -> list[str]:
+    """The text for a run without a step record: that, and what is known (config, checkpoints, samples)."""
+    k = result.get("known")
+    if k is None:
+        return []
+    c = k.get("config") or {}
+    lines = ["  no step record reached metrics.jsonl: the run ended (was killed?) before its first record was "
+             "written, so no step figures exist. What it left:"]
+    lines.append("    config: " + (", ".join(f"{n} {v}" for n, v in c.items() if v is not None) if c else "none (no "
+                 "config.yaml)"))
+    ck = k["checkpoint_steps"]
+    lines.append(f"    checkpoints: steps {', '.join(map(str, ck))}" if ck else "    checkpoints: none complete")
+    if k["samples"]:
+        span = f" over {k['samples_span_s']:.1f} s" if k.get("samples_span_s") is not None else ""
+        step = f"; the last one saw step {k['last_sampled_step']}" if k.get("last_sampled_step") is not None else ""
+        lines.append(f"    device samples: {k['samples']}{span}{step} (samples.jsonl)")
+    else:
+        lines.append("    device samples: none")
+    return lines
 
 
 # ---------------------------------------------------------------------- output
 def format_findings(result: dict) -> str:
     s = result["summary"]
     lines = ["", "== trainperf diagnosis =="]
-    if result.get("crashed"):
+    if result.get("known") is not None:
+        lines.extend(known_lines(result))
+    elif result.get("crashed"):
         lines.append("  (no summary.json: the run did not finish; figures from metrics.jsonl)")
     fr = s.get("phase_fractions") or {}
     if fr:
@@ -474,6 +500,8 @@ def format_findings(result: dict) -> str:
     if s.get("mfu") is not None:
         hfu = f", HFU {100 * s['hfu']:.1f}%" if s.get("hfu") is not None else ""
         lines.append(f"  MFU {100 * s['mfu']:.1f}%{hfu} against {s.get('peak_source') or 'the recorded peak'}")
+        if s.get("mfu_convention"):
+            lines.append(f"  MFU convention: {s['mfu_convention']}")
     if not result["findings"]:
         lines.append("  no findings: no rule fired (see `trainperf diagnose RUN_DIR --json` for the figures)")
     for f in result["findings"]:

@@ -4,17 +4,24 @@ Conventions (every figure names its own):
 
 * ``flops_per_token_formula``: model FLOPs, PaLM appendix B: ``6N + 12*l*h*s`` per token (N:
   parameters without the token and position embeddings, which are lookups; an untied lm_head
-  counts). Forward + backward matmuls, no recompute.
-  **MFU** uses this figure.
+  counts). Forward + backward matmuls, no recompute. Found for trainperf's GPT, a model with
+  ``flops_per_token(seq_len)``, a Hugging Face ``config`` anywhere inside the model (a user's
+  wrapper around a transformers model: the outermost submodule that carries one; N counts the
+  whole model), or ``model.cfg`` with ``n_layer``/``n_embd``.
 * ``flops_per_token_formula_hfu``: the formula plus the forward FLOPs that activation
   checkpointing recomputes (full recompute of a block adds ``2*N_block + 4*h*s`` per token per
   block, Narayanan et al. 2021; trainperf's selective policy keeps matmul and attention outputs
   and adds none). The blocks counted are those :mod:`trainperf.analytic.recompute` assigns, the
   same count the checkpointing applies.
-* ``flops_per_token_counted``: ``torch.utils.flop_counter.FlopCounterMode`` over one eager
-  forward + backward of one micro-batch of the real model (matmuls and attention as torch counts
-  them; includes recompute when checkpointing is on). **HFU** uses this figure when it exists,
-  else the formula with recompute.
+* ``flops_per_token_counted``: :class:`StepFlopCounter` (``torch.utils.flop_counter``) over one
+  real training step, on the batch and targets that step used (matmuls and attention as torch
+  counts them; includes recompute when checkpointing is on). **HFU** uses this figure when it
+  exists, else the formula with recompute.
+* ``flops_per_token_counted_forward``: the part of that count outside autograd's backward: the
+  forward, without recompute (checkpointing recomputes inside the backward).
+* **MFU** uses the formula; where no formula applies, the counted model FLOPs: ``3 x`` the counted
+  forward (the backward costs two forwards: the convention behind 6N). ``mfu_convention`` says
+  which (``mfu_source``: ``formula`` | ``counted``).
 
 Peaks: on CUDA the catalog's **dense** peak for the precision (``trainperf.hardware.catalog``);
 on CPU (or an unknown GPU) a measured matmul peak: the best of a few square matmuls, measured
@@ -50,24 +57,50 @@ def _spec(model: nn.Module, seq_len: int):
 
 def _shape(model: nn.Module) -> dict | None:
     cfg = getattr(model, "cfg", None)
-    if cfg is None or not all(hasattr(cfg, k) for k in ("n_layer", "n_embd")):
+    if cfg is not None and all(hasattr(cfg, k) for k in ("n_layer", "n_embd")):
+        return {"n_layer": int(cfg.n_layer), "n_embd": int(cfg.n_embd)}
+    from trainperf.models.hf import find_hf_module, hf_shape
+
+    found = find_hf_module(model)
+    if found is None:
         return None
-    return {"n_layer": int(cfg.n_layer), "n_embd": int(cfg.n_embd)}
+    s = hf_shape(found[1].config)
+    return {"n_layer": int(s["n_layer"]), "n_embd": int(s["n_embd"])} if s["n_layer"] and s["n_embd"] else None
+
+
+def formula_with_note(model: nn.Module, seq_len: int) -> tuple[float | None, str]:
+    """Model FLOPs per token by the formula (6N + 12*l*h*s, PaLM / nanoGPT) and where its shape came from;
+    (None, why) when no formula applies."""
+    spec = _spec(model, seq_len)
+    if spec is not None:
+        return spec.palm_flops_per_token(seq_len), PALM_NOTE + " (trainperf GPT, analytic spec)"
+    from trainperf.models.hf import find_hf_module, hf_flops_per_token
+
+    if getattr(type(model), "_trainperf_hf_base", None) is not None:  # model.hf: its flops_per_token is this
+        return hf_flops_per_token(model, seq_len)
+    if hasattr(model, "flops_per_token"):
+        fpt = model.flops_per_token(seq_len)
+        return (float(fpt) if fpt is not None else None), "the model's flops_per_token(seq_len)"
+
+    found = find_hf_module(model)  # a transformers model anywhere inside (a user's wrapper hides its config)
+    if found is not None:
+        path, hf = found
+        fpt, note = hf_flops_per_token(model, seq_len, hf_module=hf)
+        return fpt, note + (f"; config of submodule {path!r}" if path else "")
+    shape = _shape(model)
+    if shape is None:
+        return None, ("no FLOP formula for this model: it has no flops_per_token(seq_len), no Hugging Face config in "
+                      "any submodule and no cfg.n_layer / cfg.n_embd")
+    n = sum(p.numel() for p in model.parameters())
+    return 6.0 * n + 12.0 * shape["n_layer"] * shape["n_embd"] * seq_len, PALM_NOTE + " (model.cfg shape)"
+
+
+PALM_NOTE = "6N + 12*l*h*s per token (PaLM appendix B; N without the token and position embeddings, lookups)"
 
 
 def formula_flops_per_token(model: nn.Module, seq_len: int) -> float | None:
-    """6N + 12*l*h*s (PaLM / nanoGPT): from the analytic spec for trainperf's GPT, from the
-    model's own ``flops_per_token`` or its parameters otherwise. None when the shape is unknown."""
-    spec = _spec(model, seq_len)
-    if spec is not None:
-        return spec.palm_flops_per_token(seq_len)
-    if hasattr(model, "flops_per_token"):
-        return float(model.flops_per_token(seq_len))
-    shape = _shape(model)
-    if shape is None:
-        return None
-    n = sum(p.numel() for p in model.parameters())
-    return 6.0 * n + 12.0 * shape["n_layer"] * shape["n_embd"] * seq_len
+    """6N + 12*l*h*s (PaLM / nanoGPT), see :func:`formula_with_note`. None when the shape is unknown."""
+    return formula_with_note(model, seq_len)[0]
 
 
 def recompute_flops_per_token(model: nn.Module, seq_len: int, ac_cfg) -> tuple[float | None, str]:
@@ -100,37 +133,62 @@ def recompute_flops_per_token(model: nn.Module, seq_len: int, ac_cfg) -> tuple[f
 
 
 # ---------------------------------------------------------------------- counted
-def count_flops_per_token(model: nn.Module, *, batch: int, seq_len: int, vocab: int, device: torch.device,
-                          autocast=None) -> tuple[float | None, str]:
-    """FLOPs of one eager forward + backward of ``(batch, seq_len)`` random tokens, per token.
-
-    Uses ``torch.autograd.grad`` (parameters' ``.grad`` and DDP's reducer are untouched) and its
-    own random generator; the global RNG state is restored. Returns (figure or None, note)."""
+def _flop_counter_base():
     from torch.utils.flop_counter import FlopCounterMode
 
-    gen = torch.Generator(device="cpu").manual_seed(0)
-    x = torch.randint(0, vocab, (batch, seq_len + 1), generator=gen)
-    idx, tgt = x[:, :-1].to(device), x[:, 1:].to(device)
-    params = [p for p in model.parameters() if p.requires_grad]
-    cpu_rng = torch.get_rng_state()
-    cuda_rng = torch.cuda.get_rng_state_all() if device.type == "cuda" else None
-    try:
-        with FlopCounterMode(display=False, custom_mapping=_missing_flop_formulas()) as counter:
-            ctx = autocast() if autocast is not None else _null()
-            with ctx:
-                out = model(idx, tgt)
-            loss = out[1] if isinstance(out, (tuple, list)) else getattr(out, "loss", out)
-            torch.autograd.grad(loss.float(), params, allow_unused=True)
-        total = counter.get_total_flops()
-    except Exception as exc:  # noqa: BLE001 - counting is best effort; the formula remains
-        return None, f"FlopCounterMode failed: {type(exc).__name__}: {str(exc)[:160]}"
-    finally:
-        torch.set_rng_state(cpu_rng)
-        if cuda_rng is not None:
-            torch.cuda.set_rng_state_all(cuda_rng)
-    if not total:
-        return None, "FlopCounterMode counted no FLOPs (no matmul/attention ops it knows)"
-    return total / (batch * seq_len), f"FlopCounterMode: one eager fwd+bwd of a ({batch}, {seq_len}) batch"
+    return FlopCounterMode
+
+
+class StepFlopCounter:
+    """Counts the FLOPs of the real training step it wraps: ``with StepFlopCounter() as c: step()``.
+
+    ``total``: every FLOP torch's FlopCounterMode counts (matmuls, convolutions, attention; forward,
+    backward and recompute). ``forward``: the part outside autograd's backward (the forward, without
+    the recompute that checkpointing runs inside the backward); None where this torch cannot tell.
+    Counting never raises into the step it counts: a failing formula is kept in ``error`` and the op
+    runs as usual. The step is the real one (its batch, its targets, its micro-batches and
+    accumulation), so counted FLOPs need no second pass over made-up inputs."""
+
+    def __init__(self):
+        base = _flop_counter_base()
+        owner = self
+
+        class _Counter(base):  # FlopCounterMode's per-op hook, plus the forward share and no exceptions
+            def _count_flops(self, func_packet, out, args, kwargs):
+                try:
+                    fn = self.flop_registry.get(func_packet)
+                    if fn is not None and torch._C._current_graph_task_id() == -1:  # not inside backward
+                        owner._forward += fn(*args, **kwargs, out_val=out)
+                    return super()._count_flops(func_packet, out, args, kwargs)
+                except Exception as exc:  # noqa: BLE001 - counting is best effort, the step is not
+                    owner.error = owner.error or f"{type(exc).__name__}: {str(exc)[:160]}"
+                    return out
+
+        self._split = hasattr(base, "_count_flops") and hasattr(torch._C, "_current_graph_task_id")
+        self._counter = (_Counter if self._split else base)(display=False, custom_mapping=_missing_flop_formulas())
+        self._forward = 0
+        self.error: str | None = None
+        self.total: int | None = None
+        self.forward: int | None = None
+
+    def __enter__(self) -> "StepFlopCounter":
+        self._counter.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        self._counter.__exit__(*exc)
+        self.total = int(self._counter.get_total_flops())
+        self.forward = int(self._forward) if self._split else None
+        return False
+
+    def per_token(self, tokens: int) -> tuple[float | None, float | None, str]:
+        """(total per token, forward per token, note)."""
+        if self.error:
+            return None, None, f"FlopCounterMode failed: {self.error}"
+        if not self.total or not tokens:
+            return None, None, "FlopCounterMode counted no FLOPs (no matmul/attention ops it knows)"
+        fwd = self.forward / tokens if self.forward else None
+        return self.total / tokens, fwd, "counted"
 
 
 def _missing_flop_formulas() -> dict:
@@ -151,14 +209,6 @@ def _missing_flop_formulas() -> dict:
         if op is not None and op not in fc.flop_registry:
             out[op] = getattr(formula, "__wrapped__", formula)  # FlopCounterMode wraps it again
     return out
-
-
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *a):
-        return False
 
 
 # ---------------------------------------------------------------------- peak
@@ -253,20 +303,38 @@ def measured_matmul_peak(device: torch.device, dtype: str = "fp32", *, n: int | 
 
 
 # ---------------------------------------------------------------------- MFU / HFU
+MFU_FORMULA = "model FLOPs 6N+12*l*h*s per token (PaLM app. B) x tokens/s / peak"
+MFU_COUNTED = ("model FLOPs counted on a real training step: 3 x its forward FLOPs (FlopCounterMode; the backward "
+               "costs two forwards, as 6N assumes; no recompute) per token x tokens/s / peak (no formula for this model)")
+
+
+def model_flops_per_token(flops: dict[str, Any]) -> tuple[float | None, str | None]:
+    """The model FLOPs per token MFU uses and its source: the formula, else 3 x the counted forward."""
+    if flops.get("flops_per_token_formula"):
+        return flops["flops_per_token_formula"], "formula"
+    fwd = flops.get("flops_per_token_counted_forward")
+    if fwd:
+        return 3.0 * fwd, "counted"
+    return None, None
+
+
 def utilization(tokens_per_s: float | None, flops: dict[str, Any], peak: dict, world: int = 1) -> dict:
     """MFU and HFU of a run from its throughput (tokens/s over all ranks) and a peak per device."""
-    out: dict[str, Any] = {"mfu": None, "hfu": None}
+    out: dict[str, Any] = {"mfu": None, "hfu": None, "mfu_convention": None, "hfu_convention": None,
+                           "mfu_source": None}
     p = peak.get("peak_flops")
     if not tokens_per_s or not p:
         return out
     total_peak = p * max(world, 1)
-    if flops.get("flops_per_token_formula"):
-        out["mfu"] = tokens_per_s * flops["flops_per_token_formula"] / total_peak
+    fpt, source = model_flops_per_token(flops)
+    if fpt:
+        out["mfu"] = tokens_per_s * fpt / total_peak
+        out["mfu_source"] = source
+        out["mfu_convention"] = MFU_FORMULA if source == "formula" else MFU_COUNTED
     hfu_fpt = flops.get("flops_per_token_counted") or flops.get("flops_per_token_formula_hfu")
     if hfu_fpt:
         out["hfu"] = tokens_per_s * hfu_fpt / total_peak
-    out["mfu_convention"] = "model FLOPs 6N+12*l*h*s per token (PaLM app. B) x tokens/s / peak"
-    out["hfu_convention"] = ("FlopCounterMode-counted FLOPs per token (incl. recompute) x tokens/s / peak"
-                             if flops.get("flops_per_token_counted")
-                             else "formula + recompute FLOPs per token x tokens/s / peak")
+        out["hfu_convention"] = ("FlopCounterMode-counted FLOPs per token (incl. recompute) x tokens/s / peak"
+                                 if flops.get("flops_per_token_counted")
+                                 else "formula + recompute FLOPs per token x tokens/s / peak")
     return out

@@ -3,7 +3,10 @@
 Files in the run directory (rank 0; rank R > 0 writes ``*.rank{R}.jsonl`` beside them)::
 
     metrics.jsonl     step records {"step","loss","lr","step_time_s","tokens_per_s","phases_s",
-                      "phases_cpu_s","mfu","mem_peak_bytes"?, ...} and eval records {"step","val_loss"}
+                      "phases_cpu_s","mfu","mem_peak_bytes"?, ...} and eval records {"step","val_loss"};
+                      on CUDA a step's loss/grad_norm may come in a later line {"step","part":"values",
+                      "loss","grad_norm"} (trainperf.monitor.steplog; the readers merge). On disk within
+                      monitor.flush_s (a thread) and every run.log_every steps.
     samples.jsonl     device sampler records (see trainperf.monitor.sampler)
     profile/          torch.profiler traces (monitor.profile)
     summary.json      the run's figures, with mfu/hfu and the peak and conventions they use
@@ -12,10 +15,12 @@ Hooks, in the order ``fit`` calls them::
 
     mon = Monitor.for_trainer(trainer, run_dir, jsonl=sink)   # sampler, sinks, FLOPs, peak
     mon.before_step(step)            # profiler window
-    with mon.oom_guard():            # CUDA OOM -> allocator snapshot, then the error
+    with mon.oom_guard(), mon.counting():   # CUDA OOM -> allocator snapshot; FLOPs of one real step
         res = trainer.train_step()
     mon.after_step(trainer.step, res)
-    mon.write(record)                # step/eval records: JSONL + TensorBoard + Prometheus
+    mon.log_step(record, loss=res.loss, grad_norm=res.grad_norm)   # queued: on disk within flush_s
+    mon.wait_values()                # each log interval: the window's values (one host sync)
+    mon.write(record)                # eval records (and a library user's): written at once
     mon.finish(summary)              # adds MFU/HFU etc. to summary.json, stops the threads
 """
 
@@ -30,6 +35,7 @@ from typing import Any
 import torch
 
 from trainperf.monitor.sinks import JSONLSink
+from trainperf.monitor.steplog import StepLog
 
 
 def _dist_rank_world() -> tuple[int, int]:
@@ -96,6 +102,10 @@ class Monitor:
             self.sinks.append(self.prometheus)
             self.status["prometheus"] = f"http://{self.prometheus.host}:{self.prometheus.port}/metrics"
 
+        # Step records on their way to the sinks: a thread writes them within monitor.flush_s (steplog.py).
+        self.steps = StepLog(self._emit, flush_s=getattr(cfg, "flush_s", 2.0))
+        self._count_skip: int | None = None  # steps before the one counted with FlopCounterMode; None: no count
+        self._counter = None
         self._samples = JSONLSink(rank_file(self.run_dir, "samples", self.rank),
                                   truncate_after_step=resumed_from) if cfg.jsonl else None
         self.sampler = DeviceSampler(self._on_sample, period_s=cfg.sample_every_s, rank=self.rank,
@@ -134,25 +144,52 @@ class Monitor:
         from trainperf.monitor import flops as F
 
         cfg, model = trainer.cfg, trainer.model
-        fpt = F.formula_flops_per_token(model, trainer.data.seq_len)
+        fpt, fnote = F.formula_with_note(model, trainer.data.seq_len)
         extra, note = F.recompute_flops_per_token(model, trainer.data.seq_len, cfg.memory.checkpointing)
         if self.world > 1:  # DDP/FSDP hooks would run (and could collect gradients) on an extra pass
-            counted, cnote = None, "not counted in distributed runs; HFU uses the formula with recompute"
+            cnote = "not counted in distributed runs; HFU uses the formula with recompute"
         elif not trainer.backend.counts_flops:  # XLA: an extra pass would trace and compile one more graph
-            counted, cnote = None, "not counted on XLA devices"
-        else:
-            counted, cnote = F.count_flops_per_token(
-                model, batch=cfg.train.micro_batch, seq_len=trainer.data.seq_len, vocab=trainer.data.vocab_size,
-                device=trainer.device, autocast=trainer.precision.autocast)
+            cnote = "not counted on XLA devices"
+        else:  # counted on a real step (the batch and targets it trains on): the first eager one
+            cnote = "not counted (the run ended before the counting step)"
+            self._count_skip = 1 if cfg.compile.enabled else 0  # the first step of a compiled model compiles
         self.flops = {
             "flops_per_token_formula": fpt,
             "flops_per_token_formula_hfu": (fpt + extra) if (fpt is not None and extra is not None) else None,
-            "flops_per_token_counted": counted,
-            "flops_formula_note": "6N + 12*l*h*s per token (PaLM appendix B; N without the token and position embeddings, lookups)",
+            "flops_per_token_counted": None,
+            "flops_per_token_counted_forward": None,
+            "flops_formula_note": fnote,
             "flops_recompute_note": note,
             "flops_counted_note": cnote,
         }
         self.peak = F.peak_flops(trainer.device, cfg.precision.dtype)
+
+    def counting(self):
+        """Around ``trainer.train_step()``: FlopCounterMode over the step due to be counted (the first eager
+        step of a one-process run), else nothing. ``after_step`` reads the count."""
+        if self._count_skip is None:
+            return contextlib.nullcontext()
+        if self._count_skip > 0:
+            self._count_skip -= 1
+            return contextlib.nullcontext()
+        from trainperf.monitor.flops import StepFlopCounter
+
+        self._counter = StepFlopCounter()
+        return self._counter
+
+    def _take_count(self, step: int, res) -> None:
+        counter, self._counter = self._counter, None
+        if counter is None or res is None:
+            return
+        if any(k.startswith("oom/") for k in (getattr(res, "extras", None) or {})):
+            return  # an out-of-memory retry ran inside this step: count the next one
+        self._count_skip = None
+        total, fwd, note = counter.per_token(res.tokens)
+        self.flops["flops_per_token_counted"] = total
+        self.flops["flops_per_token_counted_forward"] = fwd
+        self.flops["flops_counted_note"] = note if total is None else (
+            f"FlopCounterMode over real training step {step} (its batch and targets, {res.tokens} tokens, every "
+            "micro-batch), recompute included; forward = the FLOPs outside autograd's backward")
 
     # ------------------------------------------------------------------ per step
     def before_step(self, step: int) -> None:
@@ -163,6 +200,7 @@ class Monitor:
 
     def after_step(self, step: int, res=None) -> None:
         self.step = step
+        self._take_count(step, res)
         extra: dict[str, Any] = {}
         cpu = getattr(self.timer, "last_cpu", None)
         if cpu:
@@ -173,20 +211,43 @@ class Monitor:
             self._extras[step] = extra
         self.profile.after_step(step)
 
+    def _complete(self, record: dict) -> dict:
+        """A step record: this step's extras (CPU per phase, memory), the rank, MFU."""
+        from trainperf.monitor.flops import model_flops_per_token
+
+        record.update(self._extras.pop(record.get("step"), {}))
+        if self.world > 1:
+            record["rank"] = self.rank
+        fpt = model_flops_per_token(self.flops)[0]
+        if fpt and self.peak.get("peak_flops") and record.get("tokens_per_s"):
+            record["mfu"] = record["tokens_per_s"] * fpt / (self.peak["peak_flops"] * self.world)
+        return record
+
+    def log_step(self, record: dict, **values) -> None:
+        """A step record whose ``values`` (loss, grad_norm: device tensors or numbers) may not be on the host
+        yet: queued, written within monitor.flush_s, the values when they reach the host (no sync here)."""
+        self.steps.add(self._complete(record), **values)
+
+    def wait_values(self) -> list[tuple[int, dict]]:
+        """Wait for the queued values (one host sync), write everything; (step, values) since the last call."""
+        return self.steps.wait()
+
     def write(self, record: dict) -> None:
-        """A step or eval record: adds this step's extras (CPU per phase, MFU, memory), then fans out."""
-        step = record.get("step")
+        """A record written at once (eval records; a library user's step records with host values), after the
+        queued ones."""
         if "loss" in record:
-            record.update(self._extras.pop(step, {}))
-            if self.world > 1:
-                record["rank"] = self.rank
-            if self.flops.get("flops_per_token_formula") and self.peak.get("peak_flops") and record.get("tokens_per_s"):
-                record["mfu"] = (record["tokens_per_s"] * self.flops["flops_per_token_formula"]
-                                 / (self.peak["peak_flops"] * self.world))
+            self._complete(record)
+        self.steps.write_now(record)
+
+    def _emit(self, records: list[dict]) -> None:
+        """The StepLog's writer (under its lock): JSONL, then TensorBoard / Prometheus."""
+        from trainperf.runio import dumps_strict
+
         if self.jsonl is not None:
-            self.jsonl.write(record)
+            self.jsonl.write_lines([dumps_strict(r, indent=None) for r in records])  # strict: NaN -> null
         for s in self.sinks:
-            s.write(record)
+            for r in records:
+                s.write(r)
 
     def _on_sample(self, record: dict) -> None:
         if self._samples is not None:
@@ -217,10 +278,13 @@ class Monitor:
         summary["monitor"] = self.status
         return summary
 
-    def close(self) -> None:
+    def close(self, wait: bool = True) -> None:
+        """Write what is queued and stop the threads. ``wait=False`` (after an error): only the values already
+        on the host, so a broken device cannot hang the exit."""
         if self._closed:
             return
         self._closed = True
+        self.steps.close(wait=wait)
         self.sampler.stop()
         self.profile.close()
         self.oom.close()

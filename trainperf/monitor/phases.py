@@ -2,8 +2,9 @@
 
 On CPU the wall clock is read at phase boundaries (cheap, no synchronization
 needed). On CUDA, events are recorded on the current stream at each boundary
-and read only when the step's figures are collected (after the step's own
-host-device sync), so timing adds no synchronization to the hot path.
+(no synchronization inside the step); ``end_step`` waits for the step's last
+event, once per step, to read the phase times and make the step time the
+device's (the metrics writer, :mod:`trainperf.monitor.steplog`, adds no wait).
 
 Each boundary also reads this process's CPU time (``time.process_time``, all
 threads), so ``last_cpu`` says how busy the host was in each phase: a data wait

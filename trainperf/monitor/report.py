@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from trainperf.monitor import charts as C
-from trainperf.monitor.diagnose import COMPILE_PHASE, _phases, _steady, compute_summary, diagnose_run, load_run
+from trainperf.monitor.diagnose import (COMPILE_PHASE, _phases, _steady, compute_summary, diagnose_run, known_lines,
+                                        load_run)
 
 
 def phase_order(names) -> list[str]:
@@ -201,6 +202,8 @@ def build_report(run_dir: str | Path, out: str | Path | None = None) -> dict[str
                                                                                  for n in skipped])
     crashed = "<p class='critical'>No summary.json: the run did not finish; figures come from metrics.jsonl.</p>" \
         if run["crashed"] else ""
+    if result.get("known") is not None:  # killed before its first step record: say so, and what it left
+        crashed = "<p class='critical'>" + "<br>".join(html.escape(x.strip()) for x in known_lines(result)) + "</p>"
     body = (f"<h1>trainperf report: {html.escape(str(run_dir))}</h1>\n{crashed}"
             f"<h2>Summary</h2>{C.table(summary_rows(s, run['summary']))}"
             f"<h2>Findings</h2>{findings_with_gain(result) if result['findings'] else findings_html(result)}"
@@ -208,7 +211,8 @@ def build_report(run_dir: str | Path, out: str | Path | None = None) -> dict[str
             f"<h2>Not measured</h2><ul>{missing or '<li>nothing</li>'}</ul>")
     out = Path(out) if out else run_dir / "report.html"
     out.write_text(C.page(f"trainperf report: {run_dir.name}", body), encoding="utf-8")
-    return {"html": str(out), "charts": paths, "skipped": skipped, "findings": [f["id"] for f in result["findings"]]}
+    return {"html": str(out), "charts": paths, "skipped": skipped, "findings": [f["id"] for f in result["findings"]],
+            "known": result.get("known")}
 
 
 __all__ = ["build_report", "compute_summary", "phase_order", "write_charts"]

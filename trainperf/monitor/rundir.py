@@ -4,6 +4,12 @@ All file reading of those three commands is here: ``load_run(run_dir)`` returns 
 records per rank, the sampler records, summary.json and config.yaml. A crashed run (no
 summary.json, a last line cut in half) loads; a directory that is not a run is a ``UserError``.
 Strict JSON output: :func:`trainperf.runio.dumps_strict`.
+
+A step may take several lines of metrics.jsonl: its timing record, then ``{"step": S, "part":
+"values", "loss": ..., "grad_norm": ...}`` once its device values reached the host
+(:mod:`trainperf.monitor.steplog`); :func:`merge_parts` joins them, so every reader sees one
+record per step. A run killed before its first whole record loads with no step records;
+:func:`known_state` says what it left (config, checkpoints, samples).
 """
 
 from __future__ import annotations
@@ -61,6 +67,61 @@ def rank_of(path: Path) -> int:
     return 0
 
 
+def merge_parts(recs: list[dict]) -> list[dict]:
+    """One record per step line: each ``"part"`` line (a step's values that followed its timing line) is
+    merged into the latest record of the same step before it, and dropped; a part without one is dropped."""
+    out: list[dict] = []
+    latest: dict[int, dict] = {}
+    for r in recs:
+        step = r.get("step")
+        step = step if isinstance(step, int) and not isinstance(step, bool) else None
+        if "part" in r:
+            target = latest.get(step) if step is not None else None
+            if target is not None:
+                target.update({k: v for k, v in r.items() if k not in ("part", "step")})
+            continue
+        if step is not None and "val_loss" not in r:
+            latest[step] = r
+        out.append(r)
+    return out
+
+
+def _checkpoint_steps(d: Path, config: dict) -> list[int]:
+    """Steps of the complete checkpoints (a .pt with its manifest, or a DCP directory with COMPLETE)."""
+    import re
+
+    where = ((config.get("checkpoint") or {}).get("dir") if isinstance(config.get("checkpoint"), dict) else None)
+    ck = Path(where) if where else d / "checkpoints"
+    steps = set()
+    if ck.is_dir():
+        for p in ck.iterdir():
+            m = re.match(r"^step-(\d{8})(\.pt)?$", p.name)
+            if m and ((m.group(2) and p.with_suffix(".json").is_file()) or (not m.group(2) and (p / "COMPLETE").is_file())):
+                steps.add(int(m.group(1)))
+    return sorted(steps)
+
+
+def known_state(run: dict) -> dict[str, Any]:
+    """What a run that wrote no whole step record left: its config, checkpoints and device samples."""
+    cfg = run["config"] or {}
+    sec = lambda k: cfg.get(k) if isinstance(cfg.get(k), dict) else {}  # noqa: E731
+    samples = [x for recs in run["samples"].values() for x in recs]
+    steps = [x["step"] for x in samples if _is_num(x.get("step"))]
+    spans = [x["elapsed_s"] for x in samples if _is_num(x.get("elapsed_s"))]
+    model = sec("model")
+    return {
+        "config": {"name": sec("run").get("name"), "steps": sec("run").get("steps"),
+                   "log_every": sec("run").get("log_every"), "device": sec("run").get("device"),
+                   "flush_s": sec("monitor").get("flush_s"),
+                   "model": model.get("preset") or model.get("entrypoint") or ("hf" if model.get("hf") else None)}
+        if cfg else None,
+        "checkpoint_steps": _checkpoint_steps(run["dir"], cfg),
+        "samples": len(samples),
+        "samples_span_s": max(spans) if spans else None,
+        "last_sampled_step": max(steps) if steps else None,
+    }
+
+
 def load_run(run_dir: str | Path) -> dict[str, Any]:
     """Everything the rules, the report and compare need, from one run directory."""
     from trainperf.errors import UserError
@@ -70,13 +131,13 @@ def load_run(run_dir: str | Path) -> dict[str, Any]:
         what = "is not a directory" if d.exists() else "does not exist"
         raise UserError(f"run directory {str(d)!r} {what}; pass the run.dir of a `trainperf train` run")
     metric_files = sorted(d.glob("metrics*.jsonl"))
-    if not metric_files and not (d / "summary.json").is_file():
-        raise UserError(f"{d} holds no metrics.jsonl or summary.json; is it a trainperf run directory "
+    if not metric_files and not (d / "summary.json").is_file() and not (d / "config.yaml").is_file():
+        raise UserError(f"{d} holds no metrics.jsonl, summary.json or config.yaml; is it a trainperf run directory "
                         "(the run.dir of `trainperf train`)?")
     ranks: dict[int, list[dict]] = {}
     evals: list[dict] = []
     for f in metric_files:
-        recs = read_jsonl(f)
+        recs = merge_parts(read_jsonl(f))
         r = rank_of(f)
         ranks[r] = [x for x in recs if _is_num(x.get("step_time_s")) and isinstance(x.get("step"), int)]
         if r == 0:

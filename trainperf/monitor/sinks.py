@@ -1,4 +1,6 @@
-"""Metric sinks. JSONL is always on and line-buffered, so the file survives a crash."""
+"""Metric sinks. JSONL is always on: every record is appended whole and flushed to the OS at once
+(one ``write`` per batch of lines), so a crash (kill -9) leaves at most one torn last line, which
+the readers skip (:func:`trainperf.runio.read_jsonl`)."""
 
 from __future__ import annotations
 
@@ -30,10 +32,24 @@ class JSONLSink:
             s = rec.get("step", -1) if isinstance(rec, dict) else None
             if isinstance(s, (int, float)) and not isinstance(s, bool) and s <= step:
                 keep.append(line)
-        self.path.write_text("".join(k + "\n" for k in keep), encoding="utf-8")
+        tmp = self.path.with_name(f".{self.path.name}.tmp{os.getpid()}")  # atomic: a kill now keeps the old file
+        try:
+            with open(tmp, "w", encoding="utf-8") as f:
+                f.write("".join(k + "\n" for k in keep))
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+        finally:
+            tmp.unlink(missing_ok=True)
 
     def write(self, record: dict) -> None:
         self._f.write(dumps_strict(record, indent=None) + "\n")  # strict JSON: a NaN loss is logged as null
+
+    def write_lines(self, lines: list[str]) -> None:
+        """Lines already serialized (strict JSON, no newline), appended in one write and flushed."""
+        if lines:
+            self._f.write("".join(x + "\n" for x in lines))
+            self._f.flush()
 
     def close(self) -> None:
         self._f.close()

@@ -48,7 +48,6 @@ def fit(trainer: Trainer, *, resume: str = "auto", verbose: bool = True) -> dict
     initial_val = trainer.evaluate() if trainer.step == 0 else None
     if initial_val is not None:
         say(f"step 0: val loss {initial_val:.4f}")
-    pending: list = []  # step results whose loss is still on the device
     last_loss = float("nan")
     val_loss = initial_val
     tokens = 0
@@ -56,26 +55,34 @@ def fit(trainer: Trainer, *, resume: str = "auto", verbose: bool = True) -> dict
     bar = _progress(cfg.run.steps, trainer.step, cfg.run.progress and main)
     start_step = trainer.step
     t_start = time.perf_counter()
-    while trainer.step < cfg.run.steps:
-        monitor.before_step(trainer.step)
-        with monitor.oom_guard():  # CUDA OOM: allocator snapshot written before the error propagates
-            res = trainer.train_step()
-        monitor.after_step(trainer.step, res)
-        pending.append((trainer.step, res))
-        tokens += res.tokens
-        train_time += res.step_time
-        bar.update(1)
-        done = trainer.step >= cfg.run.steps
-        if trainer.step % cfg.run.log_every == 0 or done:
-            last_loss = _flush(pending, sink, trainer, bar, say)
-            pending = []
-        if cfg.run.eval_every and trainer.step % cfg.run.eval_every == 0 and not done:
-            val_loss = trainer.evaluate()
-            say(f"step {trainer.step}: val loss {val_loss:.4f}")
-            if sink:
-                sink.write({"step": trainer.step, "val_loss": val_loss})
-        if cfg.checkpoint.every and trainer.step % cfg.checkpoint.every == 0 and not done:
-            trainer.save_checkpoint()
+    try:
+        while trainer.step < cfg.run.steps:
+            monitor.before_step(trainer.step)
+            # CUDA OOM: allocator snapshot written before the error propagates; FLOPs counted on one real step
+            with monitor.oom_guard(), monitor.counting():
+                res = trainer.train_step()
+            monitor.after_step(trainer.step, res)
+            tokens += res.tokens
+            train_time += res.step_time
+            bar.update(1)
+            done = trainer.step >= cfg.run.steps
+            interval = trainer.step % cfg.run.log_every == 0 or done
+            # each data rank's compute over the window (collective: every rank at the same steps)
+            ranks = trainer.rank_compute() if interval else None
+            # queued: on disk within monitor.flush_s; the loss follows when it reaches the host (no sync here)
+            monitor.log_step(_step_record(trainer.step, res, ranks), loss=res.loss, grad_norm=res.grad_norm)
+            if interval:
+                last_loss = _show(monitor.wait_values(), res, bar, say)  # host-device sync point: once per interval
+            if cfg.run.eval_every and trainer.step % cfg.run.eval_every == 0 and not done:
+                val_loss = trainer.evaluate()
+                say(f"step {trainer.step}: val loss {val_loss:.4f}")
+                if sink:
+                    sink.write({"step": trainer.step, "val_loss": val_loss})
+            if cfg.checkpoint.every and trainer.step % cfg.checkpoint.every == 0 and not done:
+                trainer.save_checkpoint()
+    except BaseException:
+        monitor.close(wait=False)  # what is known reaches the disk; values not on the host yet are not awaited
+        raise
     bar.close()
     elapsed = time.perf_counter() - t_start
     if trainer.step > start_step or val_loss is None:
@@ -113,30 +120,31 @@ def fit(trainer: Trainer, *, resume: str = "auto", verbose: bool = True) -> dict
     return summary
 
 
-def _flush(pending, sink, trainer: Trainer, bar, say) -> float:
-    """Bring the pending losses to the host (one sync for several steps) and log them; when
-    distributed, each data rank's compute over the window goes into the last record (collective)."""
-    losses = torch.stack([r.loss for _, r in pending]).float().cpu().tolist()  # host-device sync point
-    ranks = trainer.rank_compute()  # None in one process
-    for (step, res), loss in zip(pending, losses):
-        if not math.isfinite(loss):
+def _step_record(step: int, res, ranks: dict | None) -> dict:
+    """The step's host figures; its loss and grad_norm (device tensors) are the monitor's to bring over."""
+    rec = {"step": step, "lr": res.lr, "step_time_s": res.step_time, "tokens_per_s": res.tokens / res.step_time,
+           "phases_s": res.phases}
+    rec.update(res.extras)  # e.g. gradient bytes on the wire (distributed), XLA figures
+    if ranks:
+        rec.update(ranks)  # rank_compute_s / rank_cpu_s: mean per step over the window, per data rank
+    return rec
+
+
+def _show(values: list, res, bar, say) -> float:
+    """The window's losses (on the host now): stop on a non-finite one, show the last; returns it."""
+    for step, v in values:
+        loss = v.get("loss")
+        if loss is not None and not math.isfinite(loss):
             raise FloatingPointError(f"loss became {loss} at step {step}; lower optimizer.lr or use precision fp32/bf16")
-        if sink:
-            rec = {"step": step, "loss": loss, "lr": res.lr,
-                   "step_time_s": res.step_time, "tokens_per_s": res.tokens / res.step_time,
-                   "phases_s": res.phases}
-            if res.grad_norm is not None:
-                rec["grad_norm"] = float(res.grad_norm)
-            rec.update(res.extras)  # e.g. gradient bytes on the wire (distributed), XLA figures
-            if ranks and step == pending[-1][0]:
-                rec.update(ranks)  # rank_compute_s / rank_cpu_s: mean per step over the window, per data rank
-            sink.write(rec)
-    step, res = pending[-1]
-    bar.set_postfix(loss=f"{losses[-1]:.3f}", tok_s=f"{res.tokens / res.step_time:,.0f}")
+    if not values:
+        return float("nan")
+    step, last = values[-1]
+    loss = last.get("loss", float("nan"))
+    bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{res.tokens / res.step_time:,.0f}")
     if bar.disable:
-        say(f"step {step}: loss {losses[-1]:.4f} | {res.step_time * 1000:.0f} ms/step | "
+        say(f"step {step}: loss {loss:.4f} | {res.step_time * 1000:.0f} ms/step | "
             f"{res.tokens / res.step_time:,.0f} tokens/s")
-    return losses[-1]
+    return loss
 
 
 def _already_finished(trainer: Trainer, run_dir: Path, step: int, say) -> dict:
