@@ -321,6 +321,20 @@ class BalanceConfig(Section):
     sync_every: PosInt = 1
     """Exchange the measurements (one all_gather) every this many steps; on CUDA each exchange is a
     host-device sync."""
+    verify: bool = True
+    """Try each move before keeping it: the new and the old shares alternate in blocks (new, old, old, new)
+    and the move is kept only if the measured step time (the slowest rank's wall time) got faster, judged
+    against its noise; otherwise the old shares come back and the balancer backs off. False: keep every
+    move the cost model predicts (the founding document's balancer)."""
+    verify_steps: int = Field(20, ge=2)
+    """Steps measured per arrangement (new shares, old shares) before a verdict; an undecided trial runs
+    up to 4x as many."""
+    verify_block: PosInt = 5
+    """Steps per block of a trial (the first step of each block is not counted: a change of shares restarts
+    prefetching). Blocks end at exchanges, so with sync_every > verify_block a block is sync_every steps."""
+    backoff_steps: int = Field(100, ge=0)
+    """After a reverted move: steps before the balancer may try another, doubled after each consecutive
+    revert (at most 64x), reset by a kept move."""
 
 
 class ParallelismConfig(Section):
