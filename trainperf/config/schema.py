@@ -147,10 +147,13 @@ class CacheConfig(Section):
 class PrefetchConfig(Section):
     device_bytes: int = Field(8 * 2**30, ge=1)
     """Bound of the device prefetch ring in bytes ("8GiB" as in the founding document)."""
-    depth: int = Field(4, ge=1)
-    """Batches prepared ahead of use (upper bound; the byte bound may lower it)."""
-    io_threads: int = Field(8, ge=1)
-    """Threads issuing reads ahead of use (async IO)."""
+    depth: Union[Auto, PosInt] = "auto"
+    """Batches ready ahead of use (upper bound; the byte bound may lower it). auto: derived, with the host
+    slots, from the measured read and decode times and step time (trainperf.data.prefetch_plan); an int
+    fixes it (host slots then num_workers x prefetch_factor)."""
+    io_threads: Union[Auto, PosInt] = "auto"
+    """Threads per worker issuing reads ahead of use (async IO). auto: enough for the reads the step needs
+    in flight (Little's law on the measured read latency), re-planned as the step time is measured."""
 
     _size = field_validator("device_bytes", mode="before")(lambda cls, v: _parse_bytes(v))
 
