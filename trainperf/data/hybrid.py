@@ -230,15 +230,15 @@ class HybridLoader:
         if self._returned is not None:
             self._steps.append(t0 - self._returned)  # the consumer's step since the last batch
         tag, batch = self._tier.next()
-        self.last_wait_s = time.perf_counter() - t0
-        self.wait_s += self.last_wait_s
         self.batches += 1
         self._state, skipped = tag
         self.skipped.extend(skipped)
         self._report()
         if self._steps and (self.batches in self.REPLAN_AT or self.batches % self.REPLAN_EVERY == 0):
-            self._replan()
+            self._replan()  # a restart (drain of the batches in flight) is data wait too
         self._returned = time.perf_counter()
+        self.last_wait_s = self._returned - t0
+        self.wait_s += self.last_wait_s
         if batch.device != self.device:
             batch = batch.to(self.device)
         return batch
