@@ -111,7 +111,7 @@ def _balancer_run(rank):
 
 BENCH_ARGS = dict(ranks=2, slow_rank=1, slowdown=3.0, steps=6, block=3, global_batch=24, micro_steps=2, seq=16, dim=64,
                   window=10, min_steps=4, threshold=0.2, min_gain=0.02, sync_every=2, settle_steps=30, pin=False,
-                  timeout_s=COLLECTIVE_TIMEOUT_S)
+                  verify=True, verify_steps=3, verify_block=2, backoff_steps=100, timeout_s=COLLECTIVE_TIMEOUT_S)
 
 
 def _say(rank: int, what: str) -> None:
@@ -230,8 +230,14 @@ def test_bench_worker_moves_samples_off_the_slow_rank(results):
         assert key in res
     assert sum(res["shares"]) == 24
     assert res["per_sample_s"][1] > 1.3 * res["per_sample_s"][0]  # 3x the work is measured as slower
-    assert res["shares"][1] < res["shares"][0] and res["decisions"]
-    assert res["decisions"][0]["old_shares"] == [12, 12]
+    d = res["decisions"][0]
+    assert d["old_shares"] == [12, 12] and d["new_shares"][1] < d["new_shares"][0]  # a move off the slow rank
+    # tried against the old shares: kept or reverted on the measured step time (a busy machine's noise over
+    # 3 steps per arm may hide the gain; the rules are tested on scripted timings in test_balance_verify.py)
+    v = res["verdicts"][0]
+    assert v["new_shares"] == d["new_shares"] and v["shares"] == (d["new_shares"] if v["verdict"] == "kept" else [12, 12])
+    if len(res["decisions"]) == 1 and len(res["verdicts"]) == 1:
+        assert res["shares"] == v["shares"]  # the verdict's shares are the ones that ran on
     assert 0 < res["ideal_step_s"] <= min(res["unbalanced_step_s"], res["balanced_step_s"])
 
 

@@ -37,7 +37,7 @@ def test_control_reruns_with_equal_speeds_and_no_balancing(monkeypatch, capsys):
 
     monkeypatch.setattr(bb, "run_bench", fake_run)
     assert main(["bench", "balance", "--slowdown", "3", "--control", "--json"]) == 0
-    assert calls == [{"slowdown": 3.0, "settle_steps": 150}, {"slowdown": 1.0, "settle_steps": 0}]
+    assert calls == [{"slowdown": 3.0, "settle_steps": 300}, {"slowdown": 1.0, "settle_steps": 0}]
     ctl = json.loads(capsys.readouterr().out)["control"]
     assert ctl["ideal_step_s"] == 0.2 and ctl["step_s"] == 0.22 and ctl["unbalanced_vs_ideal"] == 3.05
 

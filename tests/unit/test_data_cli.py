@@ -51,8 +51,8 @@ def test_bench_data_quick_json(capsys):
     assert main(["bench", "data", "--quick", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     names = [r["name"] for r in out["loaders"]]
-    assert names[:3] == ["dataloader_default", "dataloader_tuned", "hybrid"]
-    assert set(names[3:]) == {"torchdata_stateful", "mosaic_streaming"}  # peers: measured, or skipped with a reason
+    assert names[:4] == ["dataloader_default", "dataloader_tuned", "hybrid", "hybrid_fixed"]
+    assert set(names[4:]) == {"torchdata_stateful", "mosaic_streaming"}  # peers: measured, or skipped with a reason
     measured = [r for r in out["loaders"] if "skipped" not in r]
     for r in measured:
         assert r["cold_samples_per_s"] > 0 and r["warm_samples_per_s"] > 0 and 0 <= r["data_wait_fraction"] <= 1
@@ -62,3 +62,6 @@ def test_bench_data_quick_json(capsys):
     assert set(ratios) == {r["name"] for r in measured} & {"dataloader_tuned", "torchdata_stateful", "mosaic_streaming"}
     hybrid = out["loaders"][2]
     assert hybrid["stats"]["cache_hits"] > 0  # the warm epochs were served from the disk cache
+    pf = hybrid["prefetch"]  # derived from what the loader measured (it only grows from the fixed start)
+    assert pf["plan"]["measured_step"] and pf["plan"]["read_s"] > 0 and pf["io_threads"] >= 8 and pf["depth"] >= 4
+    assert out["loaders"][3]["prefetch"]["io_threads"] == 8 and out["loaders"][3]["prefetch"]["depth"] == 4

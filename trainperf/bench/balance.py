@@ -2,33 +2,42 @@
 
 N gloo processes (1 thread each; ``--pin``: each on its own CPU) train a small per-token MLP
 with DDP on the same global batch, through the library's own ``Trainer.train_step`` (the balancer
-as in training: ``parallelism.balance``; the unbalanced blocks pass equal shares to the step). Rank ``--slow-rank`` does ``--slowdown`` x the work per
-sample: it computes the MLP and the loss again on its micro-batch (``F - 1`` extra times, the
-fractional part on part of the rows) and adds ``0 x`` that extra loss to the loss, so forward
-*and* backward really compute it while the loss and gradients stay those of the plain model.
-Not a sleep.
+as in training: ``parallelism.balance``; the unbalanced blocks pass equal shares to the step).
+Rank ``--slow-rank`` does ``--slowdown`` x the work per sample: it computes the MLP and the loss
+again on its micro-batch (``F - 1`` extra times, a fractional part on that fraction of its tokens)
+and adds ``0 x`` that extra loss to the loss, so forward *and* backward really compute it while
+the loss and gradients stay those of the plain model. Not a sleep. ``--busy``
+(``--outside-straggler``): instead, a busy process shares the slow rank's CPU, and every model
+does the same work.
 
-Phases: (1) warm-up; (2) the balancer runs (``--window``, ``--min-steps``, ``--threshold``)
-until it has settled (it moved, then a judgement found no move gaining ``--min-gain``; then
-``--min-steps`` more quiet steps) or ``--settle-steps`` have passed;
-(3) measurement: blocks of ``--block`` steps alternate between equal shares (unbalanced) and the
-balancer's shares (balanced), ``--steps`` steps each in all, so both see the same machine noise.
-In the balanced blocks the balancer stays on, as in training (fed their measurements, it may
-still move; its exchange counts in their step time).
+Phases: (1) warm-up; (2) the balancer runs (``--window``, ``--min-steps``, ``--threshold``; each
+move tried against the old shares for ``--verify-steps`` steps per arm before it is kept) until it
+has settled (a move was made, no move is being tried or refined; then ``--min-steps`` more quiet
+steps) or ``--settle-steps`` have passed; (3) measurement: blocks of ``--block`` steps alternate
+between equal shares (unbalanced), the balancer's shares (balanced) and, against the synthetic
+straggler, the *ideal arm*, ``--steps`` steps each in all, so all see the same machine noise. In
+the balanced blocks the balancer stays on, as in training (fed their measurements, it may still
+try a move; its exchange counts in their step time).
 
-Step time = wall time of a step on rank 0 (start to after the optimizer step, which follows the
-gradient all-reduce), mean over the measured steps. Ideal = global batch / sum over ranks of
+Step time = wall time of a step on rank 0 (the trainer's whole step), mean over the measured steps.
+
+Two ideals. *Measured ideal* (``ideal_arm_step_s``; synthetic straggler only): the same job with its
+work perfectly divided, run in the same interleaved blocks: every rank does ``N / sum_r(1 / F_r)``
+x the plain work per sample (4/3 for one rank of two at 2x) on equal shares, so each rank computes
+exactly what a perfect split of the straggler's work would give it, with the same global batch,
+all-reduce, optimizer, data and per-step jitter; ``balanced_vs_ideal_arm`` is the balancer's
+distance from perfect division. *Compute ideal* (``ideal_step_s``): global batch / sum over ranks of
 their speeds, a rank's speed being the samples it computed over phase 3 / the seconds its compute
-clock (:class:`~trainperf.distributed.balance.ComputeClock`) counted for them (the ideal from the
-medians of per-step compute / share is reported too: ``ideal_from_medians_step_s``). The ideal
-leaves out communication, the optimizer and scheduling delays, so balanced / ideal also shows
-those; ``overhead_s`` (median of step wall time - slowest rank's compute, balanced steps) is
-reported next to it, and ``balanced_vs_ideal_plus_overhead`` compares with ideal + overhead.
-``balanced_slowest_compute_s``: the slowest rank's compute per balanced step, averaged (above the
-ideal by the residual imbalance and by per-step jitter: each step waits for whichever rank is
-slow that step). ``--control`` runs it all again with every rank at the same speed and equal
-shares: its step over its own ideal is the noise floor of the machine, what a job with nothing
-to balance pays for jitter, the all-reduce and the optimizer.
+clock (:class:`~trainperf.distributed.balance.ComputeClock`) counted for them; it leaves out
+communication, the optimizer, data and per-step jitter, which no share removes, so balanced /
+compute ideal also shows those (``overhead_s``: median of step wall time - slowest rank's compute,
+balanced steps; ``balanced_vs_ideal_plus_overhead``). ``balanced_slowest_compute_s``: the slowest
+rank's compute per balanced step, averaged. ``--control`` runs it all again with every rank at the
+same speed and equal shares: its step over its own ideal is the noise floor of the machine.
+
+``--rounds N`` (:mod:`trainperf.bench.balance_rounds`): N independent runs, each its own ranks and a
+fresh balancer, balanced / unbalanced per round and a summary; ``--control`` there adds, per round, a
+run without the straggler (the balancer on), whose ratio should be 1.
 
 Set-up that keeps the ranks' speeds their own: every rank pinned to its own CPU (``--no-pin``
 turns it off), glibc's malloc thresholds raised so freed activations are reused instead
@@ -61,14 +70,21 @@ def check_args(args) -> None:
         raise UserError("--steps and --block must be >= 1")
     if args.timeout_s <= 0:
         raise UserError(f"--timeout-s {args.timeout_s} must be > 0 (seconds before a silent rank ends the bench)")
-    from trainperf.distributed.balance import check_balance_args
+    if getattr(args, "rounds", 1) < 1:
+        raise UserError(f"--rounds {args.rounds} must be >= 1")
+    from trainperf.distributed.balance import check_balance_args, check_verify_args
 
     check_balance_args(window=args.window, threshold=args.threshold, min_gain=args.min_gain, min_steps=args.min_steps)
+    check_verify_args(verify_steps=args.verify_steps, verify_block=args.verify_block, backoff_steps=args.backoff_steps)
 
 
 def measure(args) -> dict:
-    """The bench (and, with ``args.control``, the noise floor) as one result."""
+    """The bench (and, with ``args.control``, the noise floor) as one result; ``--rounds N``: N rounds."""
     check_args(args)
+    if args.rounds > 1:
+        from trainperf.bench.balance_rounds import measure_rounds
+
+        return measure_rounds(args, run_bench)
     res = run_bench(args)
     if args.control:
         # The noise floor: the same run with every rank at the same speed and equal shares; its step
@@ -117,6 +133,16 @@ def _busy_process(args):
     return subprocess.Popen([sys.executable, "-c", "while True: pass"], preexec_fn=lambda: os.sched_setaffinity(0, {cpu}))
 
 
+def ideal_factor(ranks: int, slow_rank: int, slowdown: float) -> float:
+    """Work per sample on every rank of the measured ideal: a perfect split of the straggler's work.
+
+    Ranks of per-sample cost ``F_r`` (``slowdown`` on ``slow_rank``, 1 elsewhere) finish together at
+    ``B / sum_r(1 / F_r)`` plain samples' work each; on equal shares ``B / N`` that is ``N / sum_r(1 / F_r)``
+    per sample (the harmonic mean of the costs: 4/3 for one rank of two at 2x)."""
+    costs = [slowdown if r == slow_rank else 1.0 for r in range(ranks)]
+    return ranks / sum(1.0 / c for c in costs)
+
+
 def _model(dim: int, slowdown: float):
     import torch
     import torch.nn as nn
@@ -126,25 +152,30 @@ def _model(dim: int, slowdown: float):
         """Per-token MLP whose forward returns the mean squared error of a micro-batch.
 
         ``slowdown`` > 1 computes the whole sample work (MLP and loss) again on the same input
-        (``slowdown - 1`` times; a fractional part on that part of the rows) and adds 0 x that
-        extra loss, so forward and backward really do it while value and gradient stay those of
-        the plain model.
+        (``slowdown - 1`` times; a fractional part on that fraction of the micro-batch's tokens, a
+        contiguous prefix) and adds 0 x that extra loss, so forward and backward really do it while
+        value and gradient stay those of the plain model. ``slowdown`` may change between steps
+        (the measured ideal's blocks).
         """
 
         def __init__(self):
             super().__init__()
             self.fc1, self.fc2 = nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
+            self.slowdown = slowdown
 
         def sample_loss(self, x, y):
             return F.mse_loss(self.fc2(F.gelu(self.fc1(x))), y)  # mean over (n, T, dim)
 
         def forward(self, x, y):  # the trainer's model contract: (output, loss)
             loss = self.sample_loss(x, y)
-            extra, burn = slowdown - 1.0, None
+            extra, burn = self.slowdown - 1.0, None
             while extra > 1e-9:
-                n = x.shape[0] if extra >= 1 else round(extra * x.shape[0])
-                if n:
-                    b = self.sample_loss(x[:n], y[:n])
+                if extra >= 1:
+                    b = self.sample_loss(x, y)
+                else:  # (n, T, dim) -> (n * T, dim): a contiguous prefix of the tokens
+                    k = round(extra * x.shape[0] * x.shape[1])
+                    b = self.sample_loss(x.reshape(-1, dim)[:k], y.reshape(-1, dim)[:k]) if k else None
+                if b is not None:
                     burn = b if burn is None else burn + b
                 extra -= 1.0
             return None, (loss if burn is None else loss + 0.0 * burn)  # same value and gradient, real extra work
@@ -187,6 +218,8 @@ def bench_config(a: dict, world: int):
     b = cfg.parallelism.balance
     b.enabled, b.window, b.min_steps, b.threshold, b.min_gain, b.sync_every = (
         True, a["window"], a["min_steps"], a["threshold"], a["min_gain"], a["sync_every"])
+    b.verify, b.verify_steps, b.verify_block, b.backoff_steps = (
+        a.get("verify", True), a.get("verify_steps", 15), a.get("verify_block", 5), a.get("backoff_steps", 100))
     cfg.distributed.timeout_s = a.get("timeout_s", 300.0)
     return cfg
 
@@ -219,7 +252,7 @@ def _worker(rank: int, world: int, init_method: str, a: dict, out: str) -> None:
                             timeout=timedelta(seconds=a.get("timeout_s", 300.0)))
     B = a["global_batch"]
     cfg = bench_config(a, world)
-    model = _model(a["dim"], a["slowdown"] if (rank == a["slow_rank"] and not a.get("busy")) else 1.0)
+    model = _model(a["dim"], a["slowdown"] if (rank == a["slow_rank"] and not a.get("busy")) else 1.0)  # (B, T, dim) MLP
     g = torch.Generator().manual_seed(1)
     n_samples = 4 * B
     x = torch.randn(n_samples, a["seq"], a["dim"], generator=g)
@@ -228,16 +261,20 @@ def _worker(rank: int, world: int, init_method: str, a: dict, out: str) -> None:
     data = SimpleNamespace(train=_Batches(x, y, sampler), val=None, seq_len=a["seq"], vocab_size=0, meta={})
     trainer = assemble(cfg, ParallelDims.from_config(cfg, world), model, data, rank=rank)
     bal = trainer.balancer
+    own = a["slowdown"] if (rank == a["slow_rank"] and not a.get("busy")) else 1.0
+    ideal_f = ideal_factor(world, a["slow_rank"], a["slowdown"]) if (not a.get("busy") and a["slowdown"] > 1) else None
 
     def step(shares=None) -> tuple[float, float, bool]:
         res = trainer.train_step(shares)  # shares given: this step runs them and the balancer is not fed
-        return res.extras["balance/compute_s"], res.step_time, "balance/new_shares" in res.extras
+        moved = "balance/new_shares" in res.extras or "balance/verdict" in res.extras
+        return res.extras["balance/compute_s"], res.step_time, moved
 
     equal = equal_shares(B, world)
     from tqdm import tqdm
 
+    arms = ["unbalanced", "balanced"] + (["ideal"] if ideal_f else [])
     label = "control" if a["slowdown"] == 1.0 and a["settle_steps"] == 0 else "balance bench"
-    bar = tqdm(total=3 + a["settle_steps"] + 2 * a["steps"], desc=f"{label}: warm-up", unit="step", leave=False,
+    bar = tqdm(total=3 + a["settle_steps"] + len(arms) * a["steps"], desc=f"{label}: warm-up", unit="step", leave=False,
                disable=None if rank == 0 else True)  # rank 0, on a terminal
     for _ in range(3):  # warm-up
         step(equal)
@@ -249,31 +286,33 @@ def _worker(rank: int, world: int, init_method: str, a: dict, out: str) -> None:
     gc.freeze()
     gc.disable()
     settle_used, quiet = 0, 0
-    for s in range(a["settle_steps"]):  # phase 2: the balancer at work
+    for s in range(a["settle_steps"]):  # phase 2: the balancer at work (moves tried, kept or reverted)
         if s % a["block"] == 0:
             gc.collect()
         _, _, moved = step()
         bar.update()
         settle_used = s + 1
         quiet = 0 if moved else quiet + 1
-        if bal.decisions and not bal.policy.engaged and quiet >= a["min_steps"]:
+        if bal.decisions and bal.policy.settled and quiet >= a["min_steps"]:
             break
     settled = bal.shares
     # Phase 3. The balancer stays on in the balanced blocks, as in training: it is fed their
-    # measurements (and may still move), and its exchange is part of the balanced step's time.
-    rows = {"unbalanced": [], "balanced": []}  # (wall, compute, share) per measured step
-    done = {"unbalanced": 0, "balanced": 0}
-    bar.total = 3 + settle_used + 2 * a["steps"]
+    # measurements (and may still try a move), and its exchange is part of the balanced step's time.
+    rows = {name: [] for name in arms}  # (wall, compute, share) per measured step
+    done = {name: 0 for name in arms}
+    bar.total = 3 + settle_used + len(arms) * a["steps"]
     bar.set_description(f"{label}: measuring")
     while min(done.values()) < a["steps"]:
-        for name in ("unbalanced", "balanced"):
+        for name in arms:
+            trainer.model.slowdown = ideal_f if name == "ideal" else own
             for _ in range(min(a["block"], a["steps"] - done[name])):
-                shares = equal if name == "unbalanced" else bal.shares
-                compute, wall, _ = step(equal if name == "unbalanced" else None)
+                shares = bal.shares if name == "balanced" else equal
+                compute, wall, _ = step(None if name == "balanced" else equal)
                 rows[name].append((wall, compute, shares[rank]))
                 done[name] += 1
                 bar.update()
             gc.collect()
+    trainer.model.slowdown = own
     bar.close()
     gc.enable()
     gathered = [None] * world
@@ -306,7 +345,15 @@ def summarize(gathered: list[dict], B: int, bal, equal: list[int], settled: list
     slowest = statistics.mean(max(c for _, c, _ in steps) for steps in per_step)
     unb = statistics.mean(w for w, _, _ in gathered[0]["unbalanced"])
     bald = statistics.mean(w for w, _, _ in gathered[0]["balanced"])
-    return {
+    arm = {}
+    if "ideal" in gathered[0]:  # the measured ideal: the same job, its work perfectly divided, interleaved
+        ideal_arm = statistics.mean(w for w, _, _ in gathered[0]["ideal"])
+        arm = {"ideal_arm_step_s": ideal_arm, "ideal_arm_step_median_s": statistics.median(
+                   w for w, _, _ in gathered[0]["ideal"]),
+               "ideal_arm_factor": ideal_factor(a["ranks"], a["slow_rank"], a["slowdown"]),
+               "balanced_vs_ideal_arm": bald / ideal_arm, "unbalanced_vs_ideal_arm": unb / ideal_arm,
+               "ideal_arm_compute_s": [statistics.median(c for _, c, _ in r["ideal"]) for r in gathered]}
+    return {**arm,
         "ideal_step_s": ideal, "unbalanced_step_s": unb, "balanced_step_s": bald, "shares": bal.shares,
         "settled_shares": settled,
         "unbalanced_vs_ideal": unb / ideal, "balanced_vs_ideal": bald / ideal, "speedup": unb / bald,
@@ -322,8 +369,10 @@ def summarize(gathered: list[dict], B: int, bal, equal: list[int], settled: list
         "balanced_vs_ideal_plus_overhead": bald / (ideal + overhead),
         "compute_s": {name: [statistics.median(c for _, c, _ in r[name]) for r in gathered]
                       for name in ("unbalanced", "balanced")}, "equal_shares": equal, "settle_steps": settle_used,
-        "decisions": [d.as_dict() for d in bal.decisions],
-        "setup": {k2: a[k2] for k2 in ("ranks", "slow_rank", "slowdown", "steps", "block", "global_batch",
-                                       "micro_steps", "seq", "dim", "window", "min_steps", "threshold", "min_gain",
-                                       "sync_every", "pin")}, "busy": bool(a.get("busy")),
+        "decisions": [d.as_dict() for d in bal.decisions], "verdicts": [v.as_dict() for v in bal.verdicts],
+        "setup": {k2: a.get(k2) for k2 in ("ranks", "slow_rank", "slowdown", "steps", "block", "global_batch",
+                                           "micro_steps", "seq", "dim", "window", "min_steps", "threshold", "min_gain",
+                                           "sync_every", "pin", "verify", "verify_steps", "verify_block",
+                                           "backoff_steps")}, "busy": bool(a.get("busy")),
+        "load_avg_1m_at_end": round(os.getloadavg()[0], 2),
     }

@@ -7,7 +7,11 @@ Three loaders read the same items from the same simulated slow storage (a real
 * ``dataloader_default`` -- ``DataLoader(ds, batch_size=B, shuffle=True)`` as most code writes it;
 * ``dataloader_tuned``   -- the founding document's settings with the worker fix: workers =
   min(32, usable CPUs / local ranks), pin_memory on CUDA, prefetch_factor=3, persistent workers;
-* ``hybrid``             -- HybridLoader, same worker count, a fresh disk cache, IO thread pools;
+* ``hybrid``             -- HybridLoader, same worker count, a fresh disk cache, IO thread pools; its
+  IO threads and prefetch depth derived from the measured read latency, decode time and step time
+  (``--io-threads`` fixes the threads);
+* ``hybrid_fixed``       -- the same with the former fixed settings (8 IO threads, 3 batches per worker,
+  4 ready), for comparison;
 * ``torchdata_stateful`` -- a peer: torchdata's ``StatefulDataLoader`` (resumable DataLoader) with the
   tuned settings, on the same source and decode (skipped with a note when torchdata is absent);
 * ``mosaic_streaming``   -- a peer: Mosaic ``StreamingDataset``. Not measured: the row says why
@@ -83,7 +87,7 @@ class _Items:  # torch Dataset: source + decode, a float32 tensor per item
         return torch.from_numpy(self.decode(self.src[i]))
 
 
-KINDS = ("dataloader_default", "dataloader_tuned", "hybrid", "torchdata_stateful", "mosaic_streaming")
+KINDS = ("dataloader_default", "dataloader_tuned", "hybrid", "hybrid_fixed", "torchdata_stateful", "mosaic_streaming")
 PEERS = ("dataloader_tuned", "torchdata_stateful", "mosaic_streaming")
 
 
@@ -123,7 +127,7 @@ def _settings(args) -> dict:
 
 def _epoch_iter(kind: str, state: dict):
     """A function returning one epoch's batches as an iterator."""
-    if kind == "hybrid":
+    if kind in ("hybrid", "hybrid_fixed"):
         loader, steps = state["loader"], state["steps"]
         return lambda: (loader.next() for _ in range(steps))
     dl = state["loader"]
@@ -139,13 +143,15 @@ def _dataloader(cls, ds, s: dict, cuda: bool):
 def _build(kind: str, src, decode, s: dict, cuda: bool, cache_dir: str):
     import torch
 
-    if kind == "hybrid":
+    if kind in ("hybrid", "hybrid_fixed"):
         from trainperf.data.hybrid import HybridLoader
         from trainperf.data.sampler import GlobalBatchSampler
 
+        fixed = kind == "hybrid_fixed"
         sampler = GlobalBatchSampler(len(src), s["batch"], seed=0, drop_last=True)
         loader = HybridLoader(src, sampler, "cuda" if cuda else "cpu", num_workers=s["workers"], prefetch_factor=3,
-                              io_threads=s["io_threads"], cache_dir=cache_dir, cache_max_bytes=50 * 10**9,
+                              io_threads=8 if fixed else (s["io_threads"] or "auto"), depth=4 if fixed else "auto",
+                              cache_dir=os.path.join(cache_dir, kind), cache_max_bytes=50 * 10**9,
                               transform=decode, out_dtype=np.float32, lm=False)
         return {"loader": loader, "steps": sampler.batches_per_epoch}
     ds = _Items(src, decode)
@@ -218,8 +224,10 @@ def _measure(kind: str, src, decode, s: dict, cuda: bool, cache_dir: str, bar) -
            # CPU time of the main process and its workers per warm sample: the loader's cost,
            # unaffected by other processes competing for the CPUs (decode included)
            "warm_cpu_ms_per_sample": 1000 * cpu_warm / (n_per_epoch * (len(times) - 1))}
-    if kind == "hybrid":
-        row["stats"] = {k: v for k, v in state["loader"].stats().items() if k.startswith("cache_")}
+    if kind in ("hybrid", "hybrid_fixed"):
+        st = state["loader"].stats()
+        row["stats"] = {k: v for k, v in st.items() if k.startswith("cache_")}
+        row["prefetch"] = {k: st[k] for k in ("io_threads", "host_slots", "depth", "plan")}
         state["loader"].close()
     return row
 
@@ -259,6 +267,7 @@ def measure(args) -> dict:
     if "hybrid" in by:  # HybridLoader's warm-epoch throughput over each peer's
         summary["hybrid_warm_ratio_vs"] = {k: by["hybrid"]["warm_samples_per_s"] / by[k]["warm_samples_per_s"]
                                            for k in PEERS if k in by}
+        summary["data_wait_fraction"] = {k: by[k]["data_wait_fraction"] for k in by}
     rows += [{"name": k, "skipped": why} for k, why in skipped.items()]
     out = {"settings": {**s, "device": "cuda" if cuda else "cpu"}, "loaders": rows, "summary": summary,
            "command": "trainperf bench data " + " ".join(sys.argv[3:] if sys.argv[1:3] == ["bench", "data"] else [])}

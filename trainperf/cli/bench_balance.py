@@ -14,9 +14,14 @@ def register(subparsers) -> None:
     p.add_argument("--ranks", type=int, default=2, help="gloo processes (data-parallel ranks)")
     p.add_argument("--slow-rank", type=int, default=1, help="the rank that does more work per sample")
     p.add_argument("--slowdown", type=float, default=2.0, help="work per sample on the slow rank, x the others' (>= 1)")
-    p.add_argument("--busy", action="store_true",
+    p.add_argument("--busy", "--outside-straggler", dest="busy", action="store_true",
                    help="a straggler from outside instead: a busy process shares the slow rank's CPU (--slowdown "
                         "is then not applied)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="independent rounds (fresh ranks and balancer each): balanced / unbalanced per round and a "
+                        "summary; with --control, a round without the straggler after each")
+    p.add_argument("--target-ratio", type=float, default=0.80,
+                   help="with --rounds: count the rounds whose balanced / unbalanced step time is at or below this")
     p.add_argument("--steps", type=int, default=60, help="measured steps per arrangement (unbalanced, balanced)")
     p.add_argument("--block", type=int, default=5, help="steps per block when alternating the two arrangements")
     p.add_argument("--global-batch", type=int, default=64, help="samples per step over all ranks")
@@ -32,7 +37,14 @@ def register(subparsers) -> None:
                    help="balancer: smallest predicted cut of the step compute time worth a move")
     p.add_argument("--sync-every", type=int, default=10,
                    help="balancer: exchange the measurements (one all_gather) every this many steps")
-    p.add_argument("--settle-steps", type=int, default=150, help="at most this many steps for the balancer to settle")
+    p.add_argument("--settle-steps", type=int, default=300, help="at most this many steps for the balancer to settle")
+    p.add_argument("--verify", action=argparse.BooleanOptionalAction, default=True,
+                   help="try each move against the old shares and keep it only if the step got faster (default)")
+    p.add_argument("--verify-steps", type=int, default=15, help="balancer: measured steps per arm of a trial")
+    p.add_argument("--verify-block", type=int, default=5,
+                   help="balancer: steps per trial block (a block ends at an exchange: at least --sync-every)")
+    p.add_argument("--backoff-steps", type=int, default=100,
+                   help="balancer: steps before another move after a revert (doubled per consecutive revert)")
     p.add_argument("--control", action="store_true",
                    help="also measure the noise floor: the same run with equal speeds and equal shares")
     p.add_argument("--timeout-s", type=float, default=300.0,
@@ -50,6 +62,10 @@ def balance_command(args) -> int:
     res = measure(args)
     if args.json:
         print_json(res)
+    elif args.rounds > 1:
+        from trainperf.bench.balance_rounds import print_rounds
+
+        print_rounds(res)
     else:
         who = (f"rank {args.slow_rank} shares its CPU with a busy process" if args.busy else
                f"rank {args.slow_rank} does {args.slowdown}x work per sample")
@@ -64,6 +80,9 @@ def balance_command(args) -> int:
         print(f"  balanced step   {1e3 * res['balanced_step_s']:8.1f} ms  {res['balanced_vs_ideal']:.2f}x ideal"
               f"  shares {res['shares']}  ({res['speedup']:.2f}x faster than unbalanced; "
               f"{res['balanced_vs_ideal_plus_overhead']:.2f}x ideal + overhead)")
+        if "ideal_arm_step_s" in res:
+            print(f"  measured ideal  {1e3 * res['ideal_arm_step_s']:8.1f} ms  (every rank {res['ideal_arm_factor']:.3f}x "
+                  f"work on equal shares: the work perfectly divided); balanced {res['balanced_vs_ideal_arm']:.3f}x it")
         print(f"  slowest compute {1e3 * res['balanced_slowest_compute_s']:8.1f} ms  "
               f"{res['balanced_slowest_compute_vs_ideal']:.2f}x ideal  (balanced steps: residual imbalance + jitter)")
         if "control" in res:
@@ -73,7 +92,10 @@ def balance_command(args) -> int:
         for d in res["decisions"]:
             kind = "refinement" if d.get("refinement") else "trigger"
             print(f"  decision at step {d['step']} ({kind}): imbalance {d['imbalance']:.2f}, "
-                  f"{d['old_shares']} -> {d['new_shares']}")
+                  f"{d['old_shares']} -> {d['new_shares']}, predicted gain {d['predicted_gain']:.1%}")
+        for v in res.get("verdicts", []):
+            print(f"  verdict at step {v['step']}: {v['verdict']} {v['new_shares']} (measured gain "
+                  f"{v['measured_gain']:+.1%} +- {v['gain_se']:.1%}; slowest rank: {v['cause'] or '-'})")
     return 0
 
 

@@ -20,7 +20,8 @@ def register(subparsers) -> None:
     p.add_argument("--batch", type=int, default=32, help="batch size (default 32)")
     p.add_argument("--compute-ms", type=float, default=None,
                    help="compute per step in the data-wait loop (default: 1.5 x batch x decode-ms / workers, >= 5)")
-    p.add_argument("--io-threads", type=int, default=8, help="HybridLoader IO threads per worker (default 8)")
+    p.add_argument("--io-threads", type=int, default=None,
+                   help="HybridLoader IO threads per worker (default: derived from the measured read rate)")
     p.add_argument("--cache-dir", default=None,
                    help="where HybridLoader's disk cache goes (a fresh sub-directory; default: the temp directory)")
     p.add_argument("--only", action="append", choices=list(KINDS),
@@ -54,5 +55,11 @@ def run(args) -> int:
               f"cold {summary['cold_speedup_vs_tuned']:.1f}x")
     for k, v in (summary.get("hybrid_warm_ratio_vs") or {}).items():
         print(f"hybrid warm-epoch samples/s / {k}'s: {v:.2f}x")
+    for r in rows:
+        if "prefetch" in r:
+            pf, plan = r["prefetch"], r["prefetch"]["plan"]
+            print(f"{r['name']}: {pf['io_threads']} IO threads per worker, {pf['host_slots']} host slots, {pf['depth']} "
+                  f"ready (plan for a {1e3 * plan['step_s']:.1f} ms step, {1e3 * plan['read_s']:.1f} ms reads, "
+                  f"{1e3 * plan['serial_s']:.2f} ms serial per sample; utilization {plan['utilization']:.2f})")
     return 0
 

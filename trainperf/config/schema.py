@@ -147,10 +147,13 @@ class CacheConfig(Section):
 class PrefetchConfig(Section):
     device_bytes: int = Field(8 * 2**30, ge=1)
     """Bound of the device prefetch ring in bytes ("8GiB" as in the founding document)."""
-    depth: int = Field(4, ge=1)
-    """Batches prepared ahead of use (upper bound; the byte bound may lower it)."""
-    io_threads: int = Field(8, ge=1)
-    """Threads issuing reads ahead of use (async IO)."""
+    depth: Union[Auto, PosInt] = "auto"
+    """Batches ready ahead of use (upper bound; the byte bound may lower it). auto: derived, with the host
+    slots, from the measured read and decode times and step time (trainperf.data.prefetch_plan); an int
+    fixes it (host slots then num_workers x prefetch_factor)."""
+    io_threads: Union[Auto, PosInt] = "auto"
+    """Threads per worker issuing reads ahead of use (async IO). auto: enough for the reads the step needs
+    in flight (Little's law on the measured read latency), re-planned as the step time is measured."""
 
     _size = field_validator("device_bytes", mode="before")(lambda cls, v: _parse_bytes(v))
 
@@ -321,6 +324,20 @@ class BalanceConfig(Section):
     sync_every: PosInt = 1
     """Exchange the measurements (one all_gather) every this many steps; on CUDA each exchange is a
     host-device sync."""
+    verify: bool = True
+    """Try each move before keeping it: the new and the old shares alternate in blocks (new, old, old, new)
+    and the move is kept only if the measured step time (the slowest rank's wall time) got faster, judged
+    against its noise; otherwise the old shares come back and the balancer backs off. False: keep every
+    move the cost model predicts (the founding document's balancer)."""
+    verify_steps: int = Field(20, ge=2)
+    """Steps measured per arrangement (new shares, old shares) before a verdict; an undecided trial runs
+    up to 4x as many."""
+    verify_block: PosInt = 5
+    """Steps per block of a trial (the first step of each block is not counted: a change of shares restarts
+    prefetching). Blocks end at exchanges, so with sync_every > verify_block a block is sync_every steps."""
+    backoff_steps: int = Field(100, ge=0)
+    """After a reverted move: steps before the balancer may try another, doubled after each consecutive
+    revert (at most 64x), reset by a kept move."""
 
 
 class ParallelismConfig(Section):

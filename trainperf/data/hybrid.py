@@ -24,11 +24,13 @@ from __future__ import annotations
 import shutil
 import time
 import warnings
+from collections import deque
 from typing import Callable
 
 import numpy as np
 import torch
 
+from trainperf.data.prefetch_plan import PrefetchPlan, plan_prefetch
 from trainperf.data.sampler import GlobalBatchSampler
 from trainperf.data.sources import BadSample, fingerprint
 from trainperf.errors import DataError
@@ -55,16 +57,28 @@ def check_shm(needed_bytes: int, *, what: str, path: str = "/dev/shm") -> str | 
     return None
 
 
-def _probe_sample(source, transform, skip_bad: bool):
-    for i in range(min(len(source), 16)):
+def _probe_sample(source, transform, skip_bad: bool, reads: int = 1):
+    """The first readable sample (decoded), and the median seconds of a source read and of a decode over
+    up to ``reads`` samples (the prefetch plan's first measurement, before the workers report theirs)."""
+    out, read_s, decode_s = None, [], []
+    for i in range(min(len(source), 16 + reads)):
+        t0 = time.perf_counter()
         try:
             arr = np.asarray(source[i])
         except BadSample:
             if not skip_bad:
                 raise
             continue
-        return np.asarray(transform(arr)) if transform is not None else arr
-    raise DataError("the first 16 samples are all unreadable; check the data")
+        t1 = time.perf_counter()
+        arr = np.asarray(transform(arr)) if transform is not None else arr
+        read_s.append(t1 - t0)
+        decode_s.append(time.perf_counter() - t1)
+        out = arr if out is None else out
+        if len(read_s) >= reads:
+            break
+    if out is None:
+        raise DataError("the first 16 samples are all unreadable; check the data")
+    return out, float(np.median(read_s)), float(np.median(decode_s))
 
 
 def shard_note(source, ranks: int, workers: int) -> str | None:
@@ -84,18 +98,30 @@ class HybridLoader:
 
     ``next_batch(shares=None)`` -> ``(x, y)`` (``lm=True``: int64 (B, T) pairs) or the
     batch tensor; ``state_dict()`` / ``load_state_dict()``; ``close()``. ``stats()``
-    reports the time spent waiting for data, cache counters and skipped samples.
+    reports the time spent waiting for data, cache counters, skipped samples and the prefetch plan.
+
+    ``io_threads="auto"`` / ``depth="auto"`` (the defaults): the IO threads per worker, the host slots
+    and the ready batches come from measured rates (:mod:`trainperf.data.prefetch_plan`): the probe
+    reads at start, then the workers' own read and decode times and the consumer's step time, planned
+    after 8, 16, 32, 64 batches and every 64 after, from the fixed defaults up (settings only grow). An int fixes that setting
+    (``depth`` fixed: ``num_workers x prefetch_factor`` host slots, as before).
     """
 
+    REPLAN_AT = (8, 16, 32, 64)
+    REPLAN_EVERY = 64
+    START_IO_THREADS, START_DEPTH = 8, 4  # auto: the settings before a step is measured
+
     def __init__(self, source, sampler: GlobalBatchSampler, device: torch.device | str = "cpu", *,
-                 num_workers: int = 0, prefetch_factor: int = 3, io_threads: int = 8, depth: int = 4,
+                 num_workers: int = 0, prefetch_factor: int = 3, io_threads: int | str = "auto",
+                 depth: int | str = "auto",
                  device_bytes: int = 8 * 2**30, cache_dir: str | None = None, cache_max_bytes: int = 50 * 10**9,
                  on_bad_sample: str = "error", transform: Callable | None = None, out_dtype=np.int64,
                  lm: bool = True, start_method: str = "fork"):
         self.source, self.sampler = source, sampler
         self.device = torch.device(device)
         self.lm = lm
-        self.depth = depth
+        self.auto_threads, self.auto_depth = io_threads == "auto", depth == "auto"
+        self.num_workers = num_workers
         self.device_bytes = device_bytes
         self.skip_bad = on_bad_sample == "skip"
         self.out_dtype = np.dtype(out_dtype)
@@ -121,9 +147,16 @@ class HybridLoader:
                 cache_args = (cache_dir, cache_max_bytes, ns)
         self.cache_args = cache_args
 
-        sample = _probe_sample(source, transform, self.skip_bad)
+        sample, self.probe_read_s, self.probe_decode_s = _probe_sample(
+            source, transform, self.skip_bad, reads=3 if (self.auto_threads or self.auto_depth) else 1)
         self.sample_shape = tuple(sample.shape)
         local = sampler.global_batch // sampler.world
+        self._steps: deque = deque(maxlen=32)  # the consumer's seconds between batches (its data wait left out)
+        self._returned: float | None = None
+        self.plan = self._plan(None)  # for the record: auto settings start at the fixed ones and grow from the
+        # first plan with a measured step (an unknown step would be sized for the fastest the workers can go)
+        self.depth = self.START_DEPTH if self.auto_depth else int(depth)
+        io_threads = self.START_IO_THREADS if self.auto_threads else int(io_threads)
         slots = max(1, num_workers) * prefetch_factor
         note = shard_note(source, sampler.world, num_workers)
         if note:
@@ -136,6 +169,26 @@ class HybridLoader:
         self.pipe = _host_pipeline(source, num_workers, slots, local, self.sample_shape, self.out_dtype, transform,
                                    cache_args, io_threads, self.skip_bad, start_method)
         self._start_tier()
+
+    # -- the prefetch plan ---------------------------------------------------------------------
+    def _plan(self, step_s: float | None) -> PrefetchPlan:
+        """The plan from what is measured now: the workers' mean read (misses) and serial time per sample
+        when they have reported, else the probe's; misses assumed for every read (a cold epoch, evictions)."""
+        st = self.pipe.stats if self.pipe is not None else {}
+        read = st["io_read_s"] / st["io_reads"] if st.get("io_reads") else self.probe_read_s
+        serial = st["io_serial_s"] / st["io_samples"] if st.get("io_samples") else self.probe_decode_s
+        return plan_prefetch(batch=self.sampler.global_batch // self.sampler.world, read_s=read, serial_s=serial,
+                             workers=self.num_workers, step_s=step_s)
+
+    def _replan(self) -> None:
+        """Settings only grow (a restart drops the batches read ahead: the loader does not shrink them for a
+        step that got slower for a while)."""
+        self.plan = new = self._plan(float(np.median(self._steps)))
+        if self.auto_threads and new.io_threads > self.pipe.io_threads:
+            self.pipe.set_io_threads(new.io_threads)  # no restart: the workers' pools grow
+        if self.auto_depth and (new.slots > self.pipe.n_slots or new.depth > self.depth):
+            self.pipe.n_slots, self.depth = max(new.slots, self.pipe.n_slots), max(new.depth, self.depth)
+            self._restart(shares=self._shares, resize=True)  # batches read ahead are read again: same order
 
     # -- tiers -------------------------------------------------------------------------------
     def _produce(self, stop):
@@ -159,7 +212,7 @@ class HybridLoader:
         else:
             self._tier = ThreadQueue(self._produce, self.depth)
 
-    def _restart(self, state: dict | None = None, shares: tuple | None = None) -> None:
+    def _restart(self, state: dict | None = None, shares: tuple | None = None, resize: bool = False) -> None:
         """Stop prefetching, drop what was read ahead, continue from ``state`` (default: the consumed one)."""
         self._tier.shutdown()
         self.pipe.drain()
@@ -167,20 +220,25 @@ class HybridLoader:
         self._state = self.sampler.state_dict()
         self._shares = shares
         need = max(shares) if shares else self.sampler.global_batch // self.sampler.world
-        if need > self.pipe.slot_samples:
-            self.pipe.resize(need)
+        if resize or need > self.pipe.slot_samples:
+            self.pipe.resize(max(need, self.pipe.slot_samples))
         self._start_tier()
 
     # -- the trainer's interface ---------------------------------------------------------------
     def next(self) -> torch.Tensor:
         t0 = time.perf_counter()
+        if self._returned is not None:
+            self._steps.append(t0 - self._returned)  # the consumer's step since the last batch
         tag, batch = self._tier.next()
-        self.last_wait_s = time.perf_counter() - t0
-        self.wait_s += self.last_wait_s
         self.batches += 1
         self._state, skipped = tag
         self.skipped.extend(skipped)
         self._report()
+        if self._steps and (self.batches in self.REPLAN_AT or self.batches % self.REPLAN_EVERY == 0):
+            self._replan()  # a restart (drain of the batches in flight) is data wait too
+        self._returned = time.perf_counter()
+        self.last_wait_s = self._returned - t0
+        self.wait_s += self.last_wait_s
         if batch.device != self.device:
             batch = batch.to(self.device)
         return batch
@@ -204,7 +262,9 @@ class HybridLoader:
         out = {"batches": self.batches, "data_wait_s": self.wait_s, "last_data_wait_s": self.last_wait_s,
                "skipped_samples": len(self.skipped)}
         if self.pipe:
-            out.update({f"cache_{k}": v for k, v in self.pipe.stats.items()})
+            out.update({f"cache_{k}": v for k, v in self.pipe.stats.items() if not k.startswith("io_")})
+            out.update({"io_threads": self.pipe.io_threads, "host_slots": self.pipe.n_slots, "depth": self.depth,
+                        "plan": self.plan.as_dict()})
         return out
 
     def close(self) -> None:

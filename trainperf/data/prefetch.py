@@ -28,6 +28,7 @@ from typing import Callable
 
 import numpy as np
 
+from trainperf.data.prefetch_plan import IoClock
 from trainperf.data.sources import BadSample, describe
 from trainperf.errors import DataError
 
@@ -47,32 +48,36 @@ class _Ready:
         return self.value
 
 
-def _fetch(source, cache, i: int):
+def _fetch(source, cache, i: int, clock: IoClock | None = None):
     """Read sample i from the source (a cache miss), then cache it. Returns the array or a BadSample."""
+    t0 = time.perf_counter()
     try:
         arr = np.asarray(source[i])
     except BadSample as exc:
         return exc
     except Exception as exc:  # noqa: BLE001 - a source's own failure, reported with its index and file
         return BadSample(i, describe(source, i), f"{type(exc).__name__}: {exc}")
+    if clock is not None:
+        clock.read(time.perf_counter() - t0)
     if cache is not None:
         cache.put_async(i, arr)  # write behind: the batch does not wait for the cache write
     return arr
 
 
-def _issue(pool, source, cache, idx) -> list:
+def _issue(pool, source, cache, idx, clock: IoClock | None = None) -> list:
     """Start every read of a batch: cache hits inline (a local file read costs less than a thread
     hand-off), misses on the IO pool, where their latency overlaps."""
     out = []
     for i in idx:
         arr = cache.get(int(i)) if cache is not None else None
-        out.append(_Ready(arr) if arr is not None else pool.submit(_fetch, source, cache, int(i)))
+        out.append(_Ready(arr) if arr is not None else pool.submit(_fetch, source, cache, int(i), clock))
     return out
 
 
 def worker_loop(wid: int, source, transform, cache_args, io_threads: int, skip_bad: bool,
                 tasks, results, sample_shape, out_dtype, parent_pid: int | None) -> None:
-    """Serve batch tasks ``(seq, indices, buffer_name, offset)`` until ``None``.
+    """Serve batch tasks ``(seq, indices, buffer_name, offset)`` until ``None``; ``("io_threads", n)``
+    resizes the IO pool (reads already issued finish on the old one).
 
     Replies ``(seq, wid, "ok", n, skipped, stats)`` or ``(seq, wid, "error", exc, None, stats)``.
     """
@@ -92,16 +97,24 @@ def worker_loop(wid: int, source, transform, cache_args, io_threads: int, skip_b
     warned: set = set()
     pool = ThreadPoolExecutor(max_workers=io_threads, thread_name_prefix=f"trainperf-io{wid}")
     pending: deque = deque()
+    clock = IoClock()
 
     def take(block: bool) -> bool:
+        nonlocal pool
         try:
             task = tasks.get(timeout=POLL_S) if block else tasks.get_nowait()
         except queue.Empty:
             return True
         if task is None:
             return False
+        if task[0] == "io_threads":  # the prefetch plan grew: a larger pool for the reads issued from now on
+            old, pool = pool, ThreadPoolExecutor(max_workers=int(task[1]), thread_name_prefix=f"trainperf-io{wid}")
+            old.shutdown(wait=False)
+            return True
         seq, idx, buf_name, offset = task
-        pending.append((seq, idx, buf_name, offset, _issue(pool, source, cache, idx)))
+        t0 = time.perf_counter()
+        pending.append((seq, idx, buf_name, offset, _issue(pool, source, cache, idx, clock)))
+        clock.serial_s += time.perf_counter() - t0  # cache hits are read inline
         return True
 
     running = True
@@ -130,14 +143,17 @@ def worker_loop(wid: int, source, transform, cache_args, io_threads: int, skip_b
                             raise arr
                         skipped.append((arr.index, arr.file, arr.reason))
                         continue
+                    t0 = time.perf_counter()
                     out[j] = transform(arr) if transform is not None else arr
+                    clock.serial_s += time.perf_counter() - t0  # decode: the worker's serial work
                     good = j
+                clock.samples += len(futures)
                 if good is None:
                     raise DataError(f"every sample of a batch is unreadable (first: {skipped[0][1]}: {skipped[0][2]})")
                 for j, fut in enumerate(futures):  # fill skipped places with a good sample: shapes stay equal
                     if isinstance(fut.result(), BadSample):
                         out[j] = out[good]
-                stats = dict(cache.stats) if cache is not None else {}
+                stats = {**(cache.stats if cache is not None else {}), **clock.stats()}
                 for w in (cache.warnings if cache is not None else []):
                     if w not in warned:
                         warned.add(w)
@@ -147,7 +163,8 @@ def worker_loop(wid: int, source, transform, cache_args, io_threads: int, skip_b
             except Exception as exc:  # noqa: BLE001 - sent to the main process, which raises it
                 if not isinstance(exc, DataError):
                     exc = DataError(f"loader worker {wid}: {type(exc).__name__}: {exc}")
-                results.put((seq, wid, "error", exc, None, dict(cache.stats) if cache is not None else {}))
+                results.put((seq, wid, "error", exc, None,
+                             {**(cache.stats if cache is not None else {}), **clock.stats()}))
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
         if cache is not None:
@@ -184,6 +201,7 @@ class HostPipeline:
                  start_method: str = "fork"):
         self.sample_shape, self.out_dtype = tuple(sample_shape), np.dtype(out_dtype)
         self.num_workers = num_workers
+        self.io_threads = io_threads
         self.n_slots = slots
         self.stats: dict = {}
         self._wstats: dict = {}
@@ -279,6 +297,13 @@ class HostPipeline:
 
     def pending(self) -> int:
         return len(self._inflight)
+
+    def set_io_threads(self, n: int) -> None:
+        """Every worker's IO pool to ``n`` threads (from the next batch it takes)."""
+        if n != self.io_threads:
+            self.io_threads = n
+            for q in self.task_qs:
+                q.put(("io_threads", int(n)))
 
     def get(self, stop: threading.Event | None = None):
         """The next batch in order: (tag, view, slot, skipped samples). Raises the worker's error; never hangs on a dead worker."""

@@ -203,7 +203,9 @@ class Trainer:
         fixed += fixed_clock() - f1  # data + optimizer: this rank's time that its share does not scale
         timer.phase("comm")
         loss = pm.global_loss(local)  # mean loss of the global batch (one all-reduce when distributed)
-        decision = bal.step(self.step + 1, compute, fixed) if (bal is not None and not forced) else None  # collective
+        # collective; the step's wall time so far is the balancer's verdict on a move it is trying
+        decision = bal.step(self.step + 1, compute, fixed, time.perf_counter() - t0) if (bal is not None and not forced) \
+            else None
         extras = self.backend.end_step(self.data)
         phases = timer.end_step()
         self.step += 1
