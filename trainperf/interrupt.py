@@ -82,12 +82,12 @@ def _children_may_end() -> None:
 
 
 def finished() -> None:
-    """The command has returned its exit code: a signal while the interpreter shuts down is noted, not
-    raised (the exit code stays the command's); a second one ends the process at once."""
-    if _state["first"] is None:
-        _state["first"], _state["extra"] = 0, 1
-    else:
-        _state["extra"] = max(_state["extra"], 1)
+    """The command has returned its exit code: SIGINT and SIGTERM are ignored while the interpreter shuts
+    down (its last step resets Python's handlers to the defaults, and a signal then would replace the
+    command's exit code by a death by signal; everything was closed before, so the shutdown is short)."""
+    if threading.current_thread() is threading.main_thread():
+        for sig in SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
 
 
 def install() -> dict:

@@ -34,6 +34,7 @@ SEEDS = [int(s) for s in os.environ.get("TRAINPERF_INTERRUPT_SEEDS", "0").split(
 BAD = ("Traceback", "Exception ignored", "leaked shared_memory", "Error in atexit")
 
 TUNE = TINY + ["data.source=synthetic", "monitor.jsonl=false"]
+POORLY_SET = str(REPO / "configs" / "gpt-tiny-poorly-set.yaml")
 TRAIN = TINY + ["run.steps=100000", "checkpoint.every=3", "checkpoint.keep=2", "run.log_every=5"]
 
 
@@ -119,9 +120,9 @@ def _checkpoints(d: Path) -> int:
 
 
 # ---------------------------------------------------------------------- the cases, as data
-def _tune_args(out: Path, budget_min: float) -> list[str]:
-    args = ["tune", str(out / "tiny.yaml"), "--budget-min", str(budget_min), "--out", str(out / "tune")]
-    for kv in TUNE:
+def _tune_args(out: Path, budget_min: float, config: str | None = None) -> list[str]:
+    args = ["tune", config or str(out / "tiny.yaml"), "--budget-min", str(budget_min), "--out", str(out / "tune")]
+    for kv in (TUNE if config is None else ["data.source=synthetic", "monitor.jsonl=false", "run.threads=1"]):
         args += ["--set", kv]
     return args
 
@@ -137,19 +138,25 @@ def _launch_args(corpus: str, out: Path) -> list[str]:
     return ["launch", "--nproc-per-node", "2", *_train_args(corpus, out)[1:]]
 
 
-def _last_dimension() -> str:
-    from trainperf.tune import space
-
-    return space.ORDER[-1]
+def _last_dimension(out: Path) -> str | None:
+    """The search's last dimension (tune writes its order to plan.json before the first one)."""
+    try:
+        return json.loads((out / "tune" / "plan.json").read_text())["order"][-1]["dimension"]
+    except (OSError, ValueError, KeyError, IndexError):
+        return None
 
 
 # name -> (args(corpus, out), moment, (lo, hi) random delay after it, signal)
-# moments: "start" (the process began), "workers:N" (N processes under it), "trials:N" (N trial records),
+# moments: "start" (the command's handlers are installed), "workers:N" (N processes under it), "trials:N" (N trial records),
 # "confirm" (the search's last dimension recorded: the side-by-side is next), "checkpoint" (one written)
 CASES = {
     "tune-start-up": (lambda c, o: _tune_args(o, 2), "start", (0.3, 5.0), signal.SIGTERM),
     "tune-mid-trial": (lambda c, o: _tune_args(o, 2), "trials:1", (0.0, 2.5), signal.SIGINT),
-    "tune-confirmation": (lambda c, o: _tune_args(o, 1), "confirm", (0.0, 0.6), signal.SIGTERM),
+    # each trial a group of 2 ranks (tune --nproc-per-node 2: WorkerGroup, gloo)
+    "tune-2-ranks": (lambda c, o: _tune_args(o, 3) + ["--nproc-per-node", "2"], "trials:1", (0.0, 3.0),
+                     signal.SIGINT),
+    # the poorly set gpt-tiny: its gains are sure, so a confirmation side by side follows the search
+    "tune-confirmation": (lambda c, o: _tune_args(o, 1.2, POORLY_SET), "confirm", (0.0, 1.0), signal.SIGTERM),
     "train": (lambda c, o: _train_args(c, o), "checkpoint", (0.0, 1.5), signal.SIGINT),
     "train-hybrid-workers": (lambda c, o: _train_args(c, o, "data.loader=hybrid", "data.num_workers=2"),
                              "checkpoint", (0.0, 1.5), signal.SIGTERM),
@@ -168,16 +175,31 @@ CASES = {
 }
 
 
+def _handles_signals(pid: int) -> bool:
+    """The command installed its SIGINT and SIGTERM handlers (``/proc/PID/status``: SigCgt). Before that
+    the interpreter itself is starting, with Python's default handlers: no trainperf code has run."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("SigCgt:"):
+                mask = int(line.split()[1], 16)
+                return all(mask >> (int(s) - 1) & 1 for s in interrupt.SIGNALS)
+    except (OSError, ValueError):
+        pass
+    return False
+
+
 def _reached(moment: str, fam: Family, out: Path) -> bool:
     kind, _, n = moment.partition(":")
     if kind == "start":
-        return True
+        return _handles_signals(fam.root.pid)
     if kind == "workers":
         return fam.count() >= int(n)
     if kind == "trials":
         return sum(r.get("status") == "ok" for r in _records(out / "tune" / "trials.jsonl")) >= int(n)
     if kind == "confirm":
-        return any(r.get("dimension") == _last_dimension() for r in _records(out / "tune" / "trials.jsonl"))
+        last = _last_dimension(out)
+        recs = _records(out / "tune" / "trials.jsonl")
+        return last is not None and bool(recs) and recs[-1].get("dimension") == last
     if kind == "checkpoint":
         return _checkpoints(out / "run" / "checkpoints") >= 1
     raise ValueError(moment)

@@ -58,10 +58,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as exc:  # while the parser imported the subcommands (torch)
         return _interrupted(None, interrupt.exit_code(exc))
     finally:
-        if argv is None:  # the trainperf command: a Ctrl-C while the interpreter shuts down keeps the exit code
-            interrupt.finished()
-        else:  # called in-process (tests, scripts): the caller's handlers back
-            interrupt.restore(replaced)
+        try:
+            if argv is None:  # the trainperf command: a Ctrl-C while the interpreter shuts down keeps the exit code
+                interrupt.finished()
+            else:  # called in-process (tests, scripts): the caller's handlers back
+                interrupt.restore(replaced)
+        except KeyboardInterrupt as exc:  # the first signal just as the command returned: stopped all the same
+            return interrupt.exit_code(exc)  # noqa: B012 - this exit code replaces the command's
 
 
 def _main(argv: list[str] | None) -> int:
