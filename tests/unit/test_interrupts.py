@@ -2,7 +2,8 @@
 
 Each case starts a command in its own process group, waits for a moment of its life (start-up, a
 trial finished, a checkpoint written, its worker processes up) plus a seeded random delay, then
-sends SIGINT to the whole group (what a terminal's Ctrl-C does) or SIGTERM to it, and checks:
+sends SIGINT to the whole group (what a terminal's Ctrl-C does) or SIGTERM to it (``parent:`` cases: SIGTERM
+to the command's process alone, as ``kill PID`` or a job scheduler sends it), and checks:
 the exit code is 128 + the signal (130 / 143), no process printed a traceback (stdout and stderr
 of the command and of every process it started: they share them), no process it started is left
 (every descendant seen while it ran, torchrun's ranks in their own sessions included, and the
@@ -173,6 +174,11 @@ CASES = {
                       "workers:2", (0.0, 4.0), signal.SIGINT),
     "bench-comm": (lambda c, o: ["bench", "comm", "--steps", "40"], "workers:2", (0.0, 4.0), signal.SIGTERM),
 }
+# SIGTERM to the command's process alone (`kill PID`, a job scheduler, `timeout`): its workers get no signal
+# of their own, and the command must stop them. "parent:" + a case above: the same, sent to the command alone.
+TO_PARENT = ("tune-mid-trial", "tune-2-ranks", "train-hybrid-workers", "launch-2-ranks-term", "bench-data",
+             "bench-balance")
+CASES.update({f"parent:{n}": (*CASES[n][:3], signal.SIGTERM) for n in TO_PARENT})
 
 
 def _handles_signals(pid: int) -> bool:
@@ -208,6 +214,7 @@ def _reached(moment: str, fam: Family, out: Path) -> bool:
 def run_interrupted(name: str, seed: int, corpus: str, out: Path, *, wait_s: float = 240.0) -> dict:
     """Run case ``name``, interrupt it at its moment + a delay drawn from ``seed``; what happened."""
     make_args, moment, (lo, hi), sig = CASES[name]
+    alone = name.startswith("parent:")
     (out / "tiny.yaml").write_text("{}\n")  # tune writes its tuned YAML beside the config: keep it in tmp
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     p = subprocess.Popen([sys.executable, "-m", "trainperf", *make_args(corpus, out)], cwd=str(out), env=env,
@@ -225,7 +232,10 @@ def run_interrupted(name: str, seed: int, corpus: str, out: Path, *, wait_s: flo
         assert reached is not None, f"{name}: never reached {moment!r} (exit {p.poll()}):\n{_tail(p)}"
         time.sleep(delay)
         assert p.poll() is None, f"{name}: ended before the signal (exit {p.returncode}):\n{_tail(p)}"
-        os.killpg(p.pid, sig)
+        if alone:
+            os.kill(p.pid, sig)
+        else:
+            os.killpg(p.pid, sig)  # what a terminal's Ctrl-C does: every process of the foreground group
         output, _ = p.communicate(timeout=120)
     finally:
         if p.poll() is None:
@@ -245,6 +255,7 @@ def _tail(p) -> str:
 
 def check_kept(name: str, out: Path) -> None:
     """What the interrupted command must leave behind, valid."""
+    name = name.removeprefix("parent:")
     if name.startswith("tune"):
         settings = out / "tune" / "settings.json"
         done = [r for r in _records(out / "tune" / "trials.jsonl") if r.get("status") == "ok"]
@@ -276,7 +287,7 @@ def check_kept(name: str, out: Path) -> None:
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("name", list(CASES))
 def test_an_interrupt_at_a_random_moment_is_clean(name, seed, corpus, tmp_path, hog):
-    if name.startswith("launch"):
+    if name.removeprefix("parent:").startswith("launch"):
         pytest.importorskip("torch.distributed.run")
     res = run_interrupted(name, seed, corpus, tmp_path)
     what = f"{name} seed {seed} ({signal.Signals(res['sig']).name} at {res['when']})"

@@ -234,8 +234,12 @@ def run_processes(fn, args: tuple, nprocs: int) -> None:
     try:
         while not ctx.join():
             pass
-    except BaseException:
+    except BaseException as exc:
+        codes = [p.exitcode for p in ctx.processes]  # which rank ended first, and how
         stop_processes(ctx.processes)
+        if hasattr(exc, "add_note") and not isinstance(exc, KeyboardInterrupt):  # Python 3.11+
+            exc.add_note(f"exit codes by rank: {codes} (None: still running; -15: stopped after another rank "
+                         "failed; other -N: killed by signal N); a rank's own error, if it raised one, is printed above")
         raise
 
 
