@@ -53,9 +53,14 @@ def dumps_strict(obj: Any, *, indent: int | None = 2, **kwargs) -> str:
 
 def write_json(path: str | os.PathLike, obj: Any, *, indent: int | None = 2) -> Path:
     """Write ``obj`` as strict JSON, atomically: a reader sees the old file or the new one, never half."""
+    return atomic_write_text(path, dumps_strict(obj, indent=indent) + "\n")
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` (UTF-8) atomically: temporary file, fsync, rename; the temporary file never stays."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    data = (dumps_strict(obj, indent=indent) + "\n").encode("utf-8")
+    data = text.encode("utf-8")
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
         with open(tmp, "wb") as f:

@@ -15,6 +15,10 @@ import time
 from trainperf.distributed import harness as H
 
 STEPS = 3
+# gloo's collective timeout for these groups: a hang detector, never a speed limit. On a loaded 2-core
+# machine 4 ranks (and rank 0's one-process reference, run while the others wait in the next case's first
+# collective) can take minutes; a timeout there ended a rank (the four-process fixture died once).
+COLLECTIVE_TIMEOUT_S = 300
 
 TWO = {
     "data2": {"parallelism.data": 2},

@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 @pytest.fixture(scope="module")
 def four():
     os.environ["OMP_NUM_THREADS"] = "1"
-    return spawn(dist_cases.hf_four_process, 4, timeout_s=120)
+    return spawn(dist_cases.hf_four_process, 4, timeout_s=dist_cases.COLLECTIVE_TIMEOUT_S)
 
 
 @pytest.mark.parametrize("case", list(dist_cases.HF_FOUR))

@@ -35,13 +35,13 @@ POWERSGD_FINAL_RTOL = 0.15
 @pytest.fixture(scope="module")
 def two():
     os.environ["OMP_NUM_THREADS"] = "1"
-    return spawn(dist_cases.two_process, 2, timeout_s=60)
+    return spawn(dist_cases.two_process, 2, timeout_s=dist_cases.COLLECTIVE_TIMEOUT_S)
 
 
 @pytest.fixture(scope="module")
 def four(tmp_path_factory):
     os.environ["OMP_NUM_THREADS"] = "1"
-    return spawn(dist_cases.four_process, 4, str(tmp_path_factory.mktemp("dcp")), timeout_s=60)
+    return spawn(dist_cases.four_process, 4, str(tmp_path_factory.mktemp("dcp")), timeout_s=dist_cases.COLLECTIVE_TIMEOUT_S)
 
 
 def _check(res, param_atol=PARAM_ATOL, loss_rtol=LOSS_RTOL):

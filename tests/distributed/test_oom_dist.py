@@ -20,7 +20,7 @@ pytestmark = pytest.mark.distributed
 @pytest.fixture(scope="module")
 def oom():
     os.environ["OMP_NUM_THREADS"] = "1"
-    return spawn(dist_cases.oom_recovery, 2, timeout_s=60)
+    return spawn(dist_cases.oom_recovery, 2, timeout_s=dist_cases.COLLECTIVE_TIMEOUT_S)
 
 
 def test_an_oom_in_the_only_micro_step_is_agreed_before_the_gradient_all_reduce():
@@ -28,7 +28,7 @@ def test_an_oom_in_the_only_micro_step_is_agreed_before_the_gradient_all_reduce(
     runs in its backward). Rank 1's OOM in the forward is agreed on between forward and backward: both
     ranks go to 4 x 2 together, no hang, and the run matches micro-batch 4 from the start."""
     os.environ["OMP_NUM_THREADS"] = "1"
-    got = spawn(dist_cases.oom_recovery, 2, 8, 4, timeout_s=60)
+    got = spawn(dist_cases.oom_recovery, 2, 8, 4, timeout_s=dist_cases.COLLECTIVE_TIMEOUT_S)
     assert got["per_rank"] == [(4, 2), (4, 2)]
     events = [e for e in got["events"] if e]
     assert len(events) == 1 and events[0]["oom/old_micro_batch"] == 8 and events[0]["oom/new_micro_batch"] == 4

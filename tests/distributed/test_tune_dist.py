@@ -20,11 +20,14 @@ pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 BASE = TINY + ["data.source=synthetic", "monitor.jsonl=false", "model.n_head=4", "model.n_embd=64",
                "train.global_batch=16", "train.micro_batch=8"]
+BUDGET_S = 180
 
 
 def test_tune_on_two_ranks_searches_the_planners_layouts_and_keeps_the_global_batch(tmp_path):
     cfg = load_config(None, BASE)
-    res = tune(cfg, out_dir=tmp_path / "tune", options=Options(budget_s=75, steps=2, warmup=1, trial_rounds=3,
+    # the budget is generous for a loaded machine: the layouts are searched first (tune/order.py), but each
+    # needs the default's measured cost x 1.25 left (a group's default trial took 35 s beside two CPU hogs)
+    res = tune(cfg, out_dir=tmp_path / "tune", options=Options(budget_s=BUDGET_S, steps=2, warmup=1, trial_rounds=3,
                                                                trial_max_rounds=4, rounds=3, max_rounds=6,
                                                                compile_prior_s=1e9, progress=False, nproc=2))
     layouts = [t for t in res.trials if t.dimension == "layout"]
@@ -39,7 +42,7 @@ def test_tune_on_two_ranks_searches_the_planners_layouts_and_keeps_the_global_ba
     tuned = resolve(load_config(res.config_path), world_size=2).cfg  # the tuned YAML runs on 2 ranks
     assert tuned.train.global_batch == 16
     doc = json.loads((tmp_path / "tune" / "result.json").read_text())
-    assert doc["best"]["settings"] == res.best.settings and res.elapsed_s <= 75 + 20
+    assert doc["best"]["settings"] == res.best.settings and res.elapsed_s <= BUDGET_S + 20
 
 
 def test_a_rank_that_dies_ends_its_group_without_a_hang():

@@ -74,7 +74,8 @@ def _speed(s):
         return 80.0  # slower: not a runner-up
     if s["memory.checkpointing.mode"] == "selective":
         return 300.0  # the fastest in its own trial ...
-    return {4: 100.0, 2: 90.0, 1: 50.0}[s["train.micro_batch"]] * (1.1 if s["data.loader"] == "hybrid" else 1.0)
+    # hybrid: within the noise margin (not adopted) but within 5% of the default (a runner-up)
+    return {4: 100.0, 2: 90.0, 1: 50.0}[s["train.micro_batch"]] * (1.01 if s["data.loader"] == "hybrid" else 1.0)
 
 
 def test_choice_is_never_a_failed_trial_nor_slower_than_the_default_side_by_side(tmp_path):
@@ -85,8 +86,8 @@ def test_choice_is_never_a_failed_trial_nor_slower_than_the_default_side_by_side
     assert "inductor exploded" in next(t.reason for t in res.trials if t.status == "failed")
     # the best trial (selective) and the runner-up within 5% of the default (hybrid) are measured
     assert fake.sbs_calls == 2 and [c["changes"] for c in res.confirmations] == \
-        [{"memory.checkpointing.mode": "selective"},  # each against the default: hybrid was tried on top of selective
-         {"memory.checkpointing.mode": "selective", "data.loader": "hybrid"}]
+        [{"memory.checkpointing.mode": "selective"},  # each against the default (more recompute is searched last,
+         {"data.loader": "hybrid"}]  # after the loader: tune/order.py)
     assert res.best.settings == res.default.settings and res.speedup == 1.0
     assert any("not faster, not chosen" in n for n in res.notes) and any("default is kept" in n for n in res.notes)
     # side by side faster: the candidate is chosen, with the side-by-side ratio

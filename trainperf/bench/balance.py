@@ -99,7 +99,7 @@ def measure(args) -> dict:
 
 
 def run_bench(args) -> dict:
-    import torch.multiprocessing as mp
+    from trainperf.distributed.harness import run_processes
 
     os.environ["OMP_NUM_THREADS"] = "1"  # inherited by the spawned ranks
     hog = _busy_process(args) if getattr(args, "busy", False) else None
@@ -110,8 +110,7 @@ def run_bench(args) -> dict:
             # here can be taken before rank 0 listens on it, or a rank's retried connect can land on
             # itself, and the ranks then wait for each other until the timeout.)
             init = f"file://{Path(tmp, 'store')}"
-            mp.start_processes(_worker, args=(args.ranks, init, vars(args), str(out)), nprocs=args.ranks,
-                               join=True, start_method="spawn")
+            run_processes(_worker, (args.ranks, init, vars(args), str(out)), args.ranks)  # Ctrl-C: ranks stopped
             return json.loads(out.read_text())
     finally:
         if hog is not None:
@@ -129,8 +128,11 @@ def _busy_process(args):
     if not args.pin or len(cpus) < args.ranks:
         raise UserError(f"--busy needs the ranks pinned one per CPU (--pin) and at least --ranks {args.ranks} usable "
                         f"CPUs; this process may use {len(cpus)}")
+    from trainperf import interrupt
+
     cpu = cpus[args.slow_rank]
-    return subprocess.Popen([sys.executable, "-c", "while True: pass"], preexec_fn=lambda: os.sched_setaffinity(0, {cpu}))
+    with interrupt.starting():  # it leaves Ctrl-C to this process, which kills it
+        return subprocess.Popen([sys.executable, "-c", interrupt.HOG_CODE], preexec_fn=lambda: os.sched_setaffinity(0, {cpu}))
 
 
 def ideal_factor(ranks: int, slow_rank: int, slowdown: float) -> float:
@@ -228,6 +230,9 @@ def _worker(rank: int, world: int, init_method: str, a: dict, out: str) -> None:
     from datetime import timedelta
     from types import SimpleNamespace
 
+    from trainperf import interrupt
+
+    interrupt.worker_signals()  # Ctrl-C is the parent's: run_processes stops the ranks
     import torch
     import torch.distributed as dist
 

@@ -187,48 +187,51 @@ def _measure(kind: str, src, decode, s: dict, cuda: bool, cache_dir: str, bar) -
     n_per_epoch = (s["samples"] // s["batch"]) * s["batch"]
     t0 = time.perf_counter()
     state = _build(kind, src, decode, s, cuda, cache_dir)
-    epoch = _epoch_iter(kind, state)
-    dev = torch.device("cuda" if cuda else "cpu")
-    times = []
-    cpu_warm = 0.0
-    for e in range(s["epochs"]):
-        t = t0 if e == 0 else time.perf_counter()
-        c = _cpu_s()
-        for b in epoch():
+    try:
+        epoch = _epoch_iter(kind, state)
+        dev = torch.device("cuda" if cuda else "cpu")
+        times = []
+        cpu_warm = 0.0
+        for e in range(s["epochs"]):
+            t = t0 if e == 0 else time.perf_counter()
+            c = _cpu_s()
+            for b in epoch():
+                b = b.to(dev, non_blocking=True)
+                bar.update(1)
+            if cuda:
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - t)
+            if e > 0:
+                cpu_warm += _cpu_s() - c
+        # data-wait loop: fixed compute per step
+        compute_s = s["compute_ms"] / 1000.0
+        wait = 0.0
+        t_loop = time.perf_counter()
+        it = epoch()
+        while True:
+            tw = time.perf_counter()
+            b = next(it, None)
+            wait += time.perf_counter() - tw
+            if b is None:
+                break
             b = b.to(dev, non_blocking=True)
+            time.sleep(compute_s)  # the device computes; the host thread waits
             bar.update(1)
-        if cuda:
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t)
-        if e > 0:
-            cpu_warm += _cpu_s() - c
-    # data-wait loop: fixed compute per step
-    compute_s = s["compute_ms"] / 1000.0
-    wait = 0.0
-    t_loop = time.perf_counter()
-    it = epoch()
-    while True:
-        tw = time.perf_counter()
-        b = next(it, None)
-        wait += time.perf_counter() - tw
-        if b is None:
-            break
-        b = b.to(dev, non_blocking=True)
-        time.sleep(compute_s)  # the device computes; the host thread waits
-        bar.update(1)
-    loop_s = time.perf_counter() - t_loop
-    row = {"name": kind, "cold_samples_per_s": n_per_epoch / times[0],
-           "warm_samples_per_s": n_per_epoch * (len(times) - 1) / sum(times[1:]),
-           "data_wait_fraction": wait / loop_s, "cold_epoch_s": times[0], "warm_epoch_s": sum(times[1:]) / (len(times) - 1),
-           "loop_s": loop_s,
-           # CPU time of the main process and its workers per warm sample: the loader's cost,
-           # unaffected by other processes competing for the CPUs (decode included)
-           "warm_cpu_ms_per_sample": 1000 * cpu_warm / (n_per_epoch * (len(times) - 1))}
-    if kind in ("hybrid", "hybrid_fixed"):
-        st = state["loader"].stats()
-        row["stats"] = {k: v for k, v in st.items() if k.startswith("cache_")}
-        row["prefetch"] = {k: st[k] for k in ("io_threads", "host_slots", "depth", "plan")}
-        state["loader"].close()
+        loop_s = time.perf_counter() - t_loop
+        row = {"name": kind, "cold_samples_per_s": n_per_epoch / times[0],
+               "warm_samples_per_s": n_per_epoch * (len(times) - 1) / sum(times[1:]),
+               "data_wait_fraction": wait / loop_s, "cold_epoch_s": times[0], "warm_epoch_s": sum(times[1:]) / (len(times) - 1),
+               "loop_s": loop_s,
+               # CPU time of the main process and its workers per warm sample: the loader's cost,
+               # unaffected by other processes competing for the CPUs (decode included)
+               "warm_cpu_ms_per_sample": 1000 * cpu_warm / (n_per_epoch * (len(times) - 1))}
+        if kind in ("hybrid", "hybrid_fixed"):
+            st = state["loader"].stats()
+            row["stats"] = {k: v for k, v in st.items() if k.startswith("cache_")}
+            row["prefetch"] = {k: st[k] for k in ("io_threads", "host_slots", "depth", "plan")}
+    finally:  # also on Ctrl-C / SIGTERM: the HybridLoader's workers and shared memory released now
+        if kind in ("hybrid", "hybrid_fixed"):
+            state["loader"].close()
     return row
 
 

@@ -48,18 +48,60 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Exit codes: 0, 2 for a UserError (its message, no traceback), 130 / 143 when Ctrl-C / SIGTERM
+    stopped the command (trainperf/interrupt.py: whatever fails after the signal is part of stopping)."""
+    from trainperf import interrupt
+
+    replaced = interrupt.install()
+    try:
+        return _main(argv)
+    except KeyboardInterrupt as exc:  # while the parser imported the subcommands (torch)
+        return _interrupted(None, interrupt.exit_code(exc))
+    finally:
+        try:
+            if argv is None:  # the trainperf command: a Ctrl-C while the interpreter shuts down keeps the exit code
+                interrupt.finished()
+            else:  # called in-process (tests, scripts): the caller's handlers back
+                interrupt.restore(replaced)
+        except KeyboardInterrupt as exc:  # the first signal just as the command returned: stopped all the same
+            return interrupt.exit_code(exc)  # noqa: B012 - this exit code replaces the command's
+
+
+def _main(argv: list[str] | None) -> int:
+    from trainperf import interrupt
     from trainperf.errors import UserError
 
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         rc = args.func(args)
+    except KeyboardInterrupt as exc:
+        return _interrupted(args.command, interrupt.exit_code(exc))
     except UserError as exc:
+        if interrupt.received() is not None:
+            return _interrupted(args.command, interrupt.exit_code())
         print(f"trainperf {args.command}: error: {exc}", file=sys.stderr)
         return exc.exit_code
-    except KeyboardInterrupt:
-        print(f"trainperf {args.command}: interrupted", file=sys.stderr)
-        return 130
     except BrokenPipeError:
+        if interrupt.received() is not None:
+            return _interrupted(args.command, interrupt.exit_code())
         return 0
+    except Exception:
+        if interrupt.received() is not None:  # e.g. a collective whose peer was stopped by the same Ctrl-C
+            return _interrupted(args.command, interrupt.exit_code())
+        raise
     return int(rc or 0)
+
+
+def _interrupted(command: str | None, code: int) -> int:
+    import os
+
+    from trainperf import interrupt
+
+    if os.environ.get("RANK", "0") not in ("", "0") and os.environ.get("WORLD_SIZE", "1") != "1":
+        return code  # under torchrun rank 0 says it for all
+    try:
+        print(f"trainperf{' ' + command if command else ''}: {interrupt.describe(code)}", file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
+    return code

@@ -161,6 +161,7 @@ def run_torchrun(torchrun_argv: list[str]) -> int:
     import logging
 
     import torch.distributed.run as torchrun
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -170,6 +171,12 @@ def run_torchrun(torchrun_argv: list[str]) -> int:
     agent_log.addFilter(quiet)
     try:
         torchrun.run(torchrun.parse_args(torchrun_argv))
+    except SignalException as exc:  # Ctrl-C / SIGTERM: the agent handed it to the ranks and waited for them
+        from trainperf import interrupt
+
+        code = 128 + int(exc.sigval)
+        print(f"trainperf launch: {interrupt.describe(code)}: the ranks were stopped", file=sys.stderr)
+        return code
     except ChildFailedError as exc:
         failures = sorted(exc.failures.items())
         if any(f.exitcode == 2 for _, f in failures):  # trainperf's exit code for a UserError

@@ -53,4 +53,6 @@ def run(args) -> int:
         print_json(res.to_json())
     else:
         print(render(res))
-    return 130 if res.interrupted else 0
+    from trainperf import interrupt
+
+    return interrupt.exit_code() if res.interrupted else 0  # 130 after Ctrl-C, 143 after SIGTERM

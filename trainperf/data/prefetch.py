@@ -81,8 +81,10 @@ def worker_loop(wid: int, source, transform, cache_args, io_threads: int, skip_b
 
     Replies ``(seq, wid, "ok", n, skipped, stats)`` or ``(seq, wid, "error", exc, None, stats)``.
     """
-    if parent_pid is not None:  # a worker process: the main process handles Ctrl-C
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if parent_pid is not None:  # a worker process: the main process handles Ctrl-C (trainperf/interrupt.py)
+        from trainperf.interrupt import worker_signals
+
+        worker_signals()
         # Objects inherited from the parent move to the permanent generation: the cyclic GC
         # never walks them, so it does not write to (and copy) the parent's pages.
         import gc
@@ -229,8 +231,11 @@ class HostPipeline:
                                       args=(w, *args, self.task_qs[w], self.results, self.sample_shape,
                                             self.out_dtype, os.getpid()))
                           for w in range(num_workers)]
-        for p in self.procs:
-            p.start()
+        from trainperf.interrupt import starting
+
+        with starting():  # workers begin with Ctrl-C left to this process; a signal now waits for the start
+            for p in self.procs:
+                p.start()
 
     # -- slots -------------------------------------------------------------------------------
     @property

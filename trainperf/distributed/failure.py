@@ -154,7 +154,26 @@ class FailFast:
 
     # ------------------------------------------------------------------ triggers
     def _on_sigterm(self, signum, frame) -> None:
+        from trainperf import interrupt
+
+        if interrupt.received() is not None or self._failing:  # already stopping: the clean-up runs on
+            return
+        if not self._peer_lost():  # the job was stopped as a whole (the user, the scheduler): a quiet stop
+            interrupt.handle(signum, frame)  # Terminated, as in one process: exit 143, no report
         self.fail("terminated by the launcher (another rank exited)", code=128 + signal.SIGTERM)
+
+    def _peer_lost(self) -> bool:
+        """Did another rank die or stop reporting? (Heartbeats; unreadable heartbeats count as lost.)"""
+        deadline = time.monotonic() + _DEAD_AFTER_S + 2 * _ALIVE_EVERY_S  # a peer that just died still looks alive
+        while True:
+            try:
+                if any("died" in s or "never reported" in s for s in self.suspects()):
+                    return True
+            except ConnectionError:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.5)
 
     def _watch(self) -> None:
         # Generous: collectives already fail after timeout_s; this catches a whole job stuck elsewhere.
@@ -187,6 +206,10 @@ class _Guard:
         if exc is None or self.ff.world <= 1:
             return False
         if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            return False
+        from trainperf import interrupt
+
+        if interrupt.received() is not None:  # a collective broken by the same Ctrl-C / SIGTERM: part of stopping
             return False
         from trainperf.errors import UserError
 

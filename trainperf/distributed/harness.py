@@ -187,6 +187,10 @@ def _entry(rank: int, world: int, port: int, fn, args, result_path: str, timeout
 
     import torch.distributed as dist
 
+    from trainperf import interrupt
+
+    interrupt.worker_signals()  # Ctrl-C is the parent's (spawn() stops the ranks); SIGTERM ends a rank at once
+
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world), OMP_NUM_THREADS="1")
     torch.set_num_threads(1)
@@ -208,11 +212,47 @@ def spawn(fn, world: int, *args, timeout_s: float = 60.0):
     import pickle
     import tempfile
 
-    import torch.multiprocessing as mp
-
     os.environ["OMP_NUM_THREADS"] = "1"
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "result.pkl")
-        mp.spawn(_entry, args=(world, free_port(), fn, args, path, timeout_s), nprocs=world, join=True)
+        run_processes(_entry, (world, free_port(), fn, args, path, timeout_s), world)
         with open(path, "rb") as f:
             return pickle.load(f)
+
+
+def run_processes(fn, args: tuple, nprocs: int) -> None:
+    """``torch.multiprocessing.start_processes(fn, args, nprocs, start_method="spawn")`` and wait for them,
+    the way an interrupt needs (trainperf/interrupt.py): they start with Ctrl-C left to this process
+    (``fn`` calls ``interrupt.worker_signals()`` first); when this process is interrupted, or one of them
+    fails, the others are stopped (SIGTERM, then SIGKILL) before the exception goes on; none is left."""
+    import torch.multiprocessing as mp
+
+    from trainperf import interrupt
+
+    with interrupt.starting():
+        ctx = mp.start_processes(fn, args=args, nprocs=nprocs, join=False, start_method="spawn")
+    try:
+        while not ctx.join():
+            pass
+    except BaseException as exc:
+        codes = [p.exitcode for p in ctx.processes]  # which rank ended first, and how
+        stop_processes(ctx.processes)
+        if hasattr(exc, "add_note") and not isinstance(exc, KeyboardInterrupt):  # Python 3.11+
+            exc.add_note(f"exit codes by rank: {codes} (None: still running; -15: stopped after another rank "
+                         "failed; other -N: killed by signal N); a rank's own error, if it raised one, is printed above")
+        raise
+
+
+def stop_processes(procs, timeout_s: float = 5.0) -> None:
+    """SIGTERM to each live process, a wait of ``timeout_s`` in all, then SIGKILL to those still there."""
+    import time
+
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    deadline = time.monotonic() + timeout_s
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+        if p.is_alive():
+            p.kill()
+            p.join(1)

@@ -93,6 +93,19 @@ def make_checkpointer(cfg, dims, knobs: Knobs):
     return FileCheckpointer(directory, keep=cfg.checkpoint.keep, kill_step=knobs.checkpoint_kill_step)
 
 
+def close_data(trainer) -> None:
+    """Stop the trainer's loaders (threads, worker processes, shared memory); a second signal meanwhile
+    waits (trainperf/interrupt.py)."""
+    from trainperf import interrupt
+
+    with interrupt.deferred():
+        for loader in (getattr(trainer.data, "train", None), getattr(trainer.data, "val", None)):
+            close = getattr(loader, "close", None)
+            if close is not None:
+                with contextlib.suppress(Exception):
+                    close()
+
+
 def train(resolved: Resolved, *, resume: str = "auto", verbose: bool = True, knobs: Knobs | None = None) -> dict | None:
     """``trainperf train``: one process, or this rank of a torchrun job. Returns the summary on the
     main rank (None elsewhere)."""
@@ -109,6 +122,7 @@ def train(resolved: Resolved, *, resume: str = "auto", verbose: bool = True, kno
         env = init_distributed(backend=cfg.distributed.backend, device_type=device_type,
                                timeout_s=cfg.distributed.timeout_s, flight_recorder=cfg.distributed.flight_recorder)
         ff = FailFast(env.rank, env.world_size, cfg.distributed.timeout_s, fault=knobs.fault)
+    trainer = None
     try:
         with ff.guard() if ff else contextlib.nullcontext():
             trainer = build_trainer(resolved, verbose=verbose, knobs=knobs, heartbeat=ff, rank=env.rank,
@@ -117,6 +131,8 @@ def train(resolved: Resolved, *, resume: str = "auto", verbose: bool = True, kno
     finally:
         if ff:
             ff.close()
+        if trainer is not None:  # loader workers and shared memory released now, also after Ctrl-C / SIGTERM
+            close_data(trainer)
     if distributed:
         destroy_distributed()
     return summary if trainer.is_main else None

@@ -48,17 +48,21 @@ def _fsync_dir(path: Path) -> None:
 
 def atomic_write(path: Path, data: bytes, *, kill_midway: bool = False) -> None:
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
-        half = len(data) // 2
-        f.write(data[:half])
-        if kill_midway:
+    try:
+        with open(tmp, "wb") as f:
+            half = len(data) // 2
+            f.write(data[:half])
+            if kill_midway:
+                f.flush()
+                os.fsync(f.fileno())
+                os.kill(os.getpid(), signal.SIGKILL)
+            f.write(data[half:])
             f.flush()
             os.fsync(f.fileno())
-            os.kill(os.getpid(), signal.SIGKILL)
-        f.write(data[half:])
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+        os.replace(tmp, path)
+    except BaseException:  # Ctrl-C / SIGTERM mid-write included: the previous checkpoint stays the newest
+        tmp.unlink(missing_ok=True)
+        raise
     _fsync_dir(path.parent)
 
 

@@ -45,6 +45,7 @@ class TrialRecord:
     p_faster: float | None = None  # paired trials: one-sided Wilcoxon signed-rank p (tune/stats.py)
     minor_faults_per_step: float | None = None  # trials in their own process: page faults per timed step
     reason: str | None = None
+    expected: str | None = None  # its dimension's place in the search order and why (tune/order.py)
 
     def as_dict(self) -> dict[str, Any]:
         return {k: _num(v) for k, v in asdict(self).items()}
@@ -75,6 +76,7 @@ class TuneResult:
     side_by_side: dict | None = None  # the chosen candidate's against the default
     interrupted: bool = False
     confirmations: list[dict] = field(default_factory=list)  # every side-by-side measurement made
+    order: list[dict] = field(default_factory=list)  # the dimensions as searched, surest gains first (tune/order.py)
 
     def to_json(self) -> dict[str, Any]:
         """The ``--json`` document (exactly the documented keys; strict JSON)."""
@@ -93,7 +95,7 @@ class TuneResult:
     def settings_doc(self) -> dict[str, Any]:
         return {"default": self.default.settings, "chosen": self.best.settings, "config_path": self.config_path,
                 "speedup": _num(self.speedup), "side_by_side": self.side_by_side,
-                "confirmations": self.confirmations, "notes": self.notes,
+                "confirmations": self.confirmations, "notes": self.notes, "order": self.order,
                 "interrupted": self.interrupted, "budget_s": self.budget_s, "elapsed_s": self.elapsed_s,
                 "peak_memory": {"default": self.default.peak_memory_bytes, "best": self.best.peak_memory_bytes,
                                 "source": self.best.peak_memory_source}}
@@ -104,7 +106,11 @@ def _mib(n) -> str:
 
 
 def render(res: TuneResult) -> str:
-    """The trial table, then before / after."""
+    """The search order with its reasons, the trial table, then before / after."""
+    lines = ["search order (surest gains first):"] if res.order else []
+    for i, o in enumerate(res.order, 1):
+        gain = f", expected x{o['expected_speedup']:.2f}" if o.get("expected_speedup") is not None else ""
+        lines.append(f"  {i}. {o['dimension']} [{o['class']}{gain}]: {o['why']}")
     rows = [["#", "dimension", "changes", "status", "tokens/s", "vs best", "peak MiB", "est MiB", "first s",
              "faults/step", "reason"]]
     for i, t in enumerate(res.trials):
@@ -115,7 +121,7 @@ def render(res: TuneResult) -> str:
                      "-" if t.minor_faults_per_step is None else f"{t.minor_faults_per_step:,.0f}",
                      (t.reason or "")[:110]])
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1] for r in rows]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1] for r in rows]
     src = next((t.peak_memory_source for t in res.trials if t.peak_memory_source), "-")
     lines.append(f"(tokens/s: tokens per step / median step time of the timed steps; vs best: paired trials, the "
                  "ratio to the best so far measured interleaved with it (rounds won, one-sided signed-rank p that it is "
@@ -164,10 +170,12 @@ class TrialLog:
 
 
 def write_outputs(res: TuneResult, tuned_yaml: str, doctor: dict | None) -> None:
+    from trainperf.runio import atomic_write_text
+
     d = Path(res.tune_dir)
     d.mkdir(parents=True, exist_ok=True)
-    (d / "tuned.yaml").write_text(tuned_yaml)
-    (d / "settings.json").write_text(json.dumps(res.settings_doc(), indent=2, allow_nan=False, default=str) + "\n")
-    (d / "result.json").write_text(json.dumps(res.to_json(), indent=2, allow_nan=False) + "\n")
+    atomic_write_text(d / "tuned.yaml", tuned_yaml)
+    atomic_write_text(d / "settings.json", json.dumps(res.settings_doc(), indent=2, allow_nan=False, default=str) + "\n")
+    atomic_write_text(d / "result.json", json.dumps(res.to_json(), indent=2, allow_nan=False) + "\n")
     if doctor is not None:
-        (d / "doctor.json").write_text(json.dumps(doctor, indent=2, default=str) + "\n")
+        atomic_write_text(d / "doctor.json", json.dumps(doctor, indent=2, default=str) + "\n")

@@ -1,6 +1,6 @@
 """The search: coordinate descent over the dimensions of :mod:`trainperf.tune.space`.
 
-    default trial -> for each dimension (in :func:`space.dimensions` order), around the best so
+    default trial -> for each dimension (surest gains first: :func:`order.plan`), around the best so
     far: each option, fastest-first, is resolved (a config error fails it), estimated (pruned
     when it does not fit; a micro-batch that does not fit is paired with the least recompute
     that does), checked against the time left, then measured (:func:`trial.run_trial`) ->
@@ -34,7 +34,7 @@ from typing import Callable
 from trainperf.config.resolve import resolve
 from trainperf.config.schema import Config
 from trainperf.errors import UserError
-from trainperf.tune import space, stats
+from trainperf.tune import order, space, stats
 from trainperf.tune.fit import Estimator
 from trainperf.tune.result import Side, TrialLog, TrialRecord, TuneResult, write_outputs
 from trainperf.tune.trial import Paired, group_side_by_side, prime, run_group_trial, run_trial, side_by_side
@@ -90,6 +90,8 @@ class _Search:
         self.bar = None
         self.prime = None  # run once before the default trial (see tune())
         self.paired = None  # trial.Paired on a CPU (see tune())
+        self.order: list[order.Step] = []  # the dimensions in the order searched (plan())
+        self.expected: str | None = None  # the current dimension's place in that order, and why
 
     # ---------------------------------------------------------------- configs
     def resolved(self, settings: space.Settings) -> Config:
@@ -152,6 +154,8 @@ class _Search:
 
     # ---------------------------------------------------------------- one candidate
     def record(self, rec: TrialRecord) -> TrialRecord:
+        if rec.dimension != "default":
+            rec.expected = self.expected
         self.trials.append(rec)
         self.log.write(rec)
         if self.bar is not None:
@@ -222,12 +226,27 @@ class _Search:
             self.default = self._default_trial()
             if self.default.status == "ok":
                 self.best = self.default
-            for build in space.dimensions(self.facts):
+            self.order = self.plan()
+            for step in self.order:
                 current = self.resolved(self.best.settings if self.best else self.default_settings)
                 dims = _dims_of(current, self.nproc)
-                self.dimension(build(current, dims.dp_replicate * dims.dp_shard, _sharded(dims)))
+                self.dimension(step.build(current, dims.dp_replicate * dims.dp_shard, _sharded(dims)), step)
         finally:
             self.bar.close()
+
+    def plan(self) -> list[order.Step]:
+        """The dimensions, surest gains first (tune/order.py), written to plan.json before any is tried."""
+        from trainperf.runio import write_json
+
+        def fit(changes: space.Settings):
+            try:
+                return self.estimate(self.resolved({**self.default_settings, **changes}))
+            except UserError:
+                return None
+
+        steps = order.plan(self.resolved(self.default_settings), self.facts, fit)
+        write_json(self.out_dir / "plan.json", {"order": [s.as_dict() for s in steps], "method": order.__doc__.split("\n\n")[1]})
+        return steps
 
     def _default_trial(self) -> TrialRecord:
         s = self.default_settings
@@ -243,7 +262,8 @@ class _Search:
             return self.record(TrialRecord(s, status, reason=f"the default config: {reason}"))
         return self.record(_ok(s, "default", {}, m, est))
 
-    def dimension(self, dim: space.Dimension) -> None:
+    def dimension(self, dim: space.Dimension, step: order.Step | None = None) -> None:
+        self.expected = step.label() if step is not None else None
         for settings, reason in dim.rejected:
             base = self.best.settings if self.best else self.default_settings
             self.record(TrialRecord({**base, **settings}, "pruned", dim.name, settings, reason=reason))
@@ -285,6 +305,8 @@ class _Search:
 
     def finish(self, interrupted: bool, config_path: str | None, doctor: dict | None) -> TuneResult:
         d, b = self.default, self.best
+        if b is None and interrupted:
+            raise KeyboardInterrupt  # stopped before the default's trial ended: nothing to keep
         if b is None:
             if d is not None and d.reason and "Timeout" in d.reason:
                 raise UserError(f"the default config did not finish its first steps within the {self.opts.budget_s:.0f} s "
@@ -357,14 +379,19 @@ class _Search:
                confirmed) -> TuneResult:
         from trainperf.config.load import dump_yaml
 
+        from trainperf import interrupt
+        from trainperf.runio import atomic_write_text
+
         changes = {k: v for k, v in best_side.settings.items() if self.default_settings.get(k) != v}
         text = dump_yaml(space.apply(self.user, changes))
         path = _tuned_path(config_path, self.out_dir)
-        Path(path).write_text(text)
-        _check_loads(path)
-        res = TuneResult(default_side, best_side, path, speedup, self.trials, self.opts.budget_s,
-                         self.clock() - self.start, str(self.out_dir), notes, sbs, interrupted, confirmed)
-        write_outputs(res, text, doctor)
+        with interrupt.deferred():  # the files are written whole: a signal now is delivered after them
+            atomic_write_text(path, text)
+            _check_loads(path)
+            res = TuneResult(default_side, best_side, path, speedup, self.trials, self.opts.budget_s,
+                             self.clock() - self.start, str(self.out_dir), notes, sbs, interrupted, confirmed,
+                             [s.as_dict() for s in self.order])
+            write_outputs(res, text, doctor)
         return res
 
 
@@ -446,9 +473,12 @@ def tune(cfg: Config, *, config_path: str | None = None, out_dir: str | Path | N
     try:
         try:
             search.run()
-        except KeyboardInterrupt:
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM (trainperf.interrupt.Terminated): keep the best so far
             interrupted = True
         return search.finish(interrupted, config_path, doctor)
     finally:
+        from trainperf.tune.trial import close_all
+
         if search.paired is not None:
             search.paired.close()
+        close_all()  # any worker started when the interrupt came, before a caller held it

@@ -1,4 +1,5 @@
-"""The search space: one :class:`Dimension` per knob, built against the current best settings.
+"""The search space: one :class:`Dimension` per knob, built against the current best settings
+(the order they are searched in: :mod:`trainperf.tune.order`).
 
 A candidate's *settings* map dotted config paths to values (``{"train.micro_batch": 8}``);
 :func:`apply` writes them into a config. Each dimension lists its options fastest-first (the
@@ -259,23 +260,26 @@ def layouts(cfg: Config, facts: Facts, top: int = 3) -> Dimension:
     return Dimension("layout", options)
 
 
-def dimensions(facts: Facts) -> list[Callable[[Config, int, bool], Dimension]]:
-    """The search order: each builder takes (the current best config, resolved; its data degree;
-    whether its layout is sharded) and returns the dimension around it. Precision and compile, the
-    largest levers (the founding document's first two steps), come first, while the budget is
-    whole; the dimensions after them are searched around their choice."""
-    dims: list = []
+ORDER = ("layout", "precision", "host_memory", "compile", "micro_batch", "checkpointing", "data.loader",
+         "data.num_workers", "data.prefetch.depth", "threads")  # the builders' fixed order (ties in tune/order.py)
+
+
+def builders(facts: Facts) -> dict[str, Callable[[Config, int, bool], Dimension]]:
+    """Each dimension's builder, by name: it takes (the current best config, resolved; its data degree;
+    whether its layout is sharded) and returns the dimension around it. The search's order is
+    :func:`trainperf.tune.order.plan`'s: the surest gains first."""
+    dims: dict = {}
     if facts.world_size > 1:
-        dims.append(lambda c, dp, sh: layouts(c, facts))
-    dims += [
-        lambda c, dp, sh: precision(c, facts),
-        lambda c, dp, sh: host_memory(c, facts),
-        lambda c, dp, sh: compile_(c, facts, sh),
-        lambda c, dp, sh: micro_batch(c, facts, dp),
-        lambda c, dp, sh: checkpointing(c, facts),
-        lambda c, dp, sh: loader(c, facts),
-        lambda c, dp, sh: num_workers(c, facts),
-        lambda c, dp, sh: prefetch_depth(c, facts),
-        lambda c, dp, sh: threads(c, facts),
-    ]
+        dims["layout"] = lambda c, dp, sh: layouts(c, facts)
+    dims.update({
+        "precision": lambda c, dp, sh: precision(c, facts),
+        "host_memory": lambda c, dp, sh: host_memory(c, facts),
+        "compile": lambda c, dp, sh: compile_(c, facts, sh),
+        "micro_batch": lambda c, dp, sh: micro_batch(c, facts, dp),
+        "checkpointing": lambda c, dp, sh: checkpointing(c, facts),
+        "data.loader": lambda c, dp, sh: loader(c, facts),
+        "data.num_workers": lambda c, dp, sh: num_workers(c, facts),
+        "data.prefetch.depth": lambda c, dp, sh: prefetch_depth(c, facts),
+        "threads": lambda c, dp, sh: threads(c, facts),
+    })
     return dims

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import pickle
 import statistics
 import time
 from dataclasses import dataclass
@@ -338,54 +339,106 @@ class WorkerError(RuntimeError):
         self.kind = kind
 
 
-def _worker_main(conn, cfg_data: dict, global_batch: int, warmup: int, env: dict | None = None) -> None:
-    import os
-    import signal
+def _send(conn, msg) -> bool:
+    """Send to the parent; False when it has gone or closed its end (see :mod:`trainperf.interrupt`)."""
+    from trainperf.interrupt import parent_gone
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and closes its workers
+    try:
+        conn.send(msg)
+        return True
+    except BaseException as exc:
+        if parent_gone(exc) or isinstance(exc, ValueError):  # ValueError: this end already closed
+            return False
+        raise
+
+
+def _error(exc: BaseException) -> tuple:
+    return "error", (type(exc).__name__, str(exc).splitlines()[0][:500] if str(exc) else "")
+
+
+def _worker_main(conn, cfg_data: dict, global_batch: int, warmup: int, env: dict | None = None) -> None:
+    """A candidate's process. Ctrl-C is the parent's to handle (it closes its workers); SIGTERM (the
+    parent closing a busy worker, or the user's) is a ``SystemExit`` that releases the trainer; a
+    parent that went away (pipe closed) ends the worker quietly. It never prints a traceback of its own."""
+    import os
+
+    from trainperf import interrupt
+
+    interrupt.worker_signals(term="exit")
     os.environ.update(env or {})  # a rank of a group: RANK, WORLD_SIZE, MASTER_ADDR/PORT, as torchrun sets them
     from trainperf.config.load import build_config
 
+    trainer = None
     try:
-        cfg = build_config(cfg_data, source="tune worker")
-        if env:
-            from trainperf.distributed.init import init_distributed
+        try:
+            cfg = build_config(cfg_data, source="tune worker")
+            if env:
+                from trainperf.distributed.init import init_distributed
 
-            init_distributed(backend=cfg.distributed.backend, device_type=cfg.run.device,
-                             timeout_s=min(float(cfg.distributed.timeout_s), GROUP_TIMEOUT_S), flight_recorder=False)
-        trainer, m = prepare(cfg, global_batch=global_batch, warmup=warmup)
-        conn.send(("ok", (m, trainer.tokens_per_step)))
-    except BaseException as exc:  # noqa: BLE001 - reported to the parent, which records the candidate's failure
-        conn.send(("error", (type(exc).__name__, str(exc).splitlines()[0][:500] if str(exc) else "")))
-        return
-    try:
+                init_distributed(backend=cfg.distributed.backend, device_type=cfg.run.device,
+                                 timeout_s=min(float(cfg.distributed.timeout_s), GROUP_TIMEOUT_S), flight_recorder=False)
+            trainer, m = prepare(cfg, global_batch=global_batch, warmup=warmup)
+        except SystemExit:
+            return
+        except BaseException as exc:  # noqa: BLE001 - reported to the parent, which records the candidate's failure
+            _send(conn, _error(exc))
+            return
+        if not _send(conn, ("ok", (m, trainer.tokens_per_step))):
+            return
         while True:
             try:
                 msg = conn.recv()
-            except EOFError:
+            except (EOFError, OSError):  # the parent closed its end or went away
                 return
             if msg[0] != "steps":
                 return
             try:
                 f0 = _minor_faults()
                 times = [trainer.train_step().step_time for _ in range(msg[1])]
-                conn.send(("ok", (times, _minor_faults() - f0)))
-            except BaseException as exc:  # noqa: BLE001
-                conn.send(("error", (type(exc).__name__, str(exc).splitlines()[0][:500] if str(exc) else "")))
+            except SystemExit:
                 return
+            except BaseException as exc:  # noqa: BLE001
+                _send(conn, _error(exc))
+                return
+            if not _send(conn, ("ok", (times, _minor_faults() - f0))):
+                return
+    except SystemExit:  # SIGTERM between two steps of the above
+        return
     finally:
-        release(trainer)  # the loader's threads, worker processes and shared memory
+        if trainer is not None:
+            with contextlib.suppress(SystemExit):
+                release(trainer)  # the loader's threads, worker processes and shared memory
         if env:  # a rank: end here, without a process-group teardown that could wait on a peer gone first
             os._exit(0)
+
+
+_LIVE: set = set()  # every Worker started and not yet closed: close_all() stops them whatever was interrupted
+
+
+def close_all() -> None:
+    """Close every worker this process started and has not closed (after an interrupt, the ones a
+    caller had no handle on yet)."""
+    live = list(_LIVE)
+    for w in live:
+        w.stop()
+    for w in live:
+        w.close()
 
 
 class Worker:
     """One candidate's trainer in its own process: built, first step and warm-up on start
     (``measured``: a :class:`Measured` without step figures, its peak memory the process's own),
-    then ``steps(k)`` on request. Errors in the worker raise :class:`WorkerError` here."""
+    then ``steps(k)`` on request. Errors in the worker raise :class:`WorkerError` here.
+
+    Stopping (:meth:`close`, also after Ctrl-C): an idle worker is asked to exit; a busy one (building,
+    stepping) gets SIGTERM, which ends it through its ``finally`` (the trainer released); either is
+    killed if still there after ``timeout_s``; this end of the pipe is closed last, once the worker is
+    gone, so a worker never writes into a closed pipe while its parent is alive."""
 
     def __init__(self, cfg: Config, *, global_batch: int, warmup: int, env: dict | None = None, wait: bool = True,
                  timeout_s: float | None = None):
+        from trainperf import interrupt
+
         ctx = _context()
         self.conn, child = ctx.Pipe()
         self.proc = ctx.Process(target=_worker_main,
@@ -393,8 +446,10 @@ class Worker:
                                 daemon=False, name="trainperf-tune-trial")  # not daemonic: a loader
         # of the candidate may start its own workers; the worker exits when this end of the pipe closes
         self.faults = 0
-        with _without_main():
+        self.busy = True  # an answer is owed: to the start, then to each steps()
+        with _without_main(), interrupt.starting():  # a Ctrl-C now is delivered once it is registered
             self.proc.start()
+            _LIVE.add(self)
         child.close()
         if wait:
             try:
@@ -414,36 +469,51 @@ class Worker:
                                          "in the budget: it was stopped")
         try:
             status, payload = self.conn.recv()
-        except (EOFError, OSError):
+        except (EOFError, OSError, pickle.UnpicklingError):
             self.proc.join(5)
             code = self.proc.exitcode
             why = (f"killed by signal {-code}" + (" (SIGKILL: perhaps the kernel's out-of-memory killer)"
                                                    if code == -9 else "")) if code is not None and code < 0 \
                 else f"exit code {code}"
             raise WorkerError("WorkerDied", f"the trial's process ended without an answer ({why})") from None
+        self.busy = False
         if status == "error":
             raise WorkerError(*payload)
         return payload
 
     def steps(self, k: int, timeout_s: float | None = None) -> list[float]:
+        self.busy = True
         self.conn.send(("steps", k))
         times, faults = self._recv(timeout_s)
         self.faults += faults
         return times
 
     def kill(self) -> None:
+        _LIVE.discard(self)
         if self.proc.is_alive():
             self.proc.kill()
-        self.proc.join(5)
+        if self.proc.pid is not None:
+            self.proc.join(5)
         self.conn.close()
 
-    def close(self) -> None:
-        if self.proc.is_alive():
+    def stop(self) -> None:
+        """Ask the worker to end (see the class doc) without waiting: :meth:`close` waits."""
+        if not self.proc.is_alive():
+            return
+        if not self.busy:
             try:
                 self.conn.send(("exit",))
+                return
             except (OSError, ValueError):
                 pass
-            self.proc.join(10)
+        with contextlib.suppress(OSError):
+            self.proc.terminate()
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        _LIVE.discard(self)
+        if self.proc.is_alive():
+            self.stop()
+            self.proc.join(timeout_s)
         if self.proc.is_alive():
             self.proc.kill()
             self.proc.join(5)
@@ -512,6 +582,7 @@ class WorkerGroup:
 
     def steps(self, k: int, timeout_s: float | None = None) -> list[float]:
         for w in self.workers:
+            w.busy = True
             w.conn.send(("steps", k))
         answers = self._recv_all(timeout_s)
         times = [max(per_rank) for per_rank in zip(*(a[0] for a in answers))]
@@ -523,12 +594,8 @@ class WorkerGroup:
             w.kill()
 
     def close(self) -> None:
-        for w in self.workers:
-            try:
-                if w.proc.is_alive():
-                    w.conn.send(("exit",))
-            except (OSError, ValueError):
-                pass
+        for w in self.workers:  # every rank asked first, then each waited for: they end together
+            w.stop()
         for w in self.workers:
             w.close()
 

@@ -1,0 +1,175 @@
+"""Ctrl-C and SIGTERM: one way to stop, for every command and every process it starts.
+
+The rule: the process the user started decides; the processes it started do not.
+
+- The command's process (``trainperf ...``: :func:`install`, called by the CLI). The first SIGINT
+  raises ``KeyboardInterrupt``, the first SIGTERM :class:`Terminated` (a ``KeyboardInterrupt``, so
+  that every path that keeps what it has on Ctrl-C, tune's best so far, does the same on SIGTERM).
+  Signals after the first are noted and ignored while the clean-up runs (a terminal's Ctrl-C reaches
+  a torchrun rank twice: from the terminal and from the agent); the third ends the process at once
+  (``os._exit``: a user pressing Ctrl-C again over a clean-up that hangs). The exit code is
+  128 + the first signal: 130 (SIGINT), 143 (SIGTERM): :func:`exit_code`.
+- Worker processes (tune's trials, loader workers, benchmark ranks, a busy-loop straggler) are
+  started inside :func:`starting`: they begin life with SIGINT and SIGTERM blocked (the signal mask
+  is inherited through fork and exec, and by a forkserver's children), and call
+  :func:`worker_signals` first: SIGINT ignored (their parent closes them), SIGTERM ends them (at
+  once, or by ``SystemExit`` so that their ``finally`` blocks release what they hold). No worker can
+  raise a ``KeyboardInterrupt`` traceback during its start-up. A signal that reaches the parent while
+  it starts them is held until the start is done and then delivered: a child is never started
+  without the parent knowing it (the parent can always close what it started).
+- A worker whose parent went away (its pipe closed: BrokenPipe, EOF, a reset connection) ends
+  quietly: :func:`parent_gone` tells such an error apart.
+
+:func:`deferred` holds signals over a short section that must not be cut in two (writing a result).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_state = {"first": None, "extra": 0}
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised the way Ctrl-C raises ``KeyboardInterrupt``."""
+
+
+def received() -> int | None:
+    """The first SIGINT / SIGTERM this process received through :func:`install`'s handler (None: none)."""
+    return _state["first"] or None
+
+
+def exit_code(exc: BaseException | None = None) -> int:
+    """128 + the signal that interrupted: 130 for SIGINT (the default), 143 for SIGTERM."""
+    first = _state["first"]
+    if not first:
+        first = signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT
+    return 128 + int(first)
+
+
+def describe(code: int | None = None) -> str:
+    code = exit_code() if code is None else code
+    return "terminated (SIGTERM)" if code == 128 + signal.SIGTERM else "interrupted"
+
+
+def handle(signum, frame) -> None:
+    """The command's handler (see the module doc); a handler of its own may hand a signal on to it."""
+    if _state["first"] is None:
+        _state["first"] = signum
+        _children_may_end()
+        raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+    _state["extra"] += 1
+    if _state["extra"] >= 2:  # the third signal: a clean-up that does not end; stop now, quietly
+        with contextlib.suppress(OSError):
+            os.write(2, b"trainperf: interrupted again: stopping now, without cleaning up\n")
+        os._exit(128 + int(_state["first"] or signum))
+
+
+def _children_may_end() -> None:
+    """Once stopping, a worker that ends (the same signal reached it) is expected: a Python SIGCHLD handler
+    (torch's DataLoader raises "worker killed by signal" from one, even inside ``__del__`` at exit) becomes
+    a no-op."""
+    sigchld = getattr(signal, "SIGCHLD", None)
+    if sigchld is None:
+        return
+    prev = signal.getsignal(sigchld)
+    if callable(prev) and prev not in (signal.SIG_DFL, signal.SIG_IGN):
+        signal.signal(sigchld, lambda n, f: None)
+
+
+def finished() -> None:
+    """The command has returned its exit code: SIGINT and SIGTERM are ignored while the interpreter shuts
+    down (its last step resets Python's handlers to the defaults, and a signal then would replace the
+    command's exit code by a death by signal; everything was closed before, so the shutdown is short)."""
+    if threading.current_thread() is threading.main_thread():
+        for sig in SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
+
+
+def install() -> dict:
+    """The command's handlers for SIGINT and SIGTERM (main thread only; a signal the caller set to be
+    ignored, e.g. ``nohup`` or a background job, stays ignored). Returns the handlers replaced."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    old = {}
+    for sig in SIGNALS:
+        prev = signal.getsignal(sig)
+        if prev is not signal.SIG_IGN and prev is not None:
+            old[sig] = signal.signal(sig, handle)
+    return old
+
+
+def restore(old: dict) -> None:
+    """Put back the handlers :func:`install` replaced and forget any signal (the CLI called in-process)."""
+    for sig, handler in old.items():
+        signal.signal(sig, handler)
+    reset()
+
+
+def reset() -> None:
+    """Forget a received signal (tests that call the CLI in one process several times)."""
+    _state["first"], _state["extra"] = None, 0
+
+
+@contextlib.contextmanager
+def deferred(mask: bool = False):
+    """Hold SIGINT / SIGTERM over the block and deliver them at its end, in order. With ``mask`` they
+    are also blocked in this thread, so that processes started inside inherit the block (see
+    :func:`starting`)."""
+    held: list[int] = []
+    old = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in SIGNALS:
+            prev = signal.getsignal(sig)
+            if prev is not signal.SIG_IGN and prev is not None:
+                old[sig] = signal.signal(sig, lambda n, f: held.append(n))
+    prev_mask = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS) if mask else None
+    try:
+        yield
+    finally:
+        if prev_mask is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, prev_mask)
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+        for sig in held:
+            signal.raise_signal(sig)  # to the restored handler: as if it arrived now
+
+
+def starting():
+    """Start worker processes inside this block: they begin with SIGINT and SIGTERM blocked and must
+    call :func:`worker_signals` first; a signal to this process meanwhile is delivered after the block."""
+    return deferred(mask=True)
+
+
+def worker_signals(*, term: str = "default") -> None:
+    """In a worker process, first thing: SIGINT ignored (the parent decides), SIGTERM ends the process
+    (``term="default"``: at once, no Python code runs; ``term="exit"``: ``SystemExit(143)`` once, so that
+    ``finally`` blocks release what the worker holds, then further ones are ignored), then the signals
+    blocked by :func:`starting` are let through."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if term == "exit":
+        def _exit(signum, frame):
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            raise SystemExit(128 + signum)
+
+        signal.signal(signal.SIGTERM, _exit)
+    else:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
+
+
+def parent_gone(exc: BaseException) -> bool:
+    """A pipe or queue error that means the other end closed (the parent went away or shut down)."""
+    return isinstance(exc, (BrokenPipeError, ConnectionResetError, ConnectionAbortedError, EOFError)) or (
+        isinstance(exc, OSError) and exc.errno in (9, 32, 104))  # EBADF (closed by us), EPIPE, ECONNRESET
+
+
+# A busy loop that leaves Ctrl-C to its parent (benchmarks' outside straggler; tests' CPU hogs).
+HOG_CODE = ("import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+            "signal.signal(signal.SIGTERM, signal.SIG_DFL)\n"
+            "signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGINT, signal.SIGTERM))\n"
+            "while True:\n    pass\n")
