@@ -576,9 +576,26 @@ class WorkerGroup:
                 try:
                     answers[i] = self.workers[i]._recv()
                 except WorkerError as exc:
+                    dead = self._dead_peer(i) if exc.kind != "WorkerDied" else None
                     self.kill()  # the other ranks may wait in a collective for this one: no orderly exit
+                    if dead is not None:  # the root cause: a peer that died, whose death broke this rank's collective
+                        raise WorkerError("WorkerDied", f"rank {dead}: the process ended without an answer (exit code "
+                                                        f"{self.workers[dead].proc.exitcode}); rank {i} then failed: "
+                                                        f"{exc.kind}: {exc}") from None
                     raise WorkerError(exc.kind, f"rank {i}: {exc}") from None
         return [answers[i] for i in range(len(self.workers))]
+
+    def _dead_peer(self, failed: int, grace_s: float = 2.0) -> int | None:
+        """A rank other than ``failed`` whose process has ended, waited for up to ``grace_s``: when one rank dies,
+        a peer's collective fails (connection reset) at about the same moment, and the death is the cause."""
+        deadline = time.monotonic() + grace_s
+        while True:
+            for j, w in enumerate(self.workers):
+                if j != failed and w.proc.exitcode is not None:
+                    return j
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.05)
 
     def steps(self, k: int, timeout_s: float | None = None) -> list[float]:
         for w in self.workers:
