@@ -62,15 +62,11 @@ class Constants:
     g x per-GPU NIC rate x this, capped by NVLink."""
     collective_latency_s: float = 20e-6
     """Start-up latency of one collective step (NCCL ring/tree hop), seconds, x log2(ranks)."""
-    tp_overlap: float = 0.0
-    """Fraction of tensor-parallel collective time hidden behind compute (0: Megatron 2022,
-    where the all-reduces sit on the critical path)."""
     p2p_overlap: float = 0.0
     """Fraction of pipeline send/receive time hidden behind compute (0: blocking p2p)."""
-    dp_overlap: float = 1.0
-    """Fraction of the last micro-batch's backward during which the data-parallel gradient
-    reduction can run (1: bucketed overlap as in PyTorch DDP/FSDP; 0: reduce after the step).
-    FSDP's per-layer all-gathers overlap the neighbouring layer's compute when prefetching (1)."""
+    wave_quantization: float = 1.0
+    """1: GEMM time counts wave quantization (256 x 128 output tiles over the GPU's SMs, see
+    trainperf.planner.kernels); 0: ideal tiling. Counted, not fitted."""
 
     # ------------------------------------------------------------- memory (bytes per parameter)
     param_bytes: float = 2.0
@@ -115,7 +111,7 @@ class Constants:
                 raise UserError(f"--set-constant {name}={raw!r}: the value must be a number") from None
             if value < 0:
                 raise UserError(f"--set-constant {name}={value}: must be >= 0")
-            if (name.endswith(("_fraction", "_overlap")) or name in ("attention_efficiency", "comm_contention")) and value > 1:
+            if (name.endswith(("_fraction", "_overlap")) or name in ("attention_efficiency", "comm_contention", "wave_quantization")) and value > 1:
                 raise UserError(f"--set-constant {name}={value}: a fraction must be between 0 and 1")
             values[name] = value
         return replace(self, **values)
