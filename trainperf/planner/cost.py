@@ -101,6 +101,7 @@ class Estimate:
     model_flops: float = 0.0                     # per step, all GPUs
     peak_flops: float = 0.0                      # dense, per GPU
     gpu_memory_bytes: float = 0.0
+    layers_per_stage: int = 0
 
     @property
     def memory_bytes(self) -> float:
@@ -125,7 +126,12 @@ class Estimate:
 
     def as_dict(self) -> dict:
         d = self.layout.as_dict()
+        L = self.layout
         d.update(
+            layers_per_stage=self.layers_per_stage,
+            # every layer of every stage under full; the block count under partial
+            recompute_layers_per_stage=(self.layers_per_stage if L.recompute == "full" else
+                                        L.recompute_layers if L.recompute == "partial" else 0),
             microbatches=self.microbatches,
             step_time_s=round(self.step_time_s, 4),
             tflops_per_gpu=round(self.tflops_per_gpu, 1),
@@ -387,5 +393,5 @@ def estimate(model: TransformerSpec, gpu: GPUSpec, layout: Layout, global_batch:
     return Estimate(
         layout=L, microbatches=m, memory=memory, time=time, step_time_s=step,
         model_flops=model.model_flops_per_token() * model.seq * global_batch,
-        peak_flops=k.peak, gpu_memory_bytes=gpu.hbm_bytes,
+        peak_flops=k.peak, gpu_memory_bytes=gpu.hbm_bytes, layers_per_stage=layers_dev,
     )

@@ -67,12 +67,17 @@ CITATIONS = {
     "bloom": src.BLOOM_CITE, "opt-175b": src.OPT_CITE, "llama1": src.LLAMA1_CITE, "llama2": src.LLAMA2_CITE,
     "torchtitan": src.TORCHTITAN_CITE,
 }
-# Jean Zay's A100 80GB nodes: 4 x 100 Gb/s Omni-Path per 8 GPUs (12.5 GB/s per GPU).
-JEAN_ZAY = replace(get_gpu("a100-80gb"), key="a100-80gb-jean-zay", internode_gbps=6.25,
-                   note="Jean Zay gpu_p5: 4 Omni-Path 100 Gb/s links per 8-GPU node")
-# torchtitan's Grand Teton hosts: H100 96GB HBM2e, 2.4 TB/s, 500 W (peak: the SXM figure, see the note).
-GRAND_TETON = replace(get_gpu("h100-sxm"), key="h100-96gb-hbm2e", hbm_gib=94.0, hbm_tbps=2.4,
-                      note="Grand Teton H100 96GB HBM2e at 500 W, 400 Gb/s RDMA per GPU")
+# Jean Zay's A100 80GB nodes (BLOOM paper sect. 3.4.1 / model card: "8 GPUs per node using NVLink 4
+# inter-gpu connects, 4 OmniPath links"): 4 NVLink3 links per GPU (4 x 50 GB/s both directions, a third
+# of a DGX A100's 12) and 4 x 100 Gb/s Omni-Path per 8 GPUs (6.25 GB/s per GPU). Approximate.
+JEAN_ZAY = replace(get_gpu("a100-80gb"), key="a100-80gb-jean-zay", internode_gbps=6.25, nvlink_gbps=200,
+                   note="Jean Zay gpu_p5: 4 NVLink links per GPU, 4 Omni-Path 100 Gb/s links per 8-GPU node")
+# torchtitan's Grand Teton hosts: H100 96GB HBM2e, 2.4 TB/s, 500 W. Its footnote: "the actual peak TFLOPs
+# number is between SXM and NVL": the midpoint of H100 SXM (989 BF16 / 1979 FP8) and H100 NVL (835 / 1670)
+# is used. Approximate.
+GRAND_TETON = replace(get_gpu("h100-sxm"), key="h100-96gb-hbm2e", hbm_gib=94.0, hbm_tbps=2.4, bf16_tflops=912.0,
+                      fp16_tflops=912.0, fp8_tflops=1824.0,
+                      note="Grand Teton H100 96GB HBM2e at 500 W (peak between SXM and NVL), 400 Gb/s RDMA per GPU")
 MEGATRON_DS = Stack("megatron-deepspeed", dp_reduce="after", fused=True, attention="eager",
                     distributed_optimizer=True, fsdp=False)
 META_XFORMERS = Stack("meta-xformers", dp_reduce="overlap", fused=False, attention="flash")
