@@ -237,16 +237,19 @@ def _head_cost(model: TransformerSpec, gpu: GPUSpec, c: Constants, tp: int, b: i
 
 
 # ---------------------------------------------------------------------------------- memory
-def state_bytes(c: Constants, zero: int) -> StateBytes:
+def state_bytes(c: Constants, zero: int, stack: Stack = DEFAULT_STACK) -> StateBytes:
     """Megatron mixed precision (bf16 weights, fp32 grads, fp32 master + Adam: 18 B/param) or,
-    under ZeRO-3/FSDP, the sharded fp32 parameter as the master (4 + 4 + 8 = 16 B/param)."""
+    under ZeRO-3/FSDP, the sharded fp32 parameter as the master (4 + 4 + 8 = 16 B/param). A stack
+    with 16-bit gradients (``stack.grad_bytes``) keeps its fp32 gradient copy with the optimizer."""
     if zero >= 3:
         return StateBytes(4.0, c.grad_bytes, c.optimizer_bytes - 4.0)
+    if stack.grad_bytes is not None:
+        return StateBytes(c.param_bytes, stack.grad_bytes, c.optimizer_bytes + c.grad_bytes)
     return StateBytes(c.param_bytes, c.grad_bytes, c.optimizer_bytes)
 
 
 def memory_terms(model: TransformerSpec, layout: Layout, microbatches: int, c: Constants,
-                 lc: dict) -> dict[str, float]:
+                 lc: dict, stack: Stack = DEFAULT_STACK) -> dict[str, float]:
     """Bytes per GPU of the busiest pipeline stage, by term."""
     L = layout
     t, p, v, b = L.tp, L.pp, L.interleave, L.micro_batch
@@ -254,7 +257,7 @@ def memory_terms(model: TransformerSpec, layout: Layout, microbatches: int, c: C
     emb = model.embedding_params() / t
     head = (0 if model.tied and p == 1 else model.vocab * model.hidden) / t
     layer_params = layers_dev * model.layer_params() / t
-    sb = state_bytes(c, L.zero)
+    sb = state_bytes(c, L.zero, stack)
     per_param = sb.per_param(L.zero, L.shard_group)
     if p > 1:
         in_flight = min(microbatches, p) * (1 + (p - 1) / (p * v) if v > 1 else 1)
@@ -306,7 +309,7 @@ def estimate(model: TransformerSpec, gpu: GPUSpec, layout: Layout, global_batch:
     else:
         lc = layer_cost(model, gpu, c, t, b, L.sequence_parallel, L.recompute, cp, stack)
     hc = _head_cost(model, gpu, c, t, b, cp)
-    memory = memory_terms(model, L, m, c, lc)
+    memory = memory_terms(model, L, m, c, lc, stack)
 
     # ---- per micro-batch, one stage: layers (with FSDP's per-layer traffic overlapped), p2p
     exposed_tp = lc["tp_comm"]

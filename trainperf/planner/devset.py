@@ -79,7 +79,9 @@ GRAND_TETON = replace(get_gpu("h100-sxm"), key="h100-96gb-hbm2e", hbm_gib=94.0, 
                       fp16_tflops=912.0, fp8_tflops=1824.0,
                       note="Grand Teton H100 96GB HBM2e at 500 W (peak between SXM and NVL), 400 Gb/s RDMA per GPU")
 MEGATRON_DS = Stack("megatron-deepspeed", dp_reduce="after", fused=True, attention="eager",
-                    distributed_optimizer=True, fsdp=False)
+                    distributed_optimizer=True, fsdp=False, grad_bytes=2.0)
+"""BLOOM's Megatron-DeepSpeed: DeepSpeed's pipeline engine reduces after the backward; its BF16_Optimizer
+keeps bf16 gradients and shards the fp32 copy with the optimizer states (ZeRO-1 equivalent)."""
 META_XFORMERS = Stack("meta-xformers", dp_reduce="overlap", fused=False, attention="flash")
 """LLaMA's training code: eager PyTorch layers with a hand-written backward and xformers' attention."""
 METASEQ = Stack("metaseq", dp_reduce="overlap", fused=True, attention="eager", distributed_optimizer=False, fsdp=True)

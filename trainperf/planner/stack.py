@@ -48,6 +48,10 @@ class Stack:
     fsdp: bool | None = None
     float8: bool = False
     async_tp: bool = False
+    grad_bytes: float | None = None
+    """Bytes per parameter of the replicated gradient buffer, when the stack keeps 16-bit gradients
+    and moves the FP32 copy into the sharded optimizer part (DeepSpeed's BF16_Optimizer: 2); None:
+    the constants' grad_bytes (Megatron's FP32 main grads, 4)."""
 
     def __post_init__(self):
         if self.dp_reduce not in DP_REDUCE:
