@@ -178,7 +178,11 @@ def _opt_rows() -> list[Row]:
     model = TransformerSpec(hidden=12288, layers=96, heads=96, seq=2048, vocab=50272, bias=True, tied=True,
                             position="learned", attention="eager", name="opt-175b")
     B, gpus = 992, 992
-    published = model.model_flops_per_token() * model.seq * B / (gpus * 147e12)
+    s, l, h, V = model.seq, model.layers, model.hidden, model.vocab
+    # Megatron-2's FLOPs per iteration (Narayanan et al. 2021 eq. 3), which count the recomputed forward
+    # of full activation checkpointing: the convention of Meta's 2022 FSDP/Megatron runs (src.OPT_NOTE)
+    flops = 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h))
+    published = flops / (gpus * 147e12)
     return [Row("opt-175b", "OPT-175B 992g TP8 FSDP124", model, "a100-80gb", gpus, B, published,
                 (8, 1, 124, 1, 8, 1, "full", False, 3), approximate=True, stack=METASEQ, note=src.OPT_NOTE)]
 

@@ -43,9 +43,14 @@ BLOOM = [
 OPT_CITE = ("Zhang et al. 2022, OPT (arXiv 2205.01068) sect. 2.4: 992 A100 80GB, FSDP with Megatron-LM tensor "
             "parallelism (TP 8), 'up to 147 TFLOP/s per GPU'; Table 1: 96 layers, 96 heads, h 12288, batch ~2M "
             "tokens")
-OPT_NOTE = ("step time = model FLOPs per step (planner convention) / (992 x 147 TFLOP/s); global batch taken as "
-            "992 sequences of 2048 (8 per data-parallel rank, ~2.03M tokens): the paper's '2M' does not divide "
-            "124 ranks. 'Up to' figure and FLOP convention not stated: approximate")
+OPT_NOTE = ("step time = FLOPs per iteration / (992 x 147 TFLOP/s), FLOPs by Megatron-2's formula (Narayanan et al. "
+            "2021 eq. 3: 96 B s l h^2 (1 + s/6h + V/16lh), the recomputed forward of full checkpointing counted): "
+            "OPT ran Megatron-LM's tensor-parallel layers, and Meta's FSDP team reported TFLOP/s the same year "
+            "'using the formulas from the Megatron-2 paper' (Belevich, Zhao et al., PyTorch blog, Mar 2022, "
+            "'Training a 1 Trillion Parameter Model With PyTorch FSDP on AWS'); the planner's own convention "
+            "(3 passes) would give a 25% shorter step. Global batch taken as 992 sequences of 2048 (8 per "
+            "data-parallel rank, ~2.03M tokens): the paper's '2M' does not divide 124 ranks. 'Up to' figure, "
+            "convention inferred: approximate")
 
 # --------------------------------------------------------------------------- LLaMA 1 / Llama 2 (Meta, A100 80GB)
 LLAMA1_CITE = ("Touvron et al. 2023a, LLaMA (arXiv 2302.13971): Table 2 (shapes, 4M-token batches, 1.0T / 1.4T "

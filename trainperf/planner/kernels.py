@@ -124,7 +124,7 @@ def elementwise_bytes(model, fused: bool, dropout: bool) -> tuple[float, float, 
     tokens x h (divided by TP under sequence parallel) and the second by tokens x ffn / TP."""
     act_fused = 6.0 if model.gated else 4.0          # act(gate) * up in one kernel, or GeLU: read + write
     if fused:
-        return _FUSED_STREAM, act_fused, 6
+        return _FUSED_STREAM, act_fused, 5  # two norms, two (bias-dropout-)residual adds, the activation
     norm = _LAYERNORM if model.norm == "layernorm" else _RMSNORM_EAGER
     stream = 2 * norm + 2 * _RESIDUAL_ADD + (2 * _DROPOUT if dropout else 0.0)
     kernels = 2 * (1 if model.norm == "layernorm" else 6) + 2 + (2 if dropout else 0)
