@@ -85,6 +85,7 @@ def test_loso_meets_the_issue_22_done_when_criteria(loso_fast):
             continue
         assert v["model_mean_abs_error"] <= 0.08, source
         assert v["model_mean_abs_error"] < v["baseline_mean_abs_error"], source
+        assert v["model_mean_abs_error"] < v["baseline_half_mean_abs_error"], source
         assert 0.7 <= v["coverage"] <= 0.9, source
         assert v["mean_relative_width"] <= 0.35, source
 

@@ -7,7 +7,8 @@ coverage (no torch; the plot needs matplotlib).
 Per held-out source S:
 
 * the model's error: constants fitted on the other sources (:func:`trainperf.planner.fit.fit_constants`);
-* the constant baseline's error: one efficiency E fitted on the other sources;
+* the constant baseline's error: one efficiency E fitted on the other sources, and E = 0.5 fixed
+  (the peer the issue compares against);
 * interval coverage and width: the 80% interval of each of S's rows comes from the held-out
   errors of the *other* sources only (nested: each of those errors from a fit without S and
   without that source; ``--fast`` reuses the outer folds' errors instead, which lets S into the
@@ -24,6 +25,9 @@ from trainperf.planner import devset
 from trainperf.planner.constants import DEFAULTS, Constants
 from trainperf.planner.fit import FITTED, baseline_errors, fit_baseline, fit_constants
 from trainperf.planner.interval import Spread, log_ratio, spread_from
+
+FIXED_BASELINE = 0.5
+"""The issue's peer: one constant efficiency of 0.5 of the dense peak, nothing fitted."""
 
 
 def _residuals(rows, c: Constants) -> list[float | None]:
@@ -95,12 +99,13 @@ def loso(rows, base: Constants = DEFAULTS, *, nested: bool = True, progress=None
         c = outer[s]
         e_base = fit_baseline(train)
         berrs = baseline_errors(by[s], e_base)
+        berrs_half = baseline_errors(by[s], FIXED_BASELINE)
         cal_cov, cal_width = _calibrated_coverage(by[s], c, spread_cal)
         folds[s] = {"constants": {k: getattr(c, k) for k in FITTED}, "baseline_efficiency": e_base,
                     "interval": spread.as_dict(), "interval_calibrated": spread_cal.as_dict(),
                     "calibrated_coverage": None if cal_cov is None else round(cal_cov, 4),
                     "calibrated_width": None if cal_width is None else round(cal_width, 4)}
-        for r, res, be in zip(by[s], residuals[s], berrs):
+        for r, res, be, bh in zip(by[s], residuals[s], berrs, berrs_half):
             est = devset.predict(r, c)
             pred = None if est is None else est.step_time_s
             lo, hi = spread.bounds(pred) if pred else (None, None)
@@ -112,6 +117,7 @@ def loso(rows, base: Constants = DEFAULTS, *, nested: bool = True, progress=None
                 "layout": None if est is None else est.layout.short(), "fits": est is not None,
                 "error": None if res is None else round(math.exp(-res) - 1, 4),
                 "baseline_s": round(r.published_s * (1 + be), 4), "baseline_error": round(be, 4),
+                "baseline_half_error": round(bh, 4),
             })
     summary = {}
     for s in sources + ["pooled"]:
@@ -125,6 +131,7 @@ def loso(rows, base: Constants = DEFAULTS, *, nested: bool = True, progress=None
                       "model_mean_signed_error": round(sum(x["error"] for x in rs if x["error"] is not None)
                                                        / max(1, sum(1 for x in rs if x["error"] is not None)), 4),
                       "baseline_mean_abs_error": round(sum(base_) / len(base_), 4),
+                      "baseline_half_mean_abs_error": round(sum(abs(x["baseline_half_error"]) for x in rs) / len(rs), 4),
                       "coverage": round(sum(ins) / len(ins), 4) if ins else None,
                       "mean_relative_width": round(sum(widths) / len(widths), 4) if widths else None,
                       "calibrated_coverage": folds[s]["calibrated_coverage"] if s in folds else None,
@@ -140,8 +147,8 @@ def loso(rows, base: Constants = DEFAULTS, *, nested: bool = True, progress=None
 
 def render_markdown(res: dict) -> str:
     lines = ["| held-out source | rows | model mean abs error | model max | mean signed | constant-E baseline "
-             "| 80% interval coverage | mean width | calibrated coverage (width) | not fitting |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| E = 0.5 baseline | 80% interval coverage | mean width | calibrated coverage (width) | not fitting |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for s, v in res["summary"].items():
         cov = "-" if v["coverage"] is None else f"{100 * v['coverage']:.0f}%"
         wid = "-" if v["mean_relative_width"] is None else f"{100 * v['mean_relative_width']:.0f}%"
@@ -150,7 +157,8 @@ def render_markdown(res: dict) -> str:
         approx = f" ({v['approximate_rows']} approx.)" if v["approximate_rows"] else ""
         lines.append(f"| {s} | {v['rows']}{approx} | {100 * v['model_mean_abs_error']:.1f}% | "
                      f"{100 * v['model_max_abs_error']:.1f}% | {100 * v['model_mean_signed_error']:+.1f}% | "
-                     f"{100 * v['baseline_mean_abs_error']:.1f}% | {cov} | {wid} | {cal} | {v['not_fitting']} |")
+                     f"{100 * v['baseline_mean_abs_error']:.1f}% | {100 * v['baseline_half_mean_abs_error']:.1f}% | "
+                     f"{cov} | {wid} | {cal} | {v['not_fitting']} |")
     lines += ["", "| held-out source | " + " | ".join(FITTED) + " | baseline E | interval (log ratio) |",
               "|---" * (len(FITTED) + 3) + "|"]
     for s, f in res["folds"].items():
