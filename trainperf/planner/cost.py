@@ -368,11 +368,15 @@ def estimate(model: TransformerSpec, gpu: GPUSpec, layout: Layout, global_batch:
                 comm += k.all_reduce(gbytes / n_shard, n // n_shard, k.bandwidth(n // n_shard, t * n_shard))
         if stack.dp_reduce == "after":  # reduced once the backward is done: all of it exposed
             dp_time = comm
+        # overlapped: the same contention as FSDP's per-layer collectives (NCCL takes SMs and HBM
+        # while it runs beside the backward), so the part hidden still costs comm_contention of it
         elif L.zero == 0:  # bucketed all-reduce beside the last micro-batch's backward
-            dp_time = max(0.0, comm - lc["bwd"] * layers_dev)
+            bwd_all = lc["bwd"] * layers_dev
+            dp_time = k.overlapped(bwd_all, comm) - bwd_all
         else:  # reduce-scatter beside the backward, the parameter all-gather beside the next forward
             rs = comm - ag
-            dp_time = max(0.0, rs - lc["bwd"] * layers_dev) + max(0.0, ag - lc["fwd"] * layers_dev)
+            bwd_all, fwd_all = lc["bwd"] * layers_dev, lc["fwd"] * layers_dev
+            dp_time = (k.overlapped(bwd_all, rs) - bwd_all) + (k.overlapped(fwd_all, ag) - fwd_all)
     elif fsdp and n_shard < dp * cp:  # HSDP: all-reduce the gradient shard across replica groups
         reps = dp * cp // n_shard
         dp_time = k.all_reduce(dev_params * c.fsdp_reduce_bytes / n_shard, reps, k.bandwidth(reps, t * n_shard))
