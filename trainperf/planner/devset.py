@@ -212,7 +212,7 @@ def _torchtitan_rows() -> list[Row]:
         layers_stage = model.layers // pp if model.layers % pp == 0 else -(-model.layers // pp)
         recompute, k = ("partial", layers_stage // 2) if rc == "selective" else ("full", 0)
         rows.append(Row("torchtitan", label, model, GRAND_TETON.key, gpus, B, B * s / (tps * gpus),
-                        (tp, pp, fsdp, cp, 1 if pp > 1 else local, v, recompute, tp > 1, 3), approximate=True,
+                        (tp, pp, fsdp, cp, local // pp if pp > 1 else local, v, recompute, tp > 1, 3), approximate=True,
                         stack=stack, recompute_layers=k, gpu_spec=GRAND_TETON,
                         note=f"benchmarks/llama3_h100_202412_torchtitan.md:{line}; {src.TORCHTITAN_NOTE}"))
     return rows
