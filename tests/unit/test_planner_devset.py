@@ -3,7 +3,7 @@
 Rows: Korthikanti et al. 2022 Table 5 (REFERENCE.md, built in) and, when the shared development
 data are present (/work/shared/planner-dev or $TRAINPERF_PLANNER_DEV), the MPT FSDP tables on
 A100 80/40 GB and Llama 3 405B. The shipped constants are the fit on all sources; the cross-
-validated (leave-one-source-out) figures are produced by ``python -m trainperf.planner.fit``.
+validated (leave-one-source-out) figures are produced by ``python -m trainperf.planner.loso``.
 """
 
 from __future__ import annotations

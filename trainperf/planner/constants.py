@@ -8,7 +8,7 @@ real run measured (see :mod:`trainperf.planner.calibrate`).
 The defaults are physically motivated and few; none is fitted to a single published run:
 the bandwidth fractions come from measurements of one kernel or one collective, the byte counts
 from the data types of mixed-precision training. Four are FITTED (marked so below) on the
-development set (docs/fragments/planner-benchmarks.md; ``python -m trainperf.planner.fit``), by
+development set (docs/fragments/planner-benchmarks.md; ``python -m trainperf.planner.loso``), by
 leave-one-source-out cross-validation; the per-GPU sustained GEMM fraction is a catalog field.
 """
 

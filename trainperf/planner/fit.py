@@ -1,6 +1,7 @@
-"""Fit the planner's FITTED constants on the development set; ``python -m trainperf.planner.fit
-[--data DIR] [--json] [--plot PNG] [--fast]`` cross-validates them with intervals
-(:mod:`trainperf.planner.loso`; no torch; the plot needs matplotlib).
+"""Fit the planner's FITTED constants on the development set (no torch). ``python -m
+trainperf.planner.loso [--data DIR] [--json] [--plot PNG] [--fast]`` (or ``trainperf plan
+--devset-report``) cross-validates them with intervals (:mod:`trainperf.planner.loso`, which imports
+this module: the command lives there, so that the two do not import each other).
 
 Objective: half the mean over sources of each source's mean absolute error of the step time (so
 that a 70-row table does not drown an 8-row one), half the pooled mean absolute error; a row
@@ -108,13 +109,3 @@ def baseline_errors(rows, efficiency: float) -> list[float]:
 def fit_baseline(rows) -> float:
     best = nelder_mead(lambda z: _objective(_by_source(rows, baseline_errors(rows, _sigmoid(z[0])))), [0.0], 1.0)
     return round(_sigmoid(best[0]), 4)
-
-
-def main(argv=None) -> None:
-    from trainperf.planner.loso import main as loso_main
-
-    loso_main(argv)
-
-
-if __name__ == "__main__":
-    main()

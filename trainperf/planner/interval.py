@@ -12,7 +12,7 @@ After ``--measured`` / ``--calibrate`` the user's own run has fixed the stack's 
 left is the spread *within* a source: the same held-out log ratios with each source's mean
 removed (:data:`CALIBRATED`). That interval is narrower.
 
-The shipped percentiles below are set by the data (``python -m trainperf.planner.fit`` prints
+The shipped percentiles below are set by the data (``python -m trainperf.planner.loso`` prints
 them as ``interval``; ``tests/unit/test_planner_interval.py`` checks they match a fresh fit).
 """
 
@@ -46,7 +46,7 @@ class Spread:
                 "basis": self.basis}
 
 
-# FITTED by python -m trainperf.planner.fit (the "interval" block of its output; all sources).
+# FITTED by python -m trainperf.planner.loso (the "interval" block of its output; all sources).
 ACROSS = Spread(-0.0981, 0.137, "leave-one-source-out errors across the development set's sources, "
                                    "each source weighted equally (10th / 90th percentile)")
 CALIBRATED = Spread(-0.0881, 0.0606, "the same held-out errors with each source's mean removed: the spread "

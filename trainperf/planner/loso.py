@@ -1,7 +1,7 @@
 """Leave-one-source-out (LOSO) evaluation of the planner on its development set, with interval
 coverage (no torch; the plot needs matplotlib).
 
-``python -m trainperf.planner.fit [--data DIR] [--json] [--plot PNG] [--fast]`` or
+``python -m trainperf.planner.loso [--data DIR] [--json] [--plot PNG] [--fast]`` or
 ``trainperf plan --devset-report`` print it.
 
 Per held-out source S:
@@ -221,7 +221,7 @@ def main(argv=None) -> None:
     import argparse
     import json
 
-    ap = argparse.ArgumentParser(prog="python -m trainperf.planner.fit",
+    ap = argparse.ArgumentParser(prog="python -m trainperf.planner.loso",
                                  description="leave-one-source-out cross-validation of the planner, with intervals")
     ap.add_argument("--data", help="planner-dev directory (default $TRAINPERF_PLANNER_DEV or /work/shared/planner-dev)")
     ap.add_argument("--json", action="store_true")
@@ -252,3 +252,7 @@ def report(data_dir=None, *, as_json=False, plot_path=None, nested=True, json_du
 
         return dumps_strict(res)
     return render_markdown(res)
+
+
+if __name__ == "__main__":
+    main()
