@@ -8,7 +8,6 @@ validated (leave-one-source-out) figures are produced by ``python -m trainperf.p
 
 from __future__ import annotations
 
-import os
 
 import pytest
 
@@ -121,8 +120,9 @@ def test_baseline_is_one_constant_efficiency():
     assert (1 + e) * row.published_s == pytest.approx(flops / (row.gpus * 312e12 * 0.5))
 
 
-def test_fitted_constants_are_the_documented_ones():
-    # The shipped values are those BENCHMARKS.md reports for "(all sources)" (3 significant digits).
-    text = open(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "fragments", "planner-benchmarks.md")).read()
+def test_shipped_constants_are_the_fit_on_all_sources():
+    # The shipped FITTED values are the fit on every dev row (what the LOSO report prints as "(all sources)"),
+    # to 3 significant digits. (The docs page that quotes them is the docs site's, kept by its owner.)
+    fresh = fit.fit_constants(ROWS)
     for name in fit.FITTED:
-        assert f"{name}={getattr(DEFAULTS, name):g}" in text, name
+        assert float(f"{getattr(DEFAULTS, name):.3g}") == pytest.approx(float(f"{getattr(fresh, name):.3g}"), rel=2e-3), name
