@@ -84,7 +84,9 @@ TORCHTITAN_CITE = ("pytorch/torchtitan @ b5bcd76c, benchmarks/llama3_h100_202412
                    "400 Gb/s RDMA per GPU)")
 TORCHTITAN_NOTE = ("step time = global batch x seq / (TPS/GPU x GPUs); seq 8192 unless the table says; 'selective "
                    "AC' (torchtitan's per-op policy, every second matmul recomputed) modelled as half the layers "
-                   "recomputed whole (same recomputed FLOPs); the GPU's peak is between H100 SXM and NVL "
+                   "recomputed whole (same recomputed FLOPs); under PP the local batch is split into "
+                   "PP-degree micro-batches (torchtitan 9dec370 pipeline_llama.py: pipeline_parallel_microbatches unset -> parallel_dims.pp); "
+                   "the GPU's peak is between H100 SXM and NVL "
                    "(l.82 footnote): the SXM figure is used, approximate")
 LLAMA31 = {  # Llama 3.1 shapes (Dubey et al. 2024, Table 3)
     "8B": dict(hidden=4096, layers=32, heads=32, kv_heads=8, ffn_hidden=14336),
