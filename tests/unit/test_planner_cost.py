@@ -82,8 +82,8 @@ def test_faster_gpu_is_faster_and_bigger_gpu_holds_more():
 
 
 def test_constants_override_and_errors():
-    c = DEFAULTS.with_overrides(["nvlink_fraction=0.4", "dp_overlap=0"])
-    assert c.nvlink_fraction == 0.4 and c.dp_overlap == 0
+    c = DEFAULTS.with_overrides(["nvlink_fraction=0.4", "p2p_overlap=0"])
+    assert c.nvlink_fraction == 0.4 and c.p2p_overlap == 0
     slow = estimate(M175, A100, Layout(8, 8, 1, 1, 1, "selective", True), 64, c)
     assert slow.time["tp_comm"] > _est().time["tp_comm"] * 1.5  # bandwidth term halves, latency stays
     with pytest.raises(UserError, match="nvlink_fraction"):

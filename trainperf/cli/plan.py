@@ -48,12 +48,29 @@ def register(subparsers) -> None:
     f.add_argument("--microbatch", type=int, help="micro-batch size (sequences)")
     f.add_argument("--max-microbatch", type=int, default=16, help="largest micro-batch searched (default 16)")
     f.add_argument("--interleave", type=int, help="virtual pipeline stages per GPU (interleaved 1F1B)")
-    f.add_argument("--recompute", choices=["none", "selective", "full"], help="activation recompute")
+    f.add_argument("--recompute", choices=["none", "selective", "full", "partial"],
+                   help="activation recompute: full = every layer of every stage; partial = --recompute-layers "
+                        "whole layers per stage (searched when not given); selective = Megatron's attention core")
+    f.add_argument("--recompute-layers", type=int, metavar="N",
+                   help="with --recompute partial (implied): whole layers recomputed per pipeline stage")
     f.add_argument("--sequence-parallel", action=argparse_bool(), default=None, help="sequence parallelism (with TP)")
     f.add_argument("--zero", type=int, choices=[0, 1, 2, 3], help="ZeRO stage (3 = FSDP full shard)")
     f.add_argument("--cp", type=int, help="context-parallel degree (default 1)")
     f.add_argument("--hsdp-shard", type=int, metavar="N", help="HSDP: shard ZeRO states within groups of N "
                    "data-parallel ranks, replicate across groups (e.g. 8: one node)")
+    s = p.add_argument_group("training stack (a preset, and mechanisms that override it)")
+    s.add_argument("--stack", metavar="PRESET", help="megatron-2021, megatron-core, fsdp, torchtitan (default: "
+                   "trainperf's own stack); see trainperf/planner/stack.py for what each sets")
+    s.add_argument("--dp-reduce", choices=["overlap", "after"], help="data-parallel gradient reduction overlapped "
+                   "with the backward (DDP, Megatron-Core, FSDP) or after it (Megatron-LM 2021)")
+    s.add_argument("--fused", action=argparse_bool(), default=None, help="fused softmax / dropout / norm / "
+                   "activation kernels (Megatron, torch.compile); --no-fused: one kernel per elementwise op (eager)")
+    s.add_argument("--distributed-optimizer", action=argparse_bool(), default=None, help="shard the optimizer "
+                   "states over data parallel (ZeRO-1: gradient reduce-scatter, parameter all-gather)")
+    s.add_argument("--float8", action=argparse_bool(), default=None, help="FP8 GEMMs in the linear layers "
+                   "(torchao / Transformer Engine dynamic scaling; needs an FP8 peak in the catalog)")
+    s.add_argument("--async-tp", action=argparse_bool(), default=None, help="tensor-parallel collectives "
+                   "overlapped with the matmuls (torchtitan AsyncTP, TE comm overlap)")
     o = p.add_argument_group("output and model")
     o.add_argument("--top", type=int, default=10, help="candidates shown / in --json (default 10)")
     o.add_argument("--baseline", metavar="TP,PP,DP", help="show where this layout ranks and why the best beats it "
@@ -62,6 +79,10 @@ def register(subparsers) -> None:
     o.add_argument("--set-constant", action="append", default=[], metavar="NAME=VALUE",
                    help="override a cost-model constant (repeatable; see --constants)")
     o.add_argument("--constants", action="store_true", help="list the cost-model constants and exit")
+    o.add_argument("--devset-report", action="store_true", help="leave-one-source-out report on the development "
+                   "set (errors, constant baseline, interval coverage; ~2 min) and exit; with --fast-report the "
+                   "intervals reuse the outer folds (~20 s)")
+    o.add_argument("--fast-report", action="store_true", help=argparse_suppress())
     o.add_argument("--calibrate", metavar="RUN_DIR", help="fit the stack efficiency to a finished trainperf run")
     o.add_argument("--measured", type=float, metavar="STEP_TIME_S",
                    help="fit the stack efficiency to one measured step of the layout you ran (fix it with "
@@ -75,6 +96,23 @@ def argparse_bool():
     import argparse
 
     return argparse.BooleanOptionalAction
+
+
+def argparse_suppress():
+    import argparse
+
+    return argparse.SUPPRESS
+
+
+STACK_FLAGS = ("dp_reduce", "fused", "attention", "distributed_optimizer", "float8", "async_tp")
+
+
+def _stack_from_args(args):
+    from trainperf.planner.stack import get_stack, provenance
+
+    overrides = {k: getattr(args, k, None) for k in STACK_FLAGS}
+    stack = get_stack(args.stack, **overrides)
+    return stack, provenance(args.stack, overrides)
 
 
 def _model_from_args(args):
@@ -94,8 +132,9 @@ def _model_from_args(args):
         kw.update(ffn_hidden=args.ffn_hidden, gated=args.gated)
     if args.kv_heads:
         kw["kv_heads"] = args.kv_heads
-    if args.attention:
-        kw["attention"] = args.attention
+    attention = args.attention or getattr(args, "_stack_attention", None)
+    if attention:
+        kw["attention"] = attention
     if args.hf_config or args.model:
         if args.hf_config:
             from trainperf.analytic.hf import from_hf_config
@@ -139,43 +178,56 @@ def plan_command(args) -> int:
     constants = DEFAULTS.with_overrides(args.set_constant)
     if args.constants:
         return _print_constants(constants, args.json)
+    if args.devset_report:
+        from trainperf.planner.loso import report
+
+        print(report(as_json=args.json, nested=not args.fast_report))
+        return 0
+    stack, stack_source = _stack_from_args(args)
+    args._stack_attention = stack.attention
     catalog = load_catalog(args.catalog)
     gpu = get_gpu(args.gpu, catalog)
+    if stack.float8 and not getattr(gpu, "fp8_tflops", 0):
+        raise UserError(f"--float8: {gpu.key} has no FP8 tensor cores in the catalog (fp8_tflops); drop --float8 "
+                        "or pick an FP8 part (h100-sxm, h200) or give fp8_tflops in a --catalog file")
     model = _model_from_args(args)
     calibration = None
     if args.calibrate:
         from trainperf.planner.calibrate import calibrate
 
-        calibration = calibrate(args.calibrate, gpu, catalog, constants)
+        calibration = calibrate(args.calibrate, gpu, catalog, constants, stack=stack)
         constants = calibration.constants
     if args.global_batch:
         batch, batch_note = args.global_batch, "--global-batch"
     else:
         batch, batch_note = default_global_batch(model, args.gpus)
-    fixed = Fixed(args.tp, args.pp, args.dp, args.microbatch, args.interleave, args.recompute,
-                  args.sequence_parallel, args.zero, args.max_microbatch, args.cp, args.hsdp_shard)
+    recompute = args.recompute or ("partial" if args.recompute_layers is not None else None)
+    fixed = Fixed(args.tp, args.pp, args.dp, args.microbatch, args.interleave, recompute,
+                  args.sequence_parallel, args.zero, args.max_microbatch, args.cp, args.hsdp_shard,
+                  args.recompute_layers)
     t0 = time.perf_counter()
-    plan = search(model, gpu, args.gpus, batch, fixed, constants)
+    plan = search(model, gpu, args.gpus, batch, fixed, constants, stack=stack)
     elapsed = time.perf_counter() - t0
     moves = None
     if args.measured is not None:
         from trainperf.planner.calibrate import calibrate_measured
 
         measured_layout = plan.best.layout
-        calibration = calibrate_measured(args.measured, model, gpu, measured_layout, batch, constants)
+        calibration = calibrate_measured(args.measured, model, gpu, measured_layout, batch, constants, stack=stack)
         calibration.report["run_dir"] = f"--measured {args.measured:g} s of {measured_layout.short()}"
         if not _fully_fixed(fixed):
             calibration.report["notes"].append(
                 f"the layout was not fully fixed: took the predicted best, {measured_layout.short()}, as the one "
                 "measured; fix --tp/--pp/--dp/--microbatch/--recompute/--zero to name the layout you ran")
-        # every layout, before and after: the fixed parts named the measured run, not the search
+        # every layout, before and after (the moves table); the plan itself keeps every pin
         free = Fixed(max_micro_batch=args.max_microbatch, cp=args.cp, shard=args.hsdp_shard)
-        before = search(model, gpu, args.gpus, batch, free, constants)
+        before = search(model, gpu, args.gpus, batch, free, constants, stack=stack)
         constants = calibration.constants
         t0 = time.perf_counter()
-        plan = search(model, gpu, args.gpus, batch, free, constants)
+        after = search(model, gpu, args.gpus, batch, free, constants, stack=stack)
+        plan = search(model, gpu, args.gpus, batch, fixed, constants, stack=stack)
         elapsed += time.perf_counter() - t0
-        moves = _moves(before, plan, args.top)
+        moves = _moves(before, after, args.top)
 
     base_degrees, base_source = _baseline(args, model, args.gpus)
     baseline = None
@@ -185,9 +237,15 @@ def plan_command(args) -> int:
                     "estimate": found[1] if found else None,
                     "rejected": [r for r in plan.rejected if (r.get("tp"), r.get("pp"), r.get("dp")) == base_degrees]}
     emitted = _emit_config(plan, args.emit_config) if args.emit_config else None
+    from trainperf.planner.interval import ACROSS, CALIBRATED
+
+    spread = CALIBRATED if calibration else ACROSS
+    pins = _pins(args, fixed)
 
     if args.json:
-        out = _as_json(plan, gpu, batch, batch_note, args.top, baseline, constants, calibration, elapsed, emitted)
+        out = _as_json(plan, gpu, batch, batch_note, args.top, baseline, constants, calibration, elapsed, emitted, spread)
+        out["pins"] = pins
+        out["stack"] = {"name": stack.name, "mechanisms": stack.mechanisms(), "source": stack_source}
         if moves is not None:
             out["measured_moves"] = moves
         print_json(out)
@@ -195,8 +253,32 @@ def plan_command(args) -> int:
         from trainperf.planner.report import render
 
         print(render(plan, batch_note=batch_note, top=args.top, baseline=baseline, calibration=calibration,
-                     elapsed=elapsed, emitted=emitted, flop_convention=FLOP_CONVENTION, moves=moves))
+                     elapsed=elapsed, emitted=emitted, flop_convention=FLOP_CONVENTION, moves=moves,
+                     spread=spread, stack=stack, pins=pins))
     return 0
+
+
+PIN_FLAGS = {  # flag (as the user types it, without --) -> Fixed attribute
+    "tp": "tp", "pp": "pp", "dp": "dp", "microbatch": "micro_batch", "interleave": "interleave",
+    "recompute": "recompute", "recompute-layers": "recompute_layers", "sequence-parallel": "sequence_parallel",
+    "zero": "zero", "cp": "cp", "hsdp-shard": "shard",
+}
+
+
+def _pins(args, fixed) -> dict:
+    """Every value the user fixed, by flag: the layout pins (each held in every candidate), the stack
+    (preset and mechanisms given) and the cluster and batch."""
+    out = {flag: getattr(fixed, attr) for flag, attr in PIN_FLAGS.items() if getattr(fixed, attr) is not None}
+    if args.stack:
+        out["stack"] = args.stack
+    for k in STACK_FLAGS:
+        if getattr(args, k, None) is not None:
+            out[k.replace("_", "-")] = getattr(args, k)
+    if args.global_batch:
+        out["global-batch"] = args.global_batch
+    out["gpus"] = args.gpus
+    out["gpu"] = args.gpu
+    return out
 
 
 def _fully_fixed(fx) -> bool:
@@ -216,7 +298,14 @@ def _moves(before, after, top: int) -> list[dict]:
     return rows
 
 
-def _as_json(plan, gpu, batch, batch_note, top, baseline, constants, calibration, elapsed, emitted) -> dict:
+def _with_interval(est, spread) -> dict:
+    d = est.as_dict()
+    lo, hi = spread.bounds(est.step_time_s)
+    d["step_time_interval_s"] = [round(lo, 4), round(hi, 4)]
+    return d
+
+
+def _as_json(plan, gpu, batch, batch_note, top, baseline, constants, calibration, elapsed, emitted, spread) -> dict:
     from trainperf.planner.search import explain
 
     best = plan.best
@@ -230,8 +319,9 @@ def _as_json(plan, gpu, batch, batch_note, top, baseline, constants, calibration
         "flop_convention": FLOP_CONVENTION,
         "peak_tflops_per_gpu": gpu.bf16_tflops,
         "peak": "dense BF16",
-        "best": best.as_dict(),
-        "candidates": [e.as_dict() for e in plan.candidates[:top]],
+        "best": _with_interval(best, spread),
+        "candidates": [_with_interval(e, spread) for e in plan.candidates[:top]],
+        "interval": spread.as_dict(),
         "candidates_total": len(plan.candidates),
         "evaluated": plan.evaluated,
         "out_of_memory_variants": plan.out_of_memory,
@@ -244,7 +334,7 @@ def _as_json(plan, gpu, batch, batch_note, top, baseline, constants, calibration
         out["baseline"] = {
             "tp": baseline["degrees"][0], "pp": baseline["degrees"][1], "dp": baseline["degrees"][2],
             "source": baseline["source"], "rank": baseline["rank"],
-            "best_variant": est.as_dict() if est else None,
+            "best_variant": _with_interval(est, spread) if est else None,
             "slower_than_best": round(est.step_time_s / best.step_time_s - 1, 4) if est else None,
             "why_best_is_faster": explain(best, est) if est and est is not best else [],
             "rejected": baseline["rejected"],

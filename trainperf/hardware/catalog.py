@@ -67,6 +67,8 @@ class GPUSpec:
     aliases: tuple[str, ...] = ()
     """Extra exact names (case-insensitive) that map to this entry."""
     note: str = ""
+    fp8_tflops: float = 0.0
+    """Dense FP8 tensor-core peak, TFLOP/s (0: no FP8 tensor cores; H100/H200 SXM: 1,979)."""
 
     def peak_tflops(self, dtype: str = "bf16") -> float:
         """Dense peak for a precision: bf16, fp16, tf32 or fp32."""
@@ -91,11 +93,12 @@ _BUILTIN = [
     GPUSpec("a100-80gb", "NVIDIA A100-SXM4-80GB", 312, 312, 156, 19.5, 80.0, 2.039, 600, 25, 8, 108, 0.88,
             note="DGX A100, HDR 200 Gb/s per GPU"),
     GPUSpec("h100-sxm", "NVIDIA H100 80GB HBM3", 989, 989, 494, 67, 79.6, 3.35, 900, 50, 8, 132, 0.79,
-            note="DGX H100, NDR 400 Gb/s per GPU"),
+            note="DGX H100, NDR 400 Gb/s per GPU", fp8_tflops=1979),
     GPUSpec("h100-pcie", "NVIDIA H100 PCIe", 756, 756, 378, 51, 79.6, 2.0, 128, 25, 8, 114, 0.79,
-            note="no NVLink assumed: PCIe Gen5 x16 (128 GB/s both directions); one 200 Gb/s NIC per GPU"),
+            note="no NVLink assumed: PCIe Gen5 x16 (128 GB/s both directions); one 200 Gb/s NIC per GPU",
+            fp8_tflops=1513),
     GPUSpec("h200", "NVIDIA H200", 989, 989, 494, 67, 140.4, 4.8, 900, 50, 8, 132, 0.79,
-            note="HGX H200 SXM 141 GB, NDR 400 Gb/s per GPU"),
+            note="HGX H200 SXM 141 GB, NDR 400 Gb/s per GPU", fp8_tflops=1979),
     GPUSpec("cpu", "CPU (generic server socket)", 2.0, 1.0, 1.0, 1.0, 256.0, 0.2, 100, 12.5, 1, 0, 0.8,
             note="nominal figures for a 2-socket AVX-512 server; calibrate with --calibrate or a --catalog file"),
 ]
@@ -231,7 +234,7 @@ def _entry_from_yaml(key: str, entry, catalog: dict[str, GPUSpec], path: str) ->
             values[name] = str(entry[name])
     if base_key is not None:
         return replace(catalog[base_key], key=key, **values)
-    missing = sorted(_NUMERIC - {"sms", "gemm_fraction"} - set(values))
+    missing = sorted(_NUMERIC - {"sms", "gemm_fraction", "fp8_tflops"} - set(values))
     if missing:
         raise UserError(
             f"catalog file {path!r}: new entry gpus.{key} lacks {', '.join(missing)}; give them or set 'base:' to an existing key"

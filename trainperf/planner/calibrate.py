@@ -71,7 +71,8 @@ def _run_shape_and_layout(cfg: dict, source: str = "config.yaml") -> tuple[Model
     return model, layout, config.train.global_batch, note
 
 
-def calibrate(run_dir: str, gpu: GPUSpec | None = None, catalog: dict | None = None, base: Constants = DEFAULTS) -> Calibration:
+def calibrate(run_dir: str, gpu: GPUSpec | None = None, catalog: dict | None = None, base: Constants = DEFAULTS,
+              stack=None) -> Calibration:
     """Constants with ``matmul_peak_fraction`` fitted to the run in `run_dir`."""
     if not os.path.isdir(run_dir):
         raise UserError(f"--calibrate {run_dir!r} is not a directory; pass a run directory (runs/NAME)")
@@ -121,7 +122,7 @@ def calibrate(run_dir: str, gpu: GPUSpec | None = None, catalog: dict | None = N
         target, what = global_batch * model.seq / tokens_per_s, "step_time_s"
     else:
         target, what = mfu, "mfu"
-    constants, clamped = fit_efficiency(model, run_gpu, layout, global_batch, target, base, what=what)
+    constants, clamped = fit_efficiency(model, run_gpu, layout, global_batch, target, base, what=what, stack=stack)
     report = {
         "run_dir": run_dir,
         "measured": {"tokens_per_s": tokens_per_s, "mfu": mfu, "matched": what, "target": target},
@@ -135,14 +136,17 @@ def calibrate(run_dir: str, gpu: GPUSpec | None = None, catalog: dict | None = N
 
 
 def fit_efficiency(model: ModelSpec, gpu: GPUSpec, layout: Layout, global_batch: int, target: float,
-                   base: Constants = DEFAULTS, *, what: str = "step_time_s") -> tuple[Constants, str | None]:
+                   base: Constants = DEFAULTS, *, what: str = "step_time_s", stack=None) -> tuple[Constants, str | None]:
     """Constants whose ``stack_efficiency`` makes ``layout``'s estimate hit ``target`` (a step time
     in s, or an MFU); bisection within [LOW, HIGH]. Returns (constants, note when clamped)."""
+    from trainperf.planner.stack import DEFAULT as _default_stack
+
+    st = stack or _default_stack
     if what == "step_time_s":
-        value = lambda c: estimate(model, gpu, layout, global_batch, c).step_time_s  # noqa: E731
+        value = lambda c: estimate(model, gpu, layout, global_batch, c, stack=st).step_time_s  # noqa: E731
         slower_is_higher = True
     else:
-        value = lambda c: estimate(model, gpu, layout, global_batch, c).mfu  # noqa: E731
+        value = lambda c: estimate(model, gpu, layout, global_batch, c, stack=st).mfu  # noqa: E731
         slower_is_higher = False
     lo, hi = LOW, HIGH
     clamped = None
@@ -161,11 +165,11 @@ def fit_efficiency(model: ModelSpec, gpu: GPUSpec, layout: Layout, global_batch:
 
 
 def calibrate_measured(step_time_s: float, model: ModelSpec, gpu: GPUSpec, layout: Layout, global_batch: int,
-                       base: Constants = DEFAULTS) -> Calibration:
+                       base: Constants = DEFAULTS, stack=None) -> Calibration:
     """``--measured STEP_TIME_S``: fit the efficiency to one measured step of ``layout``."""
     if not step_time_s > 0 or step_time_s == float("inf"):
         raise UserError(f"--measured {step_time_s}: give the measured seconds per training step, a positive number")
-    constants, clamped = fit_efficiency(model, gpu, layout, global_batch, step_time_s, base)
+    constants, clamped = fit_efficiency(model, gpu, layout, global_batch, step_time_s, base, stack=stack)
     report = {
         "measured": {"step_time_s": step_time_s, "matched": "step_time_s", "target": step_time_s},
         "run": {"layout": layout.as_dict(), "global_batch": global_batch, "gpu": gpu.key},

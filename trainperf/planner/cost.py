@@ -28,11 +28,17 @@ from trainperf.analytic.spec import TransformerSpec
 from trainperf.analytic.states import StateBytes
 from trainperf.hardware.catalog import GPUSpec
 from trainperf.planner.constants import DEFAULTS, Constants
+from trainperf.planner.kernels import Kernels, elementwise_bytes, softmax_bytes
+from trainperf.planner.stack import DEFAULT as DEFAULT_STACK
+from trainperf.planner.stack import Stack
 
 GIB = 2**30
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = ("none", "selective", "full", "partial")
 """Planner recompute: ``selective`` is Megatron's (the attention core re-run: no s x s kept;
-with FlashAttention it costs nothing and saves nothing more)."""
+with FlashAttention it costs nothing and saves nothing more); ``full`` recomputes every layer of
+every stage (Megatron's ``--recompute-granularity full --recompute-method uniform
+--recompute-num-layers 1``); ``partial`` recomputes ``recompute_layers`` whole layers per stage and
+keeps the rest (Megatron's ``--recompute-method block``)."""
 
 
 @dataclass(frozen=True)
@@ -55,8 +61,8 @@ class Layout:
     """HSDP: ZeRO shards within groups of this many data-parallel ranks and replicates across
     groups (0: over all of dp)."""
     recompute_layers: int = 0
-    """With recompute="full": how many layers per stage are recomputed (Megatron's
-    --recompute-method block); 0 means all of them."""
+    """With recompute="partial": how many whole layers per stage are recomputed (Megatron's
+    --recompute-method block); the others keep their activations. 0 with any other mode."""
 
     @property
     def gpus(self) -> int:
@@ -72,7 +78,7 @@ class Layout:
             "tp": self.tp, "pp": self.pp, "dp": self.dp, "cp": self.cp, "micro_batch": self.micro_batch,
             "interleave": self.interleave, "recompute": self.recompute,
             "sequence_parallel": self.sequence_parallel, "zero": self.zero, "hsdp_shard": self.shard or None,
-            "recompute_layers_per_stage": self.recompute_layers or None,
+            "recompute_layers_per_stage": self.recompute_layers if self.recompute == "partial" else None,
         }
 
     def short(self) -> str:
@@ -81,7 +87,7 @@ class Layout:
         v = f" v{self.interleave}" if self.interleave > 1 else ""
         cp = f" CP{self.cp}" if self.cp > 1 else ""
         hs = f" hsdp{self.shard}" if 0 < self.shard < self.dp else ""
-        rc = self.recompute + (f"({self.recompute_layers}/stage)" if self.recompute == "full" and self.recompute_layers else "")
+        rc = self.recompute + (f"({self.recompute_layers}/stage)" if self.recompute == "partial" else "")
         return f"TP{self.tp}{sp}{cp} PP{self.pp}{v} DP{self.dp} mb{self.micro_batch} {rc}{z}{hs}"
 
 
@@ -95,6 +101,7 @@ class Estimate:
     model_flops: float = 0.0                     # per step, all GPUs
     peak_flops: float = 0.0                      # dense, per GPU
     gpu_memory_bytes: float = 0.0
+    layers_per_stage: int = 0
 
     @property
     def memory_bytes(self) -> float:
@@ -119,7 +126,12 @@ class Estimate:
 
     def as_dict(self) -> dict:
         d = self.layout.as_dict()
+        L = self.layout
         d.update(
+            layers_per_stage=self.layers_per_stage,
+            # every layer of every stage under full; the block count under partial
+            recompute_layers_per_stage=(self.layers_per_stage if L.recompute == "full" else
+                                        L.recompute_layers if L.recompute == "partial" else 0),
             microbatches=self.microbatches,
             step_time_s=round(self.step_time_s, 4),
             tflops_per_gpu=round(self.tflops_per_gpu, 1),
@@ -134,79 +146,12 @@ class Estimate:
         return d
 
 
-# ---------------------------------------------------------------------------------- kernels
-class Kernels:
-    """Timing of single kernels and collectives on one GPU type."""
-
-    def __init__(self, gpu: GPUSpec, c: Constants, dtype: str = "bf16"):
-        self.c = c
-        self.gpu = gpu
-        self.peak = gpu.peak_tflops(dtype) * 1e12
-        self.rate = self.peak * gpu.gemm_fraction * c.stack_efficiency
-        self.vector = gpu.fp32_tflops * 1e12 * gpu.gemm_fraction * c.stack_efficiency
-        self.hbm = gpu.hbm_tbps * 1e12 * c.hbm_fraction
-        self.nvlink = gpu.nvlink_gbps / 2 * 1e9 * c.nvlink_fraction
-        self.nic = gpu.internode_gbps * 1e9 * c.internode_fraction
-        self.per_node = max(1, gpu.gpus_per_node)
-
-    def gemm(self, m: float, n: float, k: float, batch: float = 1.0) -> float:
-        """Y[m,n] = X[m,k] W[k,n] (x batch), bf16 operands: soft roofline (module doc)."""
-        flops = 2.0 * m * n * k * batch
-        nbytes = 2.0 * (m * k + k * n + m * n) * batch
-        return flops / self.rate + self.c.gemm_memory_weight * nbytes / self.hbm + self.c.kernel_overhead_s
-
-    def gemm_fwd_bwd(self, m: float, n: float, k: float) -> tuple[float, float]:
-        """(forward, backward = data grad + weight grad) for Y[m,n] = X[m,k] W[k,n]."""
-        return self.gemm(m, n, k), self.gemm(m, k, n) + self.gemm(k, n, m)
-
-    def flash(self, b: float, heads: float, sq: float, skv: float, d: int, causal: float) -> tuple[float, float]:
-        """FlashAttention forward and backward: matmul FLOPs of the executed (causal) blocks at
-        attention_efficiency of the GEMM rate, plus the softmax at the vector peak. Backward runs
-        5 matmuls to the forward's 2 (it recomputes the scores) and twice the softmax work."""
-        scores = b * heads * sq * skv * causal
-        mm = 4.0 * scores * d / (self.rate * self.c.attention_efficiency)
-        sm = self.c.softmax_ops_per_score * scores / self.vector
-        return mm + sm + self.c.kernel_overhead_s, 2.5 * mm + 2 * sm + 2 * self.c.kernel_overhead_s
-
-    def memory_bound(self, nbytes: float, kernels: int = 1) -> float:
-        return nbytes / self.hbm + kernels * self.c.kernel_overhead_s
-
-    def bandwidth(self, group: int, stride: int) -> float:
-        """Bus bandwidth of a collective among ``group`` ranks placed ``stride`` apart: NVLink when
-        they share a node; across nodes, one NIC per member in a node (capped by NVLink)."""
-        if group * stride <= self.per_node:
-            return self.nvlink
-        local = max(1, min(group, self.per_node // max(1, stride)))
-        return min(self.nvlink, local * self.nic)
-
-    def _latency(self, n: int) -> float:
-        return self.c.collective_latency_s * max(1, math.ceil(math.log2(n)))
-
-    def all_reduce(self, nbytes: float, n: int, bw: float) -> float:
-        if n <= 1:
-            return 0.0
-        return 2 * (n - 1) / n * nbytes / bw + 2 * self._latency(n)
-
-    def half_collective(self, nbytes: float, n: int, bw: float) -> float:
-        """Reduce-scatter or all-gather of a buffer of `nbytes` (full size)."""
-        if n <= 1:
-            return 0.0
-        return (n - 1) / n * nbytes / bw + self._latency(n)
-
-    def p2p(self, nbytes: float, bw: float) -> float:
-        return nbytes / bw + self.c.collective_latency_s
-
-    def overlapped(self, compute: float, comm: float) -> float:
-        """Two streams side by side: the longer one, plus contention over the overlap."""
-        hidden = self.c.dp_overlap * min(compute, comm)
-        return compute + comm - hidden + self.c.comm_contention * hidden
-
-
 # ---------------------------------------------------------------------------------- one layer
 @lru_cache(maxsize=8192)
 def layer_cost(model: TransformerSpec, gpu: GPUSpec, c: Constants, tp: int, b: int, sp: bool, recompute: str,
-               cp: int = 1) -> dict:
-    """Per-micro-batch times (s) of one transformer layer on one GPU, and its activation bytes."""
+               cp: int = 1, stack: Stack = DEFAULT_STACK) -> dict:
+    """Per-micro-batch times (s) of one transformer layer on one GPU, and its activation bytes.
+    ``recompute`` is a per-layer kind: none, selective or full (partial mixes them per stage)."""
     k = Kernels(gpu, c)
     s, h, f, d = model.seq, model.hidden, model.ffn, model.head_dim
     sp = sp and tp > 1
@@ -214,12 +159,15 @@ def layer_cost(model: TransformerSpec, gpu: GPUSpec, c: Constants, tp: int, b: i
     M = b * sl
     X = M * h
     Xs = X / tp if sp else X              # what the replicated (norm / residual) region touches
+    fp8 = stack.float8
     fwd = bwd = 0.0
     for m_, n_, k_ in ((M, (h + 2 * model.kv_dim) / tp, h), (M, h, h / tp), (M, model.ffn_in / tp, h), (M, h, f / tp)):
-        tf, tb = k.gemm_fwd_bwd(m_, n_, k_)
+        tf, tb = k.gemm_fwd_bwd(m_, n_, k_, fp8=fp8)
         fwd += tf
         bwd += tb
     heads = model.heads / tp
+    # Megatron 2022 (eager attention) trains with dropout; FlashAttention stacks without.
+    dropout = model.attention == "eager"
     if model.attention == "flash":
         # Causal: each rank's share of the s x s blocks (load-balanced under context parallel).
         core_fwd, core_bwd = k.flash(b, heads, sl, s, d, model.causal_fraction)
@@ -227,13 +175,13 @@ def layer_cost(model: TransformerSpec, gpu: GPUSpec, c: Constants, tp: int, b: i
     else:
         A = b * heads * sl * s            # score elements per GPU
         mm = k.gemm(sl, s, d, batch=b * heads) + k.gemm(sl, d, s, batch=b * heads)
-        softmax = k.memory_bound(2 * A * 2 + A, 2)          # scale-mask-softmax (bf16) + dropout mask
-        core_fwd = mm + softmax
-        core_bwd = 2 * mm + k.memory_bound(3 * A * 2 + A, 2)
+        sm_f, sm_b = softmax_bytes(stack.fused, dropout)
+        core_fwd = mm + k.memory_bound(sm_f * A, 2 if stack.fused else 4)
+        core_bwd = 2 * mm + k.memory_bound(sm_b * A, 2 if stack.fused else 4)
         core_recompute = core_fwd
-    # Norms, residual adds and the activation, bytes read + written; backward twice.
-    act_io = (3 if model.gated else 2) * M * f / tp * 2
-    elem = k.memory_bound(2 * 10 * Xs + act_io, 6)
+    # Norms, residual adds, dropout, biases and the activation, bytes read + written; backward twice.
+    stream, act, kernels = elementwise_bytes(model, stack.fused, dropout)
+    elem = k.memory_bound(stream * Xs + act * M * f / tp, kernels)
     fwd += core_fwd + elem
     bwd += core_bwd + 2 * elem
 
@@ -254,16 +202,18 @@ def layer_cost(model: TransformerSpec, gpu: GPUSpec, c: Constants, tp: int, b: i
         re_compute, re_comm = core_recompute, 0.0
     else:
         re_compute, re_comm = 0.0, 0.0
+    tp_comm = 2 * comm_fwd + re_comm
+    if stack.async_tp and tp_comm > 0:  # decomposed collectives beside the matmuls they feed
+        tp_comm = k.overlapped(fwd + bwd + re_compute, tp_comm) - (fwd + bwd + re_compute)
 
-    # Megatron 2022 (eager attention) trains with dropout; FlashAttention stacks without. Under CP
-    # the eager scores would span every key: layer_terms counts the local ones (CP runs flash).
-    terms = layer_terms(model, b, sl, BF16, dropout=model.attention == "eager")
+    # Under CP the eager scores would span every key: layer_terms counts the local ones (CP runs flash).
+    terms = layer_terms(model, b, sl, BF16, dropout=dropout)
     kind = {"none": "none", "selective": "attention", "full": "full"}[recompute]
     return {
         "compute": fwd + bwd + re_compute,
         "fwd": fwd,
         "bwd": bwd + re_compute,
-        "tp_comm": 2 * comm_fwd + re_comm,
+        "tp_comm": tp_comm,
         "cp_comm": cp_comm,
         "act_bytes": per_layer_bytes(terms, kind, tp=tp, sp=sp),
         "full_layer_act_bytes": per_layer_bytes(terms, "none", tp=tp, sp=sp),
@@ -287,16 +237,19 @@ def _head_cost(model: TransformerSpec, gpu: GPUSpec, c: Constants, tp: int, b: i
 
 
 # ---------------------------------------------------------------------------------- memory
-def state_bytes(c: Constants, zero: int) -> StateBytes:
+def state_bytes(c: Constants, zero: int, stack: Stack = DEFAULT_STACK) -> StateBytes:
     """Megatron mixed precision (bf16 weights, fp32 grads, fp32 master + Adam: 18 B/param) or,
-    under ZeRO-3/FSDP, the sharded fp32 parameter as the master (4 + 4 + 8 = 16 B/param)."""
+    under ZeRO-3/FSDP, the sharded fp32 parameter as the master (4 + 4 + 8 = 16 B/param). A stack
+    with 16-bit gradients (``stack.grad_bytes``) keeps its fp32 gradient copy with the optimizer."""
     if zero >= 3:
         return StateBytes(4.0, c.grad_bytes, c.optimizer_bytes - 4.0)
+    if stack.grad_bytes is not None:
+        return StateBytes(c.param_bytes, stack.grad_bytes, c.optimizer_bytes + c.grad_bytes)
     return StateBytes(c.param_bytes, c.grad_bytes, c.optimizer_bytes)
 
 
 def memory_terms(model: TransformerSpec, layout: Layout, microbatches: int, c: Constants,
-                 lc: dict) -> dict[str, float]:
+                 lc: dict, stack: Stack = DEFAULT_STACK) -> dict[str, float]:
     """Bytes per GPU of the busiest pipeline stage, by term."""
     L = layout
     t, p, v, b = L.tp, L.pp, L.interleave, L.micro_batch
@@ -304,7 +257,7 @@ def memory_terms(model: TransformerSpec, layout: Layout, microbatches: int, c: C
     emb = model.embedding_params() / t
     head = (0 if model.tied and p == 1 else model.vocab * model.hidden) / t
     layer_params = layers_dev * model.layer_params() / t
-    sb = state_bytes(c, L.zero)
+    sb = state_bytes(c, L.zero, stack)
     per_param = sb.per_param(L.zero, L.shard_group)
     if p > 1:
         in_flight = min(microbatches, p) * (1 + (p - 1) / (p * v) if v > 1 else 1)
@@ -315,7 +268,7 @@ def memory_terms(model: TransformerSpec, layout: Layout, microbatches: int, c: C
     tokens = b * model.seq // L.cp
     logit_bytes = 4 * tokens * model.vocab  # the fp32 log-softmax outside_terms counts
     loss_peak = (out["last"] - logit_bytes) / sp_div + c.loss_bytes_per_logit * tokens * model.vocab / t
-    recompute_working = lc["full_layer_act_bytes"] if L.recompute == "full" else 0.0
+    recompute_working = lc["full_layer_act_bytes"] if L.recompute in ("full", "partial") else 0.0
     first = {
         "model_states": (layer_params + emb + (head if p == 1 else 0)) * per_param,
         "activations": lc["act_bytes"] * layers_dev * in_flight + recompute_working + out["first"] * in_flight,
@@ -329,7 +282,9 @@ def memory_terms(model: TransformerSpec, layout: Layout, microbatches: int, c: C
         }
         if sum(last.values()) > sum(first.values()):
             first = last
-    if L.zero >= 3:  # gathered bf16 parameters of the current and the prefetched layer, one layer's grads
+    if L.zero >= 3 and p > 1:  # under a pipeline the stage's parameters and gradients stay unsharded
+        first["fsdp_unsharded"] = (c.param_bytes + c.fsdp_reduce_bytes) * layers_dev * model.layer_params() / t
+    elif L.zero >= 3:  # gathered bf16 parameters of the current and the prefetched layer, one layer's grads
         first["fsdp_unsharded"] = (2 * c.param_bytes + c.fsdp_reduce_bytes) * model.layer_params() / t
     first["reserved"] = c.memory_reserved_gib * GIB
     return first
@@ -337,28 +292,43 @@ def memory_terms(model: TransformerSpec, layout: Layout, microbatches: int, c: C
 
 # ---------------------------------------------------------------------------------- a step
 def estimate(model: TransformerSpec, gpu: GPUSpec, layout: Layout, global_batch: int, c: Constants = DEFAULTS,
-             dtype: str = "bf16") -> Estimate:
-    """Memory per GPU and step time of `layout` (assumed valid: see search.check_layout)."""
+             dtype: str = "bf16", stack: Stack = DEFAULT_STACK) -> Estimate:
+    """Memory per GPU and step time of `layout` (assumed valid: see search.check_layout) on the
+    training stack `stack` (its mechanisms: :mod:`trainperf.planner.stack`)."""
     L = layout
     t, p, dp, b, v, cp = L.tp, L.pp, L.dp, L.micro_batch, L.interleave, L.cp
     m = global_batch // (dp * b)
     k = Kernels(gpu, c, dtype)
     layers_dev = math.ceil(model.layers / p)
-    lc = layer_cost(model, gpu, c, t, b, L.sequence_parallel, L.recompute, cp)
-    if L.recompute == "full" and 0 < L.recompute_layers < layers_dev:  # block recompute: a mix per stage
-        kept = layer_cost(model, gpu, c, t, b, L.sequence_parallel, "none", cp)
-        w = L.recompute_layers / layers_dev
+    if L.recompute == "partial":  # block recompute: recompute_layers whole layers per stage, the rest kept
+        lc = layer_cost(model, gpu, c, t, b, L.sequence_parallel, "full", cp, stack)
+        kept = layer_cost(model, gpu, c, t, b, L.sequence_parallel, "none", cp, stack)
+        w = min(1.0, L.recompute_layers / layers_dev)
         lc = {key: w * lc[key] + (1 - w) * kept[key] for key in lc}
         lc["full_layer_act_bytes"] = kept["full_layer_act_bytes"]
+    else:
+        lc = layer_cost(model, gpu, c, t, b, L.sequence_parallel, L.recompute, cp, stack)
     hc = _head_cost(model, gpu, c, t, b, cp)
-    memory = memory_terms(model, L, m, c, lc)
+    memory = memory_terms(model, L, m, c, lc, stack)
 
     # ---- per micro-batch, one stage: layers (with FSDP's per-layer traffic overlapped), p2p
-    exposed_tp = lc["tp_comm"] * (1 - c.tp_overlap)
+    exposed_tp = lc["tp_comm"]
     n_shard = L.shard_group
     layer_bytes = model.layer_params() / t
     fsdp = L.zero >= 3 and n_shard > 1
-    if fsdp:
+    fsdp_once = 0.0
+    if fsdp and p > 1:
+        # FSDP under a pipeline schedule (torchtitan, torch.distributed.pipelining): parameters stay
+        # gathered across the step's micro-batches and gradients are reduced at the last backward,
+        # so each layer's all-gather and reduce-scatter run once per step, beside the first
+        # forward and the last backward.
+        bw = k.bandwidth(n_shard, t)
+        ag = k.half_collective(c.param_bytes * layer_bytes, n_shard, bw)
+        rs = k.half_collective(c.fsdp_reduce_bytes * layer_bytes, n_shard, bw)
+        fsdp_once = layers_dev * (k.overlapped(lc["fwd"], ag) - lc["fwd"] + k.overlapped(lc["bwd"], rs) - lc["bwd"]) + ag
+        t_layer = lc["compute"] + exposed_tp + lc["cp_comm"]
+        fsdp_exposed = first_gather = 0.0
+    elif fsdp:
         bw = k.bandwidth(n_shard, t)
         ag = k.half_collective(c.param_bytes * layer_bytes, n_shard, bw)
         rs = k.half_collective(c.fsdp_reduce_bytes * layer_bytes, n_shard, bw)
@@ -392,11 +362,21 @@ def estimate(model: TransformerSpec, gpu: GPUSpec, layout: Layout, global_batch:
         if L.zero == 0:
             comm = k.all_reduce(gbytes, n, bw)
         else:
-            comm = k.half_collective(gbytes, n_shard, bw) + k.half_collective(dev_params * c.param_bytes, n_shard, bw)
+            ag = k.half_collective(dev_params * c.param_bytes, n_shard, bw)
+            comm = k.half_collective(gbytes, n_shard, bw) + ag
             if n_shard < n:  # HSDP-style replicas: all-reduce the shards across groups
                 comm += k.all_reduce(gbytes / n_shard, n // n_shard, k.bandwidth(n // n_shard, t * n_shard))
-        window = c.dp_overlap * lc["bwd"] * layers_dev
-        dp_time = max(0.0, comm - window)
+        if stack.dp_reduce == "after":  # reduced once the backward is done: all of it exposed
+            dp_time = comm
+        # overlapped: the same contention as FSDP's per-layer collectives (NCCL takes SMs and HBM
+        # while it runs beside the backward), so the part hidden still costs comm_contention of it
+        elif L.zero == 0:  # bucketed all-reduce beside the last micro-batch's backward
+            bwd_all = lc["bwd"] * layers_dev
+            dp_time = k.overlapped(bwd_all, comm) - bwd_all
+        else:  # reduce-scatter beside the backward, the parameter all-gather beside the next forward
+            rs = comm - ag
+            bwd_all, fwd_all = lc["bwd"] * layers_dev, lc["fwd"] * layers_dev
+            dp_time = (k.overlapped(bwd_all, rs) - bwd_all) + (k.overlapped(fwd_all, ag) - fwd_all)
     elif fsdp and n_shard < dp * cp:  # HSDP: all-reduce the gradient shard across replica groups
         reps = dp * cp // n_shard
         dp_time = k.all_reduce(dev_params * c.fsdp_reduce_bytes / n_shard, reps, k.bandwidth(reps, t * n_shard))
@@ -405,13 +385,13 @@ def estimate(model: TransformerSpec, gpu: GPUSpec, layout: Layout, global_batch:
     opt_params = dev_params / n_shard if L.zero >= 1 else dev_params
     optimizer = k.memory_bound(opt_params * c.optimizer_traffic_bytes, 10)
 
-    step = pipeline + dp_time + emb_sync + optimizer
+    step = pipeline + dp_time + emb_sync + optimizer + fsdp_once
     heads_time = hc["first"] + hc["last"] if p == 1 else max(hc["first"], hc["last"])
     time = {
         "compute": m * (layers_dev * lc["compute"] + heads_time),
         "tp_comm": m * layers_dev * exposed_tp,
         "cp_comm": m * layers_dev * lc["cp_comm"],
-        "fsdp_comm": m * (layers_dev * fsdp_exposed + first_gather),
+        "fsdp_comm": m * (layers_dev * fsdp_exposed + first_gather) + fsdp_once,
         "pp_bubble": bubble,
         "pp_p2p": m * p2p,
         "dp_comm": dp_time + emb_sync,
@@ -420,5 +400,5 @@ def estimate(model: TransformerSpec, gpu: GPUSpec, layout: Layout, global_batch:
     return Estimate(
         layout=L, microbatches=m, memory=memory, time=time, step_time_s=step,
         model_flops=model.model_flops_per_token() * model.seq * global_batch,
-        peak_flops=k.peak, gpu_memory_bytes=gpu.hbm_bytes,
+        peak_flops=k.peak, gpu_memory_bytes=gpu.hbm_bytes, layers_per_stage=layers_dev,
     )

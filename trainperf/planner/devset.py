@@ -9,6 +9,13 @@ Sources (``/work/shared/planner-dev`` style TSVs, path given by ``--data`` or
   FlashAttention, full activation checkpointing or none.
 * ``llama3-405b``: Llama 3 405B (Dubey et al. 2024, Table 4), H100 80GB, TP/CP/PP/DP. Approximate
   (read from secondary copies).
+* ``bloom``, ``opt-175b``, ``llama1``, ``llama2``, ``torchtitan``: built in, from
+  :mod:`trainperf.planner.devset_sources` (each table with its citation and how its figure became a
+  step time).
+
+Each row carries the training stack it ran on (:mod:`trainperf.planner.stack`): the mechanisms
+differ between sources (Megatron-DeepSpeed reduces gradients after the backward, torchtitan runs
+eager elementwise ops unless compiled, FP8 linears...), and the model times each.
 
 Every published figure becomes a step time in seconds: as given (Korthikanti, MPT's global batch
 tokens / tokens per s) or model FLOPs per step / (GPUs x published TFLOP/s per GPU) with the
@@ -20,13 +27,17 @@ from __future__ import annotations
 
 import csv
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import lru_cache
 
 from trainperf.analytic.spec import TransformerSpec
 from trainperf.errors import UserError
-from trainperf.hardware.catalog import get_gpu
+from trainperf.hardware.catalog import GPUSpec, get_gpu
+from trainperf.planner import devset_sources as src
 from trainperf.planner.constants import DEFAULTS, Constants
 from trainperf.planner.cost import Estimate, Layout, estimate
+from trainperf.planner.stack import DEFAULT as DEFAULT_STACK
+from trainperf.planner.stack import Stack
 
 DEFAULT_DIR = "/work/shared/planner-dev"
 
@@ -46,7 +57,34 @@ MPT_SHAPES = {  # d_model, layers, heads (planner-dev README)
 MPT_VOCAB = 50368
 LLAMA3_405B = dict(hidden=16384, layers=126, heads=128, kv_heads=8, ffn_hidden=53248, gated=True, vocab=128256,
                    tied=False, position="rope", norm="rmsnorm", attention="flash", bias=False)
-SOURCES = ("korthikanti", "mpt-a100-80gb", "mpt-a100-40gb", "llama3-405b")
+SOURCES = ("korthikanti", "mpt-a100-80gb", "mpt-a100-40gb", "llama3-405b", "bloom", "opt-175b", "llama1", "llama2",
+           "torchtitan")
+CITATIONS = {
+    "korthikanti": "Korthikanti et al. 2022 (arXiv 2205.05198) Table 5, as in REFERENCE.md",
+    "mpt-a100-80gb": "mosaicml/llm-foundry scripts/train/benchmarking/README.md, A100 80GB table (planner-dev TSV)",
+    "mpt-a100-40gb": "mosaicml/llm-foundry scripts/train/benchmarking/README.md, A100 40GB table (planner-dev TSV)",
+    "llama3-405b": "Dubey et al. 2024 (arXiv 2407.21783) Table 4, read from secondary copies (planner-dev TSV)",
+    "bloom": src.BLOOM_CITE, "opt-175b": src.OPT_CITE, "llama1": src.LLAMA1_CITE, "llama2": src.LLAMA2_CITE,
+    "torchtitan": src.TORCHTITAN_CITE,
+}
+# Jean Zay's A100 80GB nodes (BLOOM paper sect. 3.4.1 / model card: "8 GPUs per node using NVLink 4
+# inter-gpu connects, 4 OmniPath links"): 4 NVLink3 links per GPU (4 x 50 GB/s both directions, a third
+# of a DGX A100's 12) and 4 x 100 Gb/s Omni-Path per 8 GPUs (6.25 GB/s per GPU). Approximate.
+JEAN_ZAY = replace(get_gpu("a100-80gb"), key="a100-80gb-jean-zay", internode_gbps=6.25, nvlink_gbps=200,
+                   note="Jean Zay gpu_p5: 4 NVLink links per GPU, 4 Omni-Path 100 Gb/s links per 8-GPU node")
+# torchtitan's Grand Teton hosts: H100 96GB HBM2e, 2.4 TB/s, 500 W. Its footnote: "the actual peak TFLOPs
+# number is between SXM and NVL": the midpoint of H100 SXM (989 BF16 / 1979 FP8) and H100 NVL (835 / 1670)
+# is used. Approximate.
+GRAND_TETON = replace(get_gpu("h100-sxm"), key="h100-96gb-hbm2e", hbm_gib=94.0, hbm_tbps=2.4, bf16_tflops=912.0,
+                      fp16_tflops=912.0, fp8_tflops=1824.0,
+                      note="Grand Teton H100 96GB HBM2e at 500 W (peak between SXM and NVL), 400 Gb/s RDMA per GPU")
+MEGATRON_DS = Stack("megatron-deepspeed", dp_reduce="after", fused=True, attention="eager",
+                    distributed_optimizer=True, fsdp=False, grad_bytes=2.0)
+"""BLOOM's Megatron-DeepSpeed: DeepSpeed's pipeline engine reduces after the backward; its BF16_Optimizer
+keeps bf16 gradients and shards the fp32 copy with the optimizer states (ZeRO-1 equivalent)."""
+META_XFORMERS = Stack("meta-xformers", dp_reduce="overlap", fused=False, attention="flash")
+"""LLaMA's training code: eager PyTorch layers with a hand-written backward and xformers' attention."""
+METASEQ = Stack("metaseq", dp_reduce="overlap", fused=True, attention="eager", distributed_optimizer=False, fsdp=True)
 
 
 @dataclass(frozen=True)
@@ -58,8 +96,19 @@ class Row:
     gpus: int
     global_batch: int
     published_s: float
-    fixed: tuple  # (tp, pp, dp, cp, micro_batch, interleave|None, recompute|None, sp|None, zero)
+    fixed: tuple  # (tp, pp, dp, cp, micro_batch, interleave, recompute, sp, zero); None: not published
     approximate: bool = False
+    stack: Stack = DEFAULT_STACK
+    recompute_layers: int = 0
+    gpu_spec: GPUSpec | None = None
+    note: str = ""
+
+    @property
+    def citation(self) -> str:
+        return CITATIONS.get(self.source, "")
+
+    def spec(self) -> GPUSpec:
+        return self.gpu_spec or get_gpu(self.gpu)
 
 
 def _korthikanti_rows() -> list[Row]:
@@ -115,6 +164,60 @@ def _llama_rows(path: str) -> list[Row]:
     return rows
 
 
+def _bloom_rows() -> list[Row]:
+    rows = []
+    for label, l, h, a, dp, tp, pp, mb, B, sec, line in src.BLOOM:
+        model = TransformerSpec(hidden=h, layers=l, heads=a, seq=2048, vocab=250880, bias=True, tied=True,
+                                position="none", attention="eager", name=f"bloom-{label.split()[0]}")
+        rows.append(Row("bloom", label, model, JEAN_ZAY.key, dp * tp * pp, B, sec, (tp, pp, dp, 1, mb, 1, "full", False, 1),
+                        stack=MEGATRON_DS, gpu_spec=JEAN_ZAY, note=f"{line}; {src.BLOOM_NOTE}"))
+    return rows
+
+
+def _opt_rows() -> list[Row]:
+    model = TransformerSpec(hidden=12288, layers=96, heads=96, seq=2048, vocab=50272, bias=True, tied=True,
+                            position="learned", attention="eager", name="opt-175b")
+    B, gpus = 992, 992
+    s, l, h, V = model.seq, model.layers, model.hidden, model.vocab
+    # Megatron-2's FLOPs per iteration (Narayanan et al. 2021 eq. 3), which count the recomputed forward
+    # of full activation checkpointing: the convention of Meta's 2022 FSDP/Megatron runs (src.OPT_NOTE)
+    flops = 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h))
+    published = flops / (gpus * 147e12)
+    return [Row("opt-175b", "OPT-175B 992g TP8 FSDP124", model, "a100-80gb", gpus, B, published,
+                (8, 1, 124, 1, 8, 1, "full", False, 3), approximate=True, stack=METASEQ, note=src.OPT_NOTE)]
+
+
+def _meta_llama_rows(table, source: str, citation_note: str) -> list[Row]:
+    rows = []
+    gpus = 2048
+    for label, h, l, a, kv, f, s, tokens, gpu_hours in table:
+        model = TransformerSpec(hidden=h, layers=l, heads=a, kv_heads=kv, ffn_hidden=f, gated=True, seq=s, vocab=32000,
+                                tied=False, position="rope", norm="rmsnorm", attention="flash", bias=False, name=label)
+        tps = tokens / (gpu_hours * 3600.0)
+        B = 2**22 // s
+        rows.append(Row(source, f"{label} {tps:.0f} tok/s/GPU", model, "a100-80gb", gpus, B, B * s / (tps * gpus),
+                        (None, 1, None, 1, None, 1, "selective", True, None), approximate=True, stack=META_XFORMERS,
+                        note=citation_note))
+    return rows
+
+
+def _torchtitan_rows() -> list[Row]:
+    rows = []
+    for (label, size, s, gpus, fsdp, tp, pp, cp, local, rc, compiled, fp8, async_tp, v, tps, line) in src.TORCHTITAN:
+        model = TransformerSpec(seq=s, vocab=128256, gated=True, tied=False, position="rope", norm="rmsnorm",
+                                attention="flash", bias=False, name=f"llama3.1-{size}", **src.LLAMA31[size])
+        B = fsdp * local
+        stack = Stack("torchtitan", dp_reduce="overlap", fused=compiled, attention="flash", distributed_optimizer=False,
+                      fsdp=True, float8=fp8, async_tp=async_tp)
+        layers_stage = model.layers // pp if model.layers % pp == 0 else -(-model.layers // pp)
+        recompute, k = ("partial", layers_stage // 2) if rc == "selective" else ("full", 0)
+        rows.append(Row("torchtitan", label, model, GRAND_TETON.key, gpus, B, B * s / (tps * gpus),
+                        (tp, pp, fsdp, cp, local // pp if pp > 1 else local, v, recompute, tp > 1, 3), approximate=True,
+                        stack=stack, recompute_layers=k, gpu_spec=GRAND_TETON,
+                        note=f"benchmarks/llama3_h100_202412_torchtitan.md:{line}; {src.TORCHTITAN_NOTE}"))
+    return rows
+
+
 def load(data_dir: str | None = None) -> list[Row]:
     """Every development row (Table 5 built in, the rest from ``data_dir``)."""
     d = data_dir or os.environ.get("TRAINPERF_PLANNER_DEV") or DEFAULT_DIR
@@ -127,24 +230,48 @@ def load(data_dir: str | None = None) -> list[Row]:
     path = os.path.join(d, "llama3_405b.tsv")
     if os.path.isfile(path):
         rows += _llama_rows(path)
+    rows += _bloom_rows() + _opt_rows()
+    rows += _meta_llama_rows(src.LLAMA1, "llama1", src.LLAMA_NOTE)
+    rows += _meta_llama_rows(src.LLAMA2, "llama2", src.LLAMA_NOTE)
+    rows += _torchtitan_rows()
     return rows
+
+
+@lru_cache(maxsize=256)
+def _open_layout(row: Row) -> tuple:
+    """The parts a source does not publish (degrees, micro-batch, ZeRO), chosen once by the
+    planner's own search under the shipped constants and the row's stack, then held fixed."""
+    from trainperf.planner.search import Fixed, search
+
+    tp, pp, dp, cp, mb, v, rc, sp, zero = row.fixed
+    fx = Fixed(tp=tp, pp=pp, dp=dp, micro_batch=mb, interleave=v, recompute=rc, sequence_parallel=sp, zero=zero, cp=cp)
+    best = search(row.model, row.spec(), row.gpus, row.global_batch, fx, DEFAULTS, explain_failure=False,
+                  stack=row.stack).best.layout
+    return (best.tp, best.pp, best.dp, best.cp, best.micro_batch, best.interleave, best.recompute,
+            best.sequence_parallel, best.zero)
 
 
 def predict(row: Row, c: Constants = DEFAULTS) -> Estimate | None:
     """The model's estimate for a row: the fixed layout, or the fastest variant that fits when the
-    source leaves a part open; None when nothing fits."""
-    tp, pp, dp, cp, mb, v, rc, sp, zero = row.fixed
-    gpu = get_gpu(row.gpu)
+    source leaves the interleave or the recompute open; None when nothing fits."""
+    fixed = row.fixed
+    if any(x is None for i, x in enumerate(fixed) if i not in (5, 6)):
+        fixed = _open_layout(row)
+    tp, pp, dp, cp, mb, v, rc, sp, zero = fixed
+    gpu = row.spec()
     layers_stage = -(-row.model.layers // pp)
     m = row.global_batch // (dp * mb)
     vs = [v] if v else [x for x in range(1, 9) if layers_stage % x == 0 and (x == 1 or m % pp == 0)]
-    # open recompute: none, selective, then the fewest fully recomputed layers per stage that fit
-    rcs = [(rc, 0)] if rc else [("none", 0), ("selective", 0)] + [("full", k) for k in range(1, layers_stage + 1)]
+    # open recompute: none, selective, then the fewest whole layers per stage that fit, then all
+    if rc:
+        rcs = [(rc, row.recompute_layers if rc == "partial" else 0)]
+    else:
+        rcs = [("none", 0), ("selective", 0)] + [("partial", k) for k in range(1, layers_stage)] + [("full", 0)]
     best = None
     for vv in vs:
         for r, k in rcs:
             layout = Layout(tp, pp, dp, mb, vv, r, bool(sp), zero, cp, recompute_layers=k)
-            est = estimate(row.model, gpu, layout, row.global_batch, c)
+            est = estimate(row.model, gpu, layout, row.global_batch, c, stack=row.stack)
             if not est.fits:
                 continue
             if best is None or est.step_time_s < best.step_time_s:

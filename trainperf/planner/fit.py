@@ -1,6 +1,7 @@
-"""Fit the planner's FITTED constants on the development set and cross-validate them:
-``python -m trainperf.planner.fit [--data DIR] [--json] [--plot PNG]`` (no torch; the plot needs
-matplotlib).
+"""Fit the planner's FITTED constants on the development set (no torch). ``python -m
+trainperf.planner.loso [--data DIR] [--json] [--plot PNG] [--fast]`` (or ``trainperf plan
+--devset-report``) cross-validates them with intervals (:mod:`trainperf.planner.loso`, which imports
+this module: the command lives there, so that the two do not import each other).
 
 Objective: half the mean over sources of each source's mean absolute error of the step time (so
 that a 70-row table does not drown an 8-row one), half the pooled mean absolute error; a row
@@ -13,7 +14,6 @@ the same way (E minimizing the same objective), the MFU-like model the issue com
 
 from __future__ import annotations
 
-import argparse
 import math
 from dataclasses import replace
 
@@ -109,107 +109,3 @@ def baseline_errors(rows, efficiency: float) -> list[float]:
 def fit_baseline(rows) -> float:
     best = nelder_mead(lambda z: _objective(_by_source(rows, baseline_errors(rows, _sigmoid(z[0])))), [0.0], 1.0)
     return round(_sigmoid(best[0]), 4)
-
-
-# ---------------------------------------------------------------------------------- LOSO
-def loso(rows, base: Constants = DEFAULTS) -> dict:
-    """Leave-one-source-out for the model and the constant baseline; plus the fit on all rows."""
-    sources = [s for s in devset.SOURCES if any(r.source == s for r in rows)]
-    per_row, folds = [], {}
-    for s in sources:
-        train = [r for r in rows if r.source != s]
-        test = [r for r in rows if r.source == s]
-        c = fit_constants(train, base)
-        e_base = fit_baseline(train)
-        errs = devset.errors(test, c)
-        berrs = baseline_errors(test, e_base)
-        folds[s] = {"constants": {k: getattr(c, k) for k in FITTED}, "baseline_efficiency": e_base}
-        for r, e, be in zip(test, errs, berrs):
-            est = devset.predict(r, c)
-            per_row.append({
-                "source": s, "row": r.label, "published_s": r.published_s, "approximate": r.approximate,
-                "predicted_s": None if est is None else round(est.step_time_s, 4),
-                "layout": None if est is None else est.layout.short(), "fits": est is not None,
-                "error": None if e is None else round(e, 4),
-                "baseline_s": round(r.published_s * (1 + be), 4), "baseline_error": round(be, 4),
-            })
-    summary = {}
-    for s in sources + ["pooled"]:
-        rs = [x for x in per_row if s in ("pooled", x["source"])]
-        model = [abs(x["error"]) if x["error"] is not None else 1.0 for x in rs]
-        base_ = [abs(x["baseline_error"]) for x in rs]
-        summary[s] = {"rows": len(rs), "model_mean_abs_error": round(sum(model) / len(model), 4),
-                      "model_max_abs_error": round(max(model), 4),
-                      "baseline_mean_abs_error": round(sum(base_) / len(base_), 4),
-                      "not_fitting": sum(1 for x in rs if not x["fits"])}
-    all_c = fit_constants(rows, base)
-    return {"folds": folds, "rows": per_row, "summary": summary,
-            "fit_all": {k: getattr(all_c, k) for k in FITTED}, "baseline_all": fit_baseline(rows)}
-
-
-def plot(result: dict, path: str) -> str:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.4, 6.0))
-    marks = {"korthikanti": "s", "mpt-a100-80gb": "o", "mpt-a100-40gb": "^", "llama3-405b": "D"}
-    for s in marks:
-        rs = [x for x in result["rows"] if x["source"] == s and x["predicted_s"]]
-        if rs:
-            ax.scatter([x["published_s"] for x in rs], [x["predicted_s"] for x in rs], marker=marks[s], s=22,
-                       label=f"{s} (LOSO mean {100 * result['summary'][s]['model_mean_abs_error']:.1f}%)")
-    lo = min(x["published_s"] for x in result["rows"]) * 0.7
-    hi = max(x["published_s"] for x in result["rows"]) * 1.4
-    ax.plot([lo, hi], [lo, hi], "k-", lw=0.8)
-    for f in (0.92, 1.08):
-        ax.plot([lo, hi], [lo * f, hi * f], "k:", lw=0.6)
-    ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi), xlabel="published step time (s)",
-           ylabel="predicted step time (s), source held out",
-           title="trainperf plan: leave-one-source-out predictions")
-    ax.legend(fontsize=7, loc="upper left")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    return path
-
-
-def main(argv=None) -> None:
-    import json
-
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data", help="planner-dev directory (default $TRAINPERF_PLANNER_DEV or /work/shared/planner-dev)")
-    ap.add_argument("--json", action="store_true")
-    ap.add_argument("--plot", metavar="PNG")
-    args = ap.parse_args(argv)
-    rows = devset.load(args.data)
-    res = loso(rows)
-    if args.plot:
-        plot(res, args.plot)
-    if args.json:
-        print(json.dumps(res, indent=1))
-        return
-    print(render_markdown(res))
-
-
-def render_markdown(res: dict) -> str:
-    lines = ["| source | rows | model LOSO mean abs error | model max | constant-efficiency LOSO mean abs error | not fitting |",
-             "|---|---|---|---|---|---|"]
-    for s, v in res["summary"].items():
-        lines.append(f"| {s} | {v['rows']} | {100 * v['model_mean_abs_error']:.1f}% | {100 * v['model_max_abs_error']:.1f}% "
-                     f"| {100 * v['baseline_mean_abs_error']:.1f}% | {v['not_fitting']} |")
-    lines += ["", "| held-out source | " + " | ".join(FITTED) + " | baseline E |", "|---" * (len(FITTED) + 2) + "|"]
-    for s, f in res["folds"].items():
-        lines.append(f"| {s} | " + " | ".join(f"{f['constants'][k]:.3f}" for k in FITTED) + f" | {f['baseline_efficiency']:.3f} |")
-    lines.append("| (all sources) | " + " | ".join(f"{res['fit_all'][k]:.3f}" for k in FITTED) + f" | {res['baseline_all']:.3f} |")
-    lines += ["", "| source | row | published s | predicted s | error | layout | baseline error |", "|---|---|---|---|---|---|---|"]
-    for x in res["rows"]:
-        err = "no fit" if x["error"] is None else f"{100 * x['error']:+.1f}%"
-        mark = " (approx.)" if x["approximate"] else ""
-        lines.append(f"| {x['source']}{mark} | {x['row']} | {x['published_s']:.3f} | {x['predicted_s'] or '-'} | {err} "
-                     f"| {x['layout'] or '-'} | {100 * x['baseline_error']:+.1f}% |")
-    return "\n".join(lines)
-
-
-if __name__ == "__main__":
-    main()

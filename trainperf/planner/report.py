@@ -15,17 +15,21 @@ def _table(rows: list[list[str]], right: set[int]) -> list[str]:
     return out
 
 
-def _row(rank: str, e: Estimate) -> list[str]:
+def _row(rank: str, e: Estimate, spread) -> list[str]:
     L = e.layout
+    lo, hi = spread.bounds(e.step_time_s)
+    rc = f"partial {L.recompute_layers}/{e.layers_per_stage}" if L.recompute == "partial" else L.recompute
     return [
         rank, str(L.tp), str(L.pp), str(L.interleave), str(L.dp), str(L.micro_batch), str(e.microbatches),
-        L.recompute, "yes" if L.sequence_parallel else "no", str(L.zero),
-        f"{e.step_time_s:.2f}", f"{e.tflops_per_gpu:.0f}", f"{100 * e.mfu:.1f}%", f"{e.memory_bytes / GIB:.1f}",
+        rc, "yes" if L.sequence_parallel else "no", str(L.zero),
+        f"{e.step_time_s:.2f}", f"{lo:.2f}-{hi:.2f}", f"{e.tflops_per_gpu:.0f}", f"{100 * e.mfu:.1f}%",
+        f"{e.memory_bytes / GIB:.1f}",
     ]
 
 
-HEADER = ["rank", "tp", "pp", "v", "dp", "mb", "m", "recompute", "SP", "zero", "step s", "TFLOP/s/GPU", "MFU", "GiB/GPU"]
-RIGHT = {0, 1, 2, 3, 4, 5, 6, 10, 11, 12, 13}
+HEADER = ["rank", "tp", "pp", "v", "dp", "mb", "m", "recompute", "SP", "zero", "step s", "80% interval s",
+          "TFLOP/s/GPU", "MFU", "GiB/GPU"]
+RIGHT = {0, 1, 2, 3, 4, 5, 6, 10, 11, 12, 13, 14}
 
 
 def breakdown(e: Estimate) -> str:
@@ -37,7 +41,10 @@ def breakdown(e: Estimate) -> str:
 
 
 def render(plan: Plan, *, batch_note: str, top: int, baseline, calibration, elapsed: float, emitted,
-           flop_convention: str, moves=None) -> str:
+           flop_convention: str, moves=None, spread=None, stack=None, pins=None) -> str:
+    from trainperf.planner.interval import ACROSS
+
+    spread = spread or ACROSS
     g, model = plan.gpu, plan.model
     lines = [
         f"trainperf plan: {model.describe()}",
@@ -46,19 +53,27 @@ def render(plan: Plan, *, batch_note: str, top: int, baseline, calibration, elap
         f"global batch: {plan.global_batch} sequences x {model.seq} tokens ({batch_note})",
         f"searched {plan.evaluated} layouts in {elapsed:.2f} s: {len(plan.candidates)} fit, "
         f"{plan.out_of_memory} out of memory, {len(plan.rejected)} degree combinations rejected",
-        "",
     ]
-    rows = [HEADER] + [_row(str(i + 1), e) for i, e in enumerate(plan.candidates[:top])]
+    if stack is not None:
+        mech = ", ".join(f"{k}={v}" for k, v in stack.mechanisms().items() if v is not None)
+        lines.append(f"stack: {stack.name} ({mech})")
+    if pins:
+        lines.append("pinned (held in every candidate): " + ", ".join(f"--{k} {v}" for k, v in pins.items()))
+    lines.append("")
+    rows = [HEADER] + [_row(str(i + 1), e, spread) for i, e in enumerate(plan.candidates[:top])]
     base_est = baseline["estimate"] if baseline else None
     if base_est is not None and baseline["rank"] > top:
-        rows.append(_row(str(baseline["rank"]), base_est))
+        rows.append(_row(str(baseline["rank"]), base_est, spread))
     lines += _table(rows, RIGHT)
     lines += [
         "",
         f"TFLOP/s/GPU and MFU count {flop_convention}; MFU is against the dense BF16 peak of {g.key} "
         f"({g.bf16_tflops:g} TFLOP/s). v: interleaved stages per GPU; m: micro-batches per pipeline per step.",
+        f"80% interval: {spread.basis} ({100 * (2.718281828459045 ** spread.low - 1):+.0f}% / "
+        f"{100 * (2.718281828459045 ** spread.high - 1):+.0f}% of the estimate).",
         "",
-        f"best: {plan.best.layout.short()}: {plan.best.step_time_s:.2f} s/step, "
+        f"best: {plan.best.layout.short()}: {plan.best.step_time_s:.2f} s/step "
+        f"(80% interval {spread.bounds(plan.best.step_time_s)[0]:.2f}-{spread.bounds(plan.best.step_time_s)[1]:.2f} s), "
         f"{plan.global_batch * model.seq / plan.best.step_time_s:,.0f} tokens/s",
         "  " + breakdown(plan.best),
     ]

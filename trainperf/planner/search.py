@@ -11,6 +11,8 @@ from trainperf.hardware.catalog import GPUSpec
 from trainperf.planner.constants import DEFAULTS, Constants
 from trainperf.planner.cost import GIB, RECOMPUTE, Estimate, Layout, estimate
 from trainperf.planner.model import ModelSpec
+from trainperf.planner.stack import DEFAULT as DEFAULT_STACK
+from trainperf.planner.stack import Stack
 
 MAX_TP = 64
 MAX_INTERLEAVE = 8
@@ -30,6 +32,7 @@ class Fixed:
     micro_batch: int | None = None
     interleave: int | None = None
     recompute: str | None = None
+    """none, selective, full (every layer of every stage) or partial (recompute_layers per stage)."""
     sequence_parallel: bool | None = None
     zero: int | None = None
     max_micro_batch: int = 16
@@ -37,6 +40,14 @@ class Fixed:
     """Context-parallel degree (not searched: 1 unless given)."""
     shard: int | None = None
     """HSDP: shard the ZeRO states within groups of this many data-parallel ranks (not searched)."""
+    recompute_layers: int | None = None
+    """With recompute partial: whole layers recomputed per stage (None: searched)."""
+
+    def pins(self) -> dict:
+        """The parts the user fixed, by name (what --json echoes)."""
+        names = ("tp", "pp", "dp", "micro_batch", "interleave", "recompute", "recompute_layers",
+                 "sequence_parallel", "zero", "cp", "shard")
+        return {n: getattr(self, n) for n in names if getattr(self, n) is not None}
 
 
 @dataclass
@@ -99,6 +110,17 @@ def check_fixed(model: ModelSpec, gpus: int, fx: Fixed) -> None:
             )
     if fx.recompute is not None and fx.recompute not in RECOMPUTE:
         raise UserError(f"--recompute {fx.recompute!r}: choose one of {', '.join(RECOMPUTE)}")
+    if fx.recompute_layers is not None:
+        if fx.recompute not in (None, "partial"):
+            raise UserError(f"--recompute-layers {fx.recompute_layers} goes with --recompute partial, not "
+                            f"--recompute {fx.recompute} ({'every layer of every stage' if fx.recompute == 'full' else 'no whole layer'} "
+                            "is recomputed); drop one of them")
+        stage = model.layers // (fx.pp or 1)
+        if fx.recompute_layers < 1 or (fx.pp and fx.recompute_layers >= stage):
+            raise UserError(f"--recompute-layers {fx.recompute_layers}: must be between 1 and the layers per stage - 1 "
+                            f"({stage - 1} with --pp {fx.pp or 1}); use --recompute full for every layer")
+    if fx.sequence_parallel and fx.tp == 1:
+        raise UserError("--sequence-parallel needs tensor parallelism (--tp > 1); drop --sequence-parallel or raise --tp")
     if fx.zero is not None and fx.zero not in (0, 1, 2, 3):
         raise UserError(f"--zero {fx.zero}: choose 0, 1, 2 or 3")
     if fx.micro_batch is not None and fx.micro_batch < 1:
@@ -117,9 +139,15 @@ def search(
     fixed: Fixed | None = None,
     c: Constants = DEFAULTS,
     explain_failure: bool = True,
+    stack: Stack = DEFAULT_STACK,
 ) -> Plan:
-    """All layouts that fit, fastest first. Raises UserError when none does (with the fix)."""
+    """All layouts that fit, fastest first, on training stack `stack`; every part fixed in
+    `fixed` holds in every candidate. Raises UserError when none does (with the fix)."""
     fx = fixed or Fixed()
+    if fx.zero is None and stack.zero_pin() is not None:
+        from dataclasses import replace as _replace
+
+        fx = _replace(fx, zero=stack.zero_pin())
     check_fixed(model, gpus, fx)
     if global_batch < 1:
         raise UserError(f"--global-batch {global_batch}: must be at least 1")
@@ -129,7 +157,7 @@ def search(
     closest: Estimate | None = None  # the out-of-memory layout with the smallest shortfall
 
     cp = fx.cp or 1
-    tps = [fx.tp] if fx.tp else [d for d in _divisors(gpus // cp) if d <= MAX_TP]
+    tps = [fx.tp] if fx.tp else [d for d in _divisors(gpus // cp) if d <= MAX_TP and not (fx.sequence_parallel and d == 1)]
     for tp in tps:
         if model.heads % tp:
             rejected.append({"tp": tp, "reason": f"tp {tp} does not divide {model.heads} heads"})
@@ -152,7 +180,7 @@ def search(
             best_oom: Estimate | None = None
             for layout in _variants(model, tp, pp, dp, global_batch, fx, cp):
                 evaluated += 1
-                est = estimate(model, gpu, layout, global_batch, c)
+                est = estimate(model, gpu, layout, global_batch, c, stack=stack)
                 if est.fits:
                     fits_here.append(est)
                 else:
@@ -178,25 +206,46 @@ def search(
     if not candidates:
         if not explain_failure:
             raise UserError("no layout fits")
-        raise UserError(_nothing_fits(model, gpu, gpus, global_batch, closest, rejected, fx, c))
+        raise UserError(_nothing_fits(model, gpu, gpus, global_batch, closest, rejected, fx, c, stack))
     candidates.sort(key=lambda e: (e.step_time_s, e.memory_bytes))
     return Plan(model, gpu, gpus, global_batch, candidates, rejected, evaluated, oom)
 
 
 def _variants(model: ModelSpec, tp: int, pp: int, dp: int, global_batch: int, fx: Fixed, cp: int = 1):
+    """Every layout with these degrees that honours every fixed part (a pin is never replaced)."""
     local = global_batch // dp
     mbs = [fx.micro_batch] if fx.micro_batch else [b for b in _divisors(local) if b <= fx.max_micro_batch]
     if fx.micro_batch and local % fx.micro_batch:
         return
-    sps = [fx.sequence_parallel and tp > 1] if fx.sequence_parallel is not None else ([False, True] if tp > 1 else [False])
-    recomputes = [fx.recompute] if fx.recompute else list(RECOMPUTE)
-    if model.attention == "flash" and not fx.recompute:
-        recomputes.remove("selective")  # Megatron's selective re-runs the attention core: nothing kept to save
+    if fx.sequence_parallel is not None:
+        if fx.sequence_parallel and tp == 1:
+            return  # sequence parallelism pinned: only layouts with tensor parallelism
+        sps = [fx.sequence_parallel]
+    else:
+        sps = [False, True] if tp > 1 else [False]
+    layers_per_stage = model.layers // pp
+    if fx.recompute:
+        recomputes = [fx.recompute]
+    else:
+        recomputes = ["none", "selective", "full", "partial"]
+        if model.attention == "flash":
+            recomputes.remove("selective")  # Megatron's selective re-runs the attention core: nothing kept to save
+    rcs: list[tuple[str, int]] = []
+    for rc in recomputes:
+        if rc != "partial":
+            rcs.append((rc, 0))
+        elif fx.recompute_layers is not None:
+            if fx.recompute_layers < layers_per_stage:
+                rcs.append(("partial", fx.recompute_layers))
+        else:  # block recompute of a quarter, half, three quarters of the stage's layers
+            ks = sorted({max(1, layers_per_stage * q // 4) for q in (1, 2, 3)} - {0, layers_per_stage})
+            rcs += [("partial", k) for k in ks if k < layers_per_stage]
+    if not rcs:
+        return
     if fx.zero is not None:
-        zeros = [fx.zero] if (dp * cp > 1 or fx.zero == 0) else [0]
+        zeros = [fx.zero]
     else:
         zeros = [0] if dp * cp == 1 else ([0, 1] if pp > 1 else [0, 1, 2, 3])
-    layers_per_stage = model.layers // pp
     for b in mbs:
         m = local // b
         if fx.interleave:
@@ -208,20 +257,22 @@ def _variants(model: ModelSpec, tp: int, pp: int, dp: int, global_batch: int, fx
         for v in vs:
             if v > 1 and (pp == 1 or layers_per_stage % v or m % pp):
                 continue  # Megatron's interleaved schedule needs micro-batches divisible by pp
-            # full recompute of every layer, or of half the stage's layers (Megatron's block method)
-            rcs = [(rc, 0) for rc in recomputes]
-            if "full" in recomputes and layers_per_stage >= 4:
-                rcs.append(("full", layers_per_stage // 2))
             for rc, k in rcs:
                 for sp in sps:
                     for z in zeros:
-                        if z >= 2 and pp > 1:
-                            continue  # ZeRO-2/3 do not combine with pipeline parallelism
-                        shard = fx.shard if fx.shard and z >= 1 and dp % fx.shard == 0 else 0
+                        if z >= 2 and pp > 1 and fx.zero is None:
+                            continue  # not searched with a pipeline (pinned: FSDP2 + PP as torchtitan runs it)
+                        if fx.shard:
+                            if z < 1 or dp % fx.shard:
+                                continue  # the HSDP group is pinned: only layouts that can shard over it
+                            shard = fx.shard
+                        else:
+                            shard = 0
                         yield Layout(tp, pp, dp, b, v, rc, sp, z, cp, shard, k)
 
 
-def _nothing_fits(model, gpu, gpus, global_batch, closest, rejected, fx: Fixed, c: Constants) -> str:
+def _nothing_fits(model, gpu, gpus, global_batch, closest, rejected, fx: Fixed, c: Constants,
+                  stack: Stack = DEFAULT_STACK) -> str:
     head = f"{model.name} ({model.params() / 1e9:.1f}B parameters) fits in no layout on {gpus} x {gpu.key} ({gpu.hbm_gib:.0f} GiB)"
     if closest is None:
         reasons = "; ".join(sorted({r["reason"] for r in rejected})[:5]) or "no valid degrees"
@@ -232,7 +283,7 @@ def _nothing_fits(model, gpu, gpus, global_batch, closest, rejected, fx: Fixed, 
     for mult in (2, 4, 8, 16, 32, 64, 128):
         more = gpus * mult
         try:
-            search(model, gpu, more, global_batch, _loosen(fx), c, explain_failure=False)
+            search(model, gpu, more, global_batch, _loosen(fx), c, explain_failure=False, stack=stack)
         except UserError:
             continue
         fixes.append(f"--gpus {more} (the smallest power-of-two multiple of {gpus} that fits)")
@@ -243,14 +294,14 @@ def _nothing_fits(model, gpu, gpus, global_batch, closest, rejected, fx: Fixed, 
         if other.hbm_gib <= gpu.hbm_gib or other.key == "cpu":
             continue
         try:
-            search(model, other, gpus, global_batch, _loosen(fx), c, explain_failure=False)
+            search(model, other, gpus, global_batch, _loosen(fx), c, explain_failure=False, stack=stack)
         except UserError:
             continue
         fixes.append(f"--gpu {other.key} ({other.hbm_gib:g} GiB)")
         break
     if any(v is not None for v in (fx.tp, fx.pp, fx.dp, fx.micro_batch, fx.recompute, fx.zero, fx.sequence_parallel)):
         try:
-            search(model, gpu, gpus, global_batch, _loosen(Fixed()), c, explain_failure=False)
+            search(model, gpu, gpus, global_batch, _loosen(Fixed()), c, explain_failure=False, stack=stack)
             fixes.append("dropping the fixed layout choices (--tp/--pp/--dp/--microbatch/--recompute/--zero)")
         except UserError:
             pass
@@ -268,6 +319,7 @@ def _loosen(fx: Fixed) -> Fixed:
         micro_batch=fx.micro_batch or 1,
         interleave=fx.interleave or 1,
         recompute=fx.recompute or "full",
+        recompute_layers=fx.recompute_layers,
         sequence_parallel=True if fx.sequence_parallel is None else fx.sequence_parallel,
         zero=fx.zero,
         max_micro_batch=1,

@@ -1,0 +1,162 @@
+"""`trainperf plan` pins mean what they say (issue 22): every fixed flag holds in every candidate, the
+JSON echoes it, `--recompute full` is every layer of every stage, stack presets and the flags beside
+them, and the 80% interval on best and every candidate (narrower after --measured)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from trainperf.cli import main
+from trainperf.planner.stack import PRESETS
+
+# 24 layers, 16 heads: every pin below is feasible on 16 H100s with a 64-sequence batch
+SHAPE = ["--hidden", "2048", "--layers", "24", "--heads", "16", "--seq", "2048", "--vocab", "50304",
+         "--gpus", "16", "--gpu", "h100-sxm", "--global-batch", "64", "--top", "1000"]
+
+
+def _json(capsys, *argv):
+    assert main(["plan", *argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_recompute_full_recomputes_every_layer_of_every_stage(capsys):
+    # the issue's case: a 24-layer model on one stage once came back with 12 layers recomputed
+    out = _json(capsys, *SHAPE, "--pp", "1", "--recompute", "full")
+    assert out["candidates"] and out["pins"]["recompute"] == "full"
+    for c in out["candidates"]:
+        assert c["recompute"] == "full" and c["recompute_layers_per_stage"] == 24, c
+    out = _json(capsys, *SHAPE, "--recompute", "full")
+    assert any(c["pp"] > 1 for c in out["candidates"])
+    for c in out["candidates"]:
+        assert c["recompute"] == "full" and c["recompute_layers_per_stage"] == 24 // c["pp"], c
+
+
+def test_partial_recompute_is_its_own_value(capsys):
+    out = _json(capsys, *SHAPE, "--recompute", "partial", "--recompute-layers", "5", "--pp", "2")
+    assert out["pins"]["recompute"] == "partial" and out["pins"]["recompute-layers"] == 5
+    assert all(c["recompute"] == "partial" and c["recompute_layers_per_stage"] == 5 for c in out["candidates"])
+    # --recompute-layers alone implies partial
+    out = _json(capsys, *SHAPE, "--recompute-layers", "3")
+    assert all(c["recompute"] == "partial" and c["recompute_layers_per_stage"] == 3 for c in out["candidates"])
+    # unpinned, the search may choose partial; pinned to another mode it never does
+    free = _json(capsys, *SHAPE, "--tp", "1", "--pp", "1")
+    assert {c["recompute"] for c in free["candidates"]} >= {"none", "full", "partial"}
+    for mode in ("none", "selective"):
+        assert {c["recompute"] for c in _json(capsys, *SHAPE, "--recompute", mode)["candidates"]} == {mode}
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--recompute", "full", "--recompute-layers", "4"], "goes with --recompute partial"),
+    (["--recompute", "partial", "--recompute-layers", "24", "--pp", "1"], "use --recompute full"),
+    (["--stack", "megatron2021"], "megatron-2021"),
+])
+def test_contradictory_pins_exit_2(capsys, argv, needle):
+    assert main(["plan", *SHAPE, *argv]) == 2
+    assert needle in capsys.readouterr().err
+
+
+# flag -> (value given, candidate key, value expected in every candidate); extra flags a pin needs
+PINS = {
+    "tp": (["--tp", "2"], "tp", 2),
+    "pp": (["--pp", "2"], "pp", 2),
+    "dp": (["--dp", "4"], "dp", 4),
+    "microbatch": (["--microbatch", "2"], "micro_batch", 2),
+    "interleave": (["--interleave", "2", "--pp", "2"], "interleave", 2),
+    "recompute": (["--recompute", "selective"], "recompute", "selective"),
+    "sequence-parallel": (["--sequence-parallel"], "sequence_parallel", True),
+    "zero": (["--zero", "1"], "zero", 1),
+    "cp": (["--cp", "2"], "cp", 2),
+    "hsdp-shard": (["--hsdp-shard", "2", "--zero", "3"], "hsdp_shard", 2),
+}
+
+
+@pytest.mark.parametrize("flag", sorted(PINS))
+def test_every_pin_holds_in_every_candidate_and_is_echoed(capsys, flag):
+    from trainperf.cli.plan import PIN_FLAGS
+
+    assert set(PINS) <= set(PIN_FLAGS) | {"recompute-layers"}
+    argv, key, want = PINS[flag]
+    out = _json(capsys, *SHAPE, *argv)
+    assert out["pins"][flag] == want
+    assert out["best"][key] == want
+    assert out["candidates"] and all(c[key] == want for c in out["candidates"]), flag
+
+
+def test_the_pin_audit_covers_every_layout_flag():
+    from trainperf.cli.plan import PIN_FLAGS
+
+    assert set(PIN_FLAGS) == set(PINS) | {"recompute-layers"}
+
+
+def test_pins_hold_after_measured(capsys):
+    out = _json(capsys, *SHAPE, "--tp", "2", "--pp", "1", "--microbatch", "2", "--recompute", "full", "--zero", "1",
+                "--no-sequence-parallel", "--measured", "3.0")
+    assert out["pins"]["recompute"] == "full" and out["pins"]["tp"] == 2
+    for c in out["candidates"]:
+        assert (c["tp"], c["pp"], c["micro_batch"], c["recompute"], c["zero"], c["sequence_parallel"]) == \
+            (2, 1, 2, "full", 1, False)
+
+
+def test_stack_presets_have_the_issue_names_and_set_mechanisms(capsys):
+    assert {"megatron-2021", "megatron-core", "fsdp", "torchtitan"} <= set(PRESETS)
+    m21 = _json(capsys, *SHAPE, "--stack", "megatron-2021")
+    assert m21["pins"]["stack"] == "megatron-2021"
+    assert m21["stack"]["mechanisms"]["dp_reduce"] == "after"
+    assert m21["stack"]["mechanisms"]["attention"] == "eager" and m21["model"]["attention"] == "eager"
+    assert m21["stack"]["source"]["dp_reduce"] == "preset megatron-2021"
+    assert all(c["zero"] == 0 for c in m21["candidates"])
+    assert all(c["zero"] == 3 for c in _json(capsys, *SHAPE, "--stack", "fsdp")["candidates"])
+    assert all(c["zero"] == 1 for c in _json(capsys, *SHAPE, "--stack", "megatron-core")["candidates"])
+    # a flag given beside a preset overrides it, and the pinned ZeRO stage beats the preset's
+    over = _json(capsys, *SHAPE, "--stack", "megatron-2021", "--dp-reduce", "overlap", "--zero", "1")
+    assert over["stack"]["mechanisms"]["dp_reduce"] == "overlap" and over["stack"]["source"]["dp_reduce"] == "flag"
+    assert over["pins"]["dp-reduce"] == "overlap" and over["pins"]["zero"] == 1
+    assert all(c["zero"] == 1 for c in over["candidates"])
+
+
+def test_the_reduction_after_the_backward_costs_time(capsys):
+    pin = ["--tp", "1", "--pp", "1", "--microbatch", "2", "--recompute", "none", "--zero", "0"]
+    after = _json(capsys, *SHAPE, *pin, "--dp-reduce", "after")["best"]["step_time_s"]
+    overlap = _json(capsys, *SHAPE, *pin, "--dp-reduce", "overlap")["best"]["step_time_s"]
+    assert after > overlap
+    unfused = _json(capsys, *SHAPE, *pin, "--no-fused")["best"]["step_time_s"]
+    fused = _json(capsys, *SHAPE, *pin, "--fused")["best"]["step_time_s"]
+    assert unfused >= fused
+
+
+@pytest.mark.parametrize("norm,gated,bias,dropout", [(n, g, b, d) for n in ("layernorm", "rmsnorm")
+                                                     for g in (False, True) for b in (False, True)
+                                                     for d in (False, True)])
+def test_fused_elementwise_never_moves_more_bytes_or_launches_more_kernels(norm, gated, bias, dropout):
+    from trainperf.analytic.spec import TransformerSpec
+    from trainperf.planner.kernels import elementwise_bytes, softmax_bytes
+
+    m = TransformerSpec(hidden=1024, layers=2, heads=8, seq=512, vocab=1000, norm=norm, gated=gated, bias=bias)
+    fs, fa, fk = elementwise_bytes(m, True, dropout)
+    us, ua, uk = elementwise_bytes(m, False, dropout)
+    assert fs <= us and fa <= ua and fk <= uk
+    if norm == "rmsnorm" or bias or dropout or gated:  # eager PyTorch runs these as several kernels
+        assert fs + fa < us + ua
+    assert all(f < u for f, u in zip(softmax_bytes(True, dropout), softmax_bytes(False, dropout)))
+
+
+def _width(c):
+    lo, hi = c["step_time_interval_s"]
+    return (hi - lo) / c["step_time_s"]
+
+
+def test_interval_on_best_and_every_candidate_and_narrower_after_measured(capsys):
+    out = _json(capsys, *SHAPE, "--top", "20")
+    for c in [out["best"], *out["candidates"]]:
+        lo, hi = c["step_time_interval_s"]
+        assert lo < c["step_time_s"] < hi
+    assert out["interval"]["level"] == 0.8
+    cal = _json(capsys, *SHAPE, "--top", "20", "--tp", "1", "--pp", "1", "--microbatch", "2", "--recompute", "none",
+                "--zero", "3", "--measured", "1.0")
+    assert all(_width(c) < _width(out["best"]) for c in cal["candidates"])
+    assert cal["interval"]["basis"] != out["interval"]["basis"]
+    assert main(["plan", *SHAPE, "--top", "3"]) == 0
+    text = capsys.readouterr().out
+    assert "80% interval s" in text

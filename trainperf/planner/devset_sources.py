@@ -1,0 +1,116 @@
+"""Published runs added to the planner's development set (issue 22), as data with citations.
+
+Each table cites where its figures stand (paper table, or repository file and line at a named
+commit) and says how the published figure became a step time. ``approx`` marks a figure that
+is read off, derived from totals (GPU-hours), an "up to" figure, or whose layout the source
+does not state. Nothing here is fitted: the rows only judge the model (leave-one-source-out).
+"""
+
+from __future__ import annotations
+
+# --------------------------------------------------------------------------- BLOOM (Megatron-DeepSpeed)
+BLOOM_CITE = ("bigscience-workshop/bigscience @ 9e64edec, train/tr11-176B-ml/chronicles-prequel.md "
+              "(topology benchmarks, 48 x 8 A100 80GB on Jean Zay, iteration-2 'Sec/it'), README.md l.658-663 "
+              "(production run, iteration 85376: 104.70 s/iteration) and tr11-176B-ml.slurm l.66-75 (TP 4, PP 12, "
+              "MBS 2, GBS 2048, 70 layers, h 14336)")
+BLOOM_NOTE = ("Megatron-DeepSpeed: eager attention with Megatron's fused softmax, fused bias-GeLU, full "
+              "activation checkpointing, bf16 with DeepSpeed's ZeRO-1-equivalent optimizer sharding, gradients "
+              "reduced after the pipeline's backward; ALiBi (no position table), vocabulary padded to 250,880, "
+              "tied output, seq 2048; Omni-Path 4 x 100 Gb/s per node (6.25 GB/s per GPU)")
+# (label, layers, hidden, heads, dp, tp, pp, micro-batch, global batch, s/iteration, source line)
+BLOOM = [
+    ("176B production", 70, 14336, 112, 8, 4, 12, 2, 2048, 104.70, "README.md:663"),
+    ("181B TP8 PP6 DP8 mb4", 72, 14336, 64, 8, 8, 6, 4, 2048, 114.11, "chronicles-prequel.md:776"),
+    ("181B TP8 PP6 DP8 mb6", 72, 14336, 64, 8, 8, 6, 6, 2016, 123.57, "chronicles-prequel.md:777"),
+    ("181B TP8 PP12 DP4 mb4", 72, 14336, 64, 4, 8, 12, 4, 2048, 117.07, "chronicles-prequel.md:779"),
+    ("181B TP8 PP12 DP4 mb2", 72, 14336, 64, 4, 8, 12, 2, 2048, 128.82, "chronicles-prequel.md:781"),
+    ("181B TP8 PP8 DP6 mb4", 72, 14336, 64, 6, 8, 8, 4, 2016, 113.16, "chronicles-prequel.md:788"),
+    ("181B TP8 PP4 DP12 mb2", 72, 14336, 64, 12, 8, 4, 2, 2016, 125.52, "chronicles-prequel.md:789"),
+    ("181B TP8 PP4 DP12 mb4", 72, 14336, 64, 12, 8, 4, 4, 2016, 114.81, "chronicles-prequel.md:790"),
+    ("181B TP8 PP2 DP24 mb1", 72, 14336, 64, 24, 8, 2, 1, 2016, 145.45, "chronicles-prequel.md:791"),
+    ("181B TP8 PP2 DP24 mb2", 72, 14336, 64, 24, 8, 2, 2, 2016, 136.13, "chronicles-prequel.md:792"),
+    ("181B TP4 PP12 DP8 mb4", 72, 14336, 64, 8, 4, 12, 4, 2048, 111.89, "chronicles-prequel.md:800"),
+    ("181B TP4 PP12 DP8 mb2", 72, 14336, 64, 8, 4, 12, 2, 2048, 110.48, "chronicles-prequel.md:801"),
+    ("181B TP4 PP6 DP16 mb4", 72, 14336, 64, 16, 4, 6, 4, 2048, 117.11, "chronicles-prequel.md:803"),
+    ("181B TP4 PP6 DP16 mb2", 72, 14336, 64, 16, 4, 6, 2, 2048, 111.71, "chronicles-prequel.md:804"),
+    ("181B TP2 PP12 DP16 mb2", 72, 14336, 64, 16, 2, 12, 2, 2048, 112.50, "chronicles-prequel.md:805"),
+    ("181B TP2 PP24 DP8 mb1", 72, 14336, 64, 8, 2, 24, 1, 2048, 119.53, "chronicles-prequel.md:808"),
+    ("181B TP2 PP24 DP8 mb2", 72, 14336, 64, 8, 2, 24, 2, 2048, 122.75, "chronicles-prequel.md:809"),
+    ("181B TP4 PP24 DP4 mb1", 72, 14336, 64, 4, 4, 24, 1, 2048, 130.60, "chronicles-prequel.md:810"),
+]
+
+# --------------------------------------------------------------------------- OPT-175B (metaseq)
+OPT_CITE = ("Zhang et al. 2022, OPT (arXiv 2205.01068) sect. 2.4: 992 A100 80GB, FSDP with Megatron-LM tensor "
+            "parallelism (TP 8), 'up to 147 TFLOP/s per GPU'; Table 1: 96 layers, 96 heads, h 12288, batch ~2M "
+            "tokens")
+OPT_NOTE = ("step time = FLOPs per iteration / (992 x 147 TFLOP/s), FLOPs by Megatron-2's formula (Narayanan et al. "
+            "2021 eq. 3: 96 B s l h^2 (1 + s/6h + V/16lh), the recomputed forward of full checkpointing counted): "
+            "OPT ran Megatron-LM's tensor-parallel layers, and Meta's FSDP team reported TFLOP/s the same year "
+            "'using the formulas from the Megatron-2 paper' (Belevich, Zhao et al., PyTorch blog, Mar 2022, "
+            "'Training a 1 Trillion Parameter Model With PyTorch FSDP on AWS'); the planner's own convention "
+            "(3 passes) would give a 25% shorter step. Global batch taken as 992 sequences of 2048 (8 per "
+            "data-parallel rank, ~2.03M tokens): the paper's '2M' does not divide 124 ranks. 'Up to' figure, "
+            "convention inferred: approximate")
+
+# --------------------------------------------------------------------------- LLaMA 1 / Llama 2 (Meta, A100 80GB)
+LLAMA1_CITE = ("Touvron et al. 2023a, LLaMA (arXiv 2302.13971): Table 2 (shapes, 4M-token batches, 1.0T / 1.4T "
+               "tokens), Table 15 (GPU-hours: 82,432 / 135,168 / 530,432 / 1,022,362), sect. 2.4 ('380 "
+               "tokens/sec/GPU on 2048 A100 80GB' for 65B; model and sequence parallelism, efficient causal "
+               "attention, checkpointing of the cheap activations)")
+LLAMA2_CITE = ("Touvron et al. 2023b, Llama 2 (arXiv 2307.09288): Table 1 (2.0T tokens, 4M-token batches, seq "
+               "4096, GQA for 34B/70B), Table 2 (GPU-hours on A100 80GB: 184,320 / 368,640 / 1,038,336 / "
+               "1,720,320); 'the same pretraining setting as Llama 1'")
+LLAMA_NOTE = ("tokens/s/GPU = training tokens / (GPU-hours x 3600) (for 65B this gives 380, the paper's own "
+              "figure); step time = 4M-token batch / (tokens/s/GPU x GPUs) with 2048 GPUs (the paper's cluster "
+              "size; not stated per model). GPU-hours include restarts; the layout (TP degree, micro-batch) is "
+              "not published and is the planner's fastest fitting choice under TP + SP: approximate")
+# (label, hidden, layers, heads, kv heads, ffn, seq, training tokens, GPU-hours)
+LLAMA1 = [
+    ("LLaMA-7B", 4096, 32, 32, 32, 11008, 2048, 1.0e12, 82432),
+    ("LLaMA-13B", 5120, 40, 40, 40, 13824, 2048, 1.0e12, 135168),
+    ("LLaMA-33B", 6656, 60, 52, 52, 17920, 2048, 1.4e12, 530432),
+    ("LLaMA-65B", 8192, 80, 64, 64, 22016, 2048, 1.4e12, 1022362),
+]
+LLAMA2 = [
+    ("Llama-2-7B", 4096, 32, 32, 32, 11008, 4096, 2.0e12, 184320),
+    ("Llama-2-13B", 5120, 40, 40, 40, 13824, 4096, 2.0e12, 368640),
+    ("Llama-2-34B", 8192, 48, 64, 8, 22016, 4096, 2.0e12, 1038336),
+    ("Llama-2-70B", 8192, 80, 64, 8, 28672, 4096, 2.0e12, 1720320),
+]
+
+# --------------------------------------------------------------------------- torchtitan (H100, FSDP2/TP/PP/CP)
+TORCHTITAN_CITE = ("pytorch/torchtitan @ b5bcd76c, benchmarks/llama3_h100_202412_torchtitan.md: Tables 1-6 "
+                   "(TPS/GPU at iteration 90), l.11-15 (Grand Teton: H100 96GB HBM2e, 2.4 TB/s, 500 W power limit, "
+                   "400 Gb/s RDMA per GPU)")
+TORCHTITAN_NOTE = ("step time = global batch x seq / (TPS/GPU x GPUs); seq 8192 unless the table says; 'selective "
+                   "AC' (torchtitan's per-op policy, every second matmul recomputed) modelled as half the layers "
+                   "recomputed whole (same recomputed FLOPs); under PP the local batch is split into "
+                   "PP-degree micro-batches (torchtitan 9dec370 pipeline_llama.py: pipeline_parallel_microbatches unset -> parallel_dims.pp); "
+                   "the GPU's peak is between H100 SXM and NVL "
+                   "(l.82 footnote): the SXM figure is used, approximate")
+LLAMA31 = {  # Llama 3.1 shapes (Dubey et al. 2024, Table 3)
+    "8B": dict(hidden=4096, layers=32, heads=32, kv_heads=8, ffn_hidden=14336),
+    "70B": dict(hidden=8192, layers=80, heads=64, kv_heads=8, ffn_hidden=28672),
+    "405B": dict(hidden=16384, layers=126, heads=128, kv_heads=8, ffn_hidden=53248),
+}
+# (label, model, seq, gpus, fsdp, tp, pp, cp, local batch, recompute, compile, float8, async_tp, interleave, TPS/GPU, line)
+TORCHTITAN = [
+    ("T1 8B FSDP", "8B", 8192, 8, 8, 1, 1, 1, 2, "selective", False, False, False, 1, 5762, 27),
+    ("T1 8B FSDP+compile", "8B", 8192, 8, 8, 1, 1, 1, 2, "selective", True, False, False, 1, 6667, 28),
+    ("T1 8B FSDP+compile+fp8", "8B", 8192, 8, 8, 1, 1, 1, 2, "selective", True, True, False, 1, 8532, 29),
+    ("T2 8B FSDP8 CP1 s32k", "8B", 32768, 8, 8, 1, 1, 1, 1, "full", True, True, False, 1, 3890, 35),
+    ("T2 8B FSDP4 CP2 s64k", "8B", 65536, 8, 4, 1, 1, 2, 1, "full", True, True, False, 1, 2540, 36),
+    ("T2 8B FSDP2 CP4 s128k", "8B", 131072, 8, 2, 1, 1, 4, 1, "full", True, True, False, 1, 1071, 37),
+    ("T2 8B FSDP1 CP8 s256k", "8B", 262144, 8, 1, 1, 1, 8, 1, "full", True, True, False, 1, 548, 38),
+    ("T3 8B FSDP 128g", "8B", 8192, 128, 128, 1, 1, 1, 2, "selective", False, False, False, 1, 5605, 44),
+    ("T3 8B FSDP+compile 128g", "8B", 8192, 128, 128, 1, 1, 1, 2, "selective", True, False, False, 1, 6514, 45),
+    ("T3 8B FSDP+compile+fp8 128g", "8B", 8192, 128, 128, 1, 1, 1, 2, "selective", True, True, False, 1, 8380, 46),
+    ("T4 70B FSDP32 TP8", "70B", 8192, 256, 32, 8, 1, 1, 16, "full", True, True, False, 1, 829, 52),
+    ("T4 70B FSDP32 TP8 AsyncTP", "70B", 8192, 256, 32, 8, 1, 1, 16, "full", True, True, True, 1, 876, 53),
+    ("T5 405B 3D 1F1B", "405B", 8192, 512, 8, 8, 8, 1, 32, "full", True, True, True, 1, 100, 59),
+    ("T5 405B 3D interleaved", "405B", 8192, 512, 8, 8, 8, 1, 32, "full", True, True, True, 2, 128, 60),
+    ("T6 405B FSDP8 CP1 s32k", "405B", 32768, 512, 8, 8, 8, 1, 8, "full", True, True, True, 1, 76, 66),
+    ("T6 405B FSDP4 CP2 s64k", "405B", 65536, 512, 4, 8, 8, 2, 8, "full", True, True, True, 1, 47, 67),
+    ("T6 405B FSDP2 CP4 s128k", "405B", 131072, 512, 2, 8, 8, 4, 8, "full", True, True, True, 1, 31, 68),
+    ("T6 405B FSDP1 CP8 s256k", "405B", 262144, 512, 1, 8, 8, 8, 8, "full", True, True, True, 1, 16, 69),
+]

@@ -1,0 +1,147 @@
+"""Timing of single kernels and collectives on one GPU type (no torch).
+
+GEMMs by a soft roofline: ``FLOPs / (rate x wave efficiency) + w x operand bytes / HBM``, where
+``rate = dense peak x gemm_fraction (catalog) x stack_efficiency`` and the wave efficiency is
+counted, not fitted: the output is cut into 256 x 128 tiles (either orientation, whichever wastes
+less), one tile per SM at a time, so a GEMM whose tiles fill 2.1 waves of SMs runs 3 waves
+(``tiles / (ceil(tiles / SMs) x SMs)``; tiles that overhang the matrix edge are padded). This is
+what makes small hidden sizes, small micro-batches and wide tensor parallelism lose efficiency.
+FP8 GEMMs (``float8``) run at the FP8 peak and pay the dynamic-scaling casts of both operands
+(read BF16, amax, write FP8: 5 bytes per element) at HBM bandwidth.
+Elementwise traffic (:func:`elementwise_bytes`) is counted per op, fused or unfused.
+"""
+
+from __future__ import annotations
+
+import math
+
+from trainperf.hardware.catalog import GPUSpec
+from trainperf.planner.constants import Constants
+
+TILE = (256, 128)
+
+
+def wave_efficiency(m: float, n: float, batch: float, sms: int) -> float:
+    """Fraction of SM-time doing useful tiles for an (m x n) output, ``batch`` times."""
+    if sms <= 0:
+        return 1.0
+    best = 0.0
+    for tm, tn in (TILE, TILE[::-1]):
+        tiles_m, tiles_n = math.ceil(m / tm), math.ceil(n / tn)
+        tiles = tiles_m * tiles_n * max(1.0, batch)
+        pad = (m * n) / (tiles_m * tm * tiles_n * tn)
+        waves = math.ceil(tiles / sms)
+        best = max(best, pad * tiles / (waves * sms))
+    return best
+
+
+class Kernels:
+    """Timing of single kernels and collectives on one GPU type."""
+
+    def __init__(self, gpu: GPUSpec, c: Constants, dtype: str = "bf16"):
+        self.c = c
+        self.gpu = gpu
+        self.peak = gpu.peak_tflops(dtype) * 1e12
+        self.rate = self.peak * gpu.gemm_fraction * c.stack_efficiency
+        fp8 = getattr(gpu, "fp8_tflops", 0.0) or 0.0
+        self.rate8 = fp8 * 1e12 * gpu.gemm_fraction * c.stack_efficiency if fp8 else self.rate
+        self.vector = gpu.fp32_tflops * 1e12 * gpu.gemm_fraction * c.stack_efficiency
+        self.hbm = gpu.hbm_tbps * 1e12 * c.hbm_fraction
+        self.nvlink = gpu.nvlink_gbps / 2 * 1e9 * c.nvlink_fraction
+        self.nic = gpu.internode_gbps * 1e9 * c.internode_fraction
+        self.per_node = max(1, gpu.gpus_per_node)
+        self.sms = gpu.sms if c.wave_quantization else 0
+
+    def gemm(self, m: float, n: float, k: float, batch: float = 1.0, fp8: bool = False) -> float:
+        """Y[m,n] = X[m,k] W[k,n] (x batch): soft roofline with wave quantization (module doc)."""
+        flops = 2.0 * m * n * k * batch
+        eff = wave_efficiency(m, n, batch, self.sms)
+        if fp8:
+            nbytes = (m * k + k * n + 2 * m * n) * batch
+            cast = 5.0 * (m * k + k * n) * batch / self.hbm + 2 * self.c.kernel_overhead_s
+            return flops / (self.rate8 * eff) + self.c.gemm_memory_weight * nbytes / self.hbm + cast + self.c.kernel_overhead_s
+        nbytes = 2.0 * (m * k + k * n + m * n) * batch
+        return flops / (self.rate * eff) + self.c.gemm_memory_weight * nbytes / self.hbm + self.c.kernel_overhead_s
+
+    def gemm_fwd_bwd(self, m: float, n: float, k: float, fp8: bool = False) -> tuple[float, float]:
+        """(forward, backward = data grad + weight grad) for Y[m,n] = X[m,k] W[k,n]."""
+        return self.gemm(m, n, k, fp8=fp8), self.gemm(m, k, n, fp8=fp8) + self.gemm(k, n, m, fp8=fp8)
+
+    def flash(self, b: float, heads: float, sq: float, skv: float, d: int, causal: float) -> tuple[float, float]:
+        """FlashAttention forward and backward: matmul FLOPs of the executed (causal) blocks at
+        attention_efficiency of the GEMM rate, plus the softmax at the vector peak. Backward runs
+        5 matmuls to the forward's 2 (it recomputes the scores) and twice the softmax work."""
+        scores = b * heads * sq * skv * causal
+        mm = 4.0 * scores * d / (self.rate * self.c.attention_efficiency)
+        sm = self.c.softmax_ops_per_score * scores / self.vector
+        return mm + sm + self.c.kernel_overhead_s, 2.5 * mm + 2 * sm + 2 * self.c.kernel_overhead_s
+
+    def memory_bound(self, nbytes: float, kernels: int = 1) -> float:
+        return nbytes / self.hbm + kernels * self.c.kernel_overhead_s
+
+    def bandwidth(self, group: int, stride: int) -> float:
+        """Bus bandwidth of a collective among ``group`` ranks placed ``stride`` apart: NVLink when
+        they share a node; across nodes, one NIC per member in a node (capped by NVLink)."""
+        if group * stride <= self.per_node:
+            return self.nvlink
+        local = max(1, min(group, self.per_node // max(1, stride)))
+        return min(self.nvlink, local * self.nic)
+
+    def _latency(self, n: int) -> float:
+        return self.c.collective_latency_s * max(1, math.ceil(math.log2(n)))
+
+    def all_reduce(self, nbytes: float, n: int, bw: float) -> float:
+        if n <= 1:
+            return 0.0
+        return 2 * (n - 1) / n * nbytes / bw + 2 * self._latency(n)
+
+    def half_collective(self, nbytes: float, n: int, bw: float) -> float:
+        """Reduce-scatter or all-gather of a buffer of `nbytes` (full size)."""
+        if n <= 1:
+            return 0.0
+        return (n - 1) / n * nbytes / bw + self._latency(n)
+
+    def p2p(self, nbytes: float, bw: float) -> float:
+        return nbytes / bw + self.c.collective_latency_s
+
+    def overlapped(self, compute: float, comm: float) -> float:
+        """Two streams side by side: the longer one, plus contention over the overlap."""
+        hidden = min(compute, comm)
+        return compute + comm - hidden + self.c.comm_contention * hidden
+
+
+# Bytes per element of the replicated (b x s x h) stream, forward, per layer.
+_FUSED_STREAM = 20.0       # two norms (read + write) with the residual adds folded in: 10 passes of 2 bytes
+_LAYERNORM = 4.0           # one native/fused kernel: read + write
+_RMSNORM_EAGER = 36.0      # x.float(), pow, mean, x * rsqrt, .to(bf16), * weight: each reads and writes
+_RESIDUAL_ADD = 6.0        # read two, write one
+_DROPOUT = 5.0             # read, write, 1-byte mask
+
+
+def elementwise_bytes(model, fused: bool, dropout: bool) -> tuple[float, float, int]:
+    """Forward HBM bytes per token of one layer's elementwise ops, split (per h-wide stream
+    element count factor, per ffn-wide element factor, kernels): the caller multiplies the first by
+    tokens x h (divided by TP under sequence parallel) and the second by tokens x ffn / TP."""
+    act_fused = 6.0 if model.gated else 4.0          # act(gate) * up in one kernel, or GeLU: read + write
+    if fused:
+        return _FUSED_STREAM, act_fused, 5  # two norms, two (bias-dropout-)residual adds, the activation
+    norm = _LAYERNORM if model.norm == "layernorm" else _RMSNORM_EAGER
+    stream = 2 * norm + 2 * _RESIDUAL_ADD + (2 * _DROPOUT if dropout else 0.0)
+    kernels = 2 * (1 if model.norm == "layernorm" else 6) + 2 + (2 if dropout else 0)
+    act = 10.0 if model.gated else 4.0               # silu (read, write) then mul (read 2, write)
+    kernels += 2 if model.gated else 1
+    if model.bias:  # bias adds on QKV, O, fc1, fc2 as their own kernels: read + write each output
+        stream += 4.0 * (3 + 1 + 1)                  # QKV (3h), O (h), fc2 (h)
+        act += 4.0                                   # fc1 (ffn)
+        kernels += 4
+    return stream, act, kernels
+
+
+def softmax_bytes(fused: bool, dropout: bool) -> tuple[float, float]:
+    """Eager attention's softmax, bytes per score element (forward, backward): Megatron's fused
+    scale-mask-softmax reads and writes once; unfused, scale, mask, softmax and dropout each do."""
+    mask = 1.0 if dropout else 0.0
+    if fused:
+        return 4.0 + mask, 6.0 + mask
+    fwd = 4.0 * 3 + (4.0 + mask if dropout else 0.0)
+    return fwd, 2 * fwd

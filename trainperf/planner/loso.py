@@ -1,0 +1,258 @@
+"""Leave-one-source-out (LOSO) evaluation of the planner on its development set, with interval
+coverage (no torch; the plot needs matplotlib).
+
+``python -m trainperf.planner.loso [--data DIR] [--json] [--plot PNG] [--fast]`` or
+``trainperf plan --devset-report`` print it.
+
+Per held-out source S:
+
+* the model's error: constants fitted on the other sources (:func:`trainperf.planner.fit.fit_constants`);
+* the constant baseline's error: one efficiency E fitted on the other sources, and E = 0.5 fixed
+  (the peer the issue compares against);
+* interval coverage and width: the 80% interval of each of S's rows comes from the held-out
+  errors of the *other* sources only (nested: each of those errors from a fit without S and
+  without that source; ``--fast`` reuses the outer folds' errors instead, which lets S into the
+  constants behind them), so S never sets its own interval;
+* calibrated coverage: S's first, middle and last rows in turn play the user's measured run
+  (``--measured``: ``stack_efficiency`` fitted to it), the other rows of S are predicted with the
+  narrower calibrated interval (within-source spread of the other sources).
+"""
+
+from __future__ import annotations
+
+import math
+from trainperf.planner import devset
+from trainperf.planner.constants import DEFAULTS, Constants
+from trainperf.planner.fit import FITTED, baseline_errors, fit_baseline, fit_constants
+from trainperf.planner.interval import Spread, log_ratio, spread_from
+
+FIXED_BASELINE = 0.5
+"""The issue's peer: one constant efficiency of 0.5 of the dense peak, nothing fitted."""
+
+
+def _residuals(rows, c: Constants) -> list[float | None]:
+    out = []
+    for r in rows:
+        est = devset.predict(r, c)
+        out.append(None if est is None else log_ratio(r.published_s, est.step_time_s))
+    return out
+
+
+def _sources(rows) -> list[str]:
+    return [s for s in devset.SOURCES if any(r.source == s for r in rows)]
+
+
+def _calibrated_coverage(test, c: Constants, spread: Spread) -> tuple[float | None, float | None]:
+    """Coverage and mean relative width of calibrated intervals: each of up to 3 rows of the source
+    calibrates stack_efficiency, the others are predicted."""
+    from trainperf.planner.calibrate import fit_efficiency
+
+    if len(test) < 2:
+        return None, None
+    picks = sorted({0, len(test) // 2, len(test) - 1})
+    inside = total = 0
+    for i in picks:
+        ref = test[i]
+        est = devset.predict(ref, c)
+        if est is None:
+            continue
+        cal, _ = fit_efficiency(ref.model, ref.spec(), est.layout, ref.global_batch, ref.published_s, c, stack=ref.stack)
+        for j, r in enumerate(test):
+            if j == i:
+                continue
+            e = devset.predict(r, cal)
+            if e is None:
+                total += 1
+                continue
+            lo, hi = spread.bounds(e.step_time_s)
+            inside += lo <= r.published_s <= hi
+            total += 1
+    return (inside / total if total else None), spread.relative_width()
+
+
+def loso(rows, base: Constants = DEFAULTS, *, nested: bool = True, progress=None) -> dict:
+    """LOSO for the model, the constant baseline and the intervals; plus the fit on all rows."""
+    sources = _sources(rows)
+    by = {s: [r for r in rows if r.source == s] for s in sources}
+    outer: dict[str, Constants] = {}
+    residuals: dict[str, list] = {}
+    for s in sources:
+        outer[s] = fit_constants([r for r in rows if r.source != s], base)
+        residuals[s] = _residuals(by[s], outer[s])
+        if progress:
+            progress(f"fold {s}")
+    per_row, folds = [], {}
+    for s in sources:
+        train = [r for r in rows if r.source != s]
+        others = [t for t in sources if t != s]
+        if nested:  # each other source held out of a fit that also leaves S out
+            inner = {}
+            for t in others:
+                ct = fit_constants([r for r in train if r.source != t], base)
+                inner[t] = _residuals(by[t], ct)
+                if progress:
+                    progress(f"fold {s} / inner {t}")
+        else:
+            inner = {t: residuals[t] for t in others}
+        spread = spread_from(inner)
+        spread_cal = spread_from(inner, within=True)
+        c = outer[s]
+        e_base = fit_baseline(train)
+        berrs = baseline_errors(by[s], e_base)
+        berrs_half = baseline_errors(by[s], FIXED_BASELINE)
+        cal_cov, cal_width = _calibrated_coverage(by[s], c, spread_cal)
+        folds[s] = {"constants": {k: getattr(c, k) for k in FITTED}, "baseline_efficiency": e_base,
+                    "interval": spread.as_dict(), "interval_calibrated": spread_cal.as_dict(),
+                    "calibrated_coverage": None if cal_cov is None else round(cal_cov, 4),
+                    "calibrated_width": None if cal_width is None else round(cal_width, 4)}
+        for r, res, be, bh in zip(by[s], residuals[s], berrs, berrs_half):
+            est = devset.predict(r, c)
+            pred = None if est is None else est.step_time_s
+            lo, hi = spread.bounds(pred) if pred else (None, None)
+            per_row.append({
+                "source": s, "row": r.label, "published_s": round(r.published_s, 4), "approximate": r.approximate,
+                "predicted_s": None if pred is None else round(pred, 4),
+                "interval_s": None if pred is None else [round(lo, 4), round(hi, 4)],
+                "inside": None if pred is None else bool(lo <= r.published_s <= hi),
+                "layout": None if est is None else est.layout.short(), "fits": est is not None,
+                "error": None if res is None else round(math.exp(-res) - 1, 4),
+                "baseline_s": round(r.published_s * (1 + be), 4), "baseline_error": round(be, 4),
+                "baseline_half_error": round(bh, 4),
+            })
+    summary = {}
+    for s in sources + ["pooled"]:
+        rs = [x for x in per_row if s in ("pooled", x["source"])]
+        model = [abs(x["error"]) if x["error"] is not None else 1.0 for x in rs]
+        base_ = [abs(x["baseline_error"]) for x in rs]
+        ins = [x["inside"] for x in rs if x["inside"] is not None]
+        widths = [(x["interval_s"][1] - x["interval_s"][0]) / x["predicted_s"] for x in rs if x["interval_s"]]
+        summary[s] = {"rows": len(rs), "model_mean_abs_error": round(sum(model) / len(model), 4),
+                      "model_max_abs_error": round(max(model), 4),
+                      "model_mean_signed_error": round(sum(x["error"] for x in rs if x["error"] is not None)
+                                                       / max(1, sum(1 for x in rs if x["error"] is not None)), 4),
+                      "baseline_mean_abs_error": round(sum(base_) / len(base_), 4),
+                      "baseline_half_mean_abs_error": round(sum(abs(x["baseline_half_error"]) for x in rs) / len(rs), 4),
+                      "coverage": round(sum(ins) / len(ins), 4) if ins else None,
+                      "mean_relative_width": round(sum(widths) / len(widths), 4) if widths else None,
+                      "calibrated_coverage": folds[s]["calibrated_coverage"] if s in folds else None,
+                      "calibrated_width": folds[s]["calibrated_width"] if s in folds else None,
+                      "not_fitting": sum(1 for x in rs if not x["fits"]),
+                      "approximate_rows": sum(1 for x in rs if x["approximate"])}
+    all_c = fit_constants(rows, base)
+    shipped = {t: _residuals(by[t], outer[t]) for t in sources}
+    return {"folds": folds, "rows": per_row, "summary": summary, "nested": nested,
+            "fit_all": {k: getattr(all_c, k) for k in FITTED}, "baseline_all": fit_baseline(rows),
+            "interval": spread_from(shipped).as_dict(), "interval_calibrated": spread_from(shipped, within=True).as_dict()}
+
+
+def render_markdown(res: dict) -> str:
+    lines = ["| held-out source | rows | model mean abs error | model max | mean signed | constant-E baseline "
+             "| E = 0.5 baseline | 80% interval coverage | mean width | calibrated coverage (width) | not fitting |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for s, v in res["summary"].items():
+        cov = "-" if v["coverage"] is None else f"{100 * v['coverage']:.0f}%"
+        wid = "-" if v["mean_relative_width"] is None else f"{100 * v['mean_relative_width']:.0f}%"
+        cal = ("-" if v.get("calibrated_coverage") is None
+               else f"{100 * v['calibrated_coverage']:.0f}% ({100 * v['calibrated_width']:.0f}%)")
+        approx = f" ({v['approximate_rows']} approx.)" if v["approximate_rows"] else ""
+        lines.append(f"| {s} | {v['rows']}{approx} | {100 * v['model_mean_abs_error']:.1f}% | "
+                     f"{100 * v['model_max_abs_error']:.1f}% | {100 * v['model_mean_signed_error']:+.1f}% | "
+                     f"{100 * v['baseline_mean_abs_error']:.1f}% | {100 * v['baseline_half_mean_abs_error']:.1f}% | "
+                     f"{cov} | {wid} | {cal} | {v['not_fitting']} |")
+    lines += ["", "| held-out source | " + " | ".join(FITTED) + " | baseline E | interval (log ratio) |",
+              "|---" * (len(FITTED) + 3) + "|"]
+    for s, f in res["folds"].items():
+        iv = f["interval"]
+        lines.append(f"| {s} | " + " | ".join(f"{f['constants'][k]:.3f}" for k in FITTED)
+                     + f" | {f['baseline_efficiency']:.3f} | [{iv['log_ratio_low']:+.3f}, {iv['log_ratio_high']:+.3f}] |")
+    iv = res["interval"]
+    lines.append("| (all sources) | " + " | ".join(f"{res['fit_all'][k]:.3f}" for k in FITTED)
+                 + f" | {res['baseline_all']:.3f} | [{iv['log_ratio_low']:+.3f}, {iv['log_ratio_high']:+.3f}] |")
+    ic = res["interval_calibrated"]
+    lines.append(f"\ncalibrated (within-source) spread, all sources: [{ic['log_ratio_low']:+.4f}, {ic['log_ratio_high']:+.4f}]")
+    lines += ["", "| source | row | published s | predicted s | error | 80% interval s | layout | baseline error |",
+              "|---|---|---|---|---|---|---|---|"]
+    for x in res["rows"]:
+        err = "no fit" if x["error"] is None else f"{100 * x['error']:+.1f}%"
+        mark = " (approx.)" if x["approximate"] else ""
+        iv = "-" if not x["interval_s"] else f"{x['interval_s'][0]:.3g}-{x['interval_s'][1]:.3g}{'' if x['inside'] else ' (out)'}"
+        lines.append(f"| {x['source']}{mark} | {x['row']} | {x['published_s']:.3f} | {x['predicted_s'] or '-'} | {err} "
+                     f"| {iv} | {x['layout'] or '-'} | {100 * x['baseline_error']:+.1f}% |")
+    return "\n".join(lines)
+
+
+def plot(result: dict, path: str) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.0, 6.4))
+    marks = "so^DvP*Xh<>"
+    for i, s in enumerate(result["summary"]):
+        if s == "pooled":
+            continue
+        rs = [x for x in result["rows"] if x["source"] == s and x["predicted_s"]]
+        if not rs:
+            continue
+        xs = [x["published_s"] for x in rs]
+        ys = [x["predicted_s"] for x in rs]
+        # the interval at the published value's abscissa: inside when the bar crosses the diagonal
+        yerr = [[y - x["interval_s"][0] for x, y in zip(rs, ys)], [x["interval_s"][1] - y for x, y in zip(rs, ys)]]
+        ax.errorbar(xs, ys, yerr=yerr, fmt=marks[i % len(marks)], ms=4, lw=0.5, capsize=0,
+                    label=f"{s} ({100 * result['summary'][s]['model_mean_abs_error']:.1f}%, "
+                          f"cov {100 * (result['summary'][s]['coverage'] or 0):.0f}%)")
+    allx = [x["published_s"] for x in result["rows"]]
+    lo, hi = min(allx) * 0.5, max(allx) * 2.0
+    ax.plot([lo, hi], [lo, hi], "k-", lw=0.8)
+    for f in (0.92, 1.08):
+        ax.plot([lo, hi], [lo * f, hi * f], "k:", lw=0.6)
+    ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi), xlabel="published step time (s)",
+           ylabel="predicted step time (s), source held out",
+           title="trainperf plan: leave-one-source-out predictions with their 80% interval\n"
+                 "(a bar that crosses the diagonal holds the published value)")
+    ax.legend(fontsize=6.5, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return path
+
+
+def main(argv=None) -> None:
+    import argparse
+    import json
+
+    ap = argparse.ArgumentParser(prog="python -m trainperf.planner.loso",
+                                 description="leave-one-source-out cross-validation of the planner, with intervals")
+    ap.add_argument("--data", help="planner-dev directory (default $TRAINPERF_PLANNER_DEV or /work/shared/planner-dev)")
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--plot", metavar="PNG")
+    ap.add_argument("--fast", action="store_true", help="intervals from the outer folds' errors (not nested)")
+    args = ap.parse_args(argv)
+    print(report(args.data, as_json=args.json, plot_path=args.plot, nested=not args.fast, json_dumps=json.dumps))
+
+
+def report(data_dir=None, *, as_json=False, plot_path=None, nested=True, json_dumps=None) -> str:
+    import sys
+
+    rows = devset.load(data_dir)
+    try:
+        from tqdm import tqdm
+
+        bar = tqdm(total=None, desc="LOSO folds", unit="fit", file=sys.stderr, leave=False)
+        progress = lambda msg: (bar.update(1), bar.set_postfix_str(msg))  # noqa: E731
+    except ImportError:  # pragma: no cover - tqdm is a dependency
+        bar, progress = None, None
+    res = loso(rows, nested=nested, progress=progress)
+    if bar is not None:
+        bar.close()
+    if plot_path:
+        plot(res, plot_path)
+    if as_json:
+        from trainperf.runio import dumps_strict
+
+        return dumps_strict(res)
+    return render_markdown(res)
+
+
+if __name__ == "__main__":
+    main()

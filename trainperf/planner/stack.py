@@ -1,0 +1,130 @@
+"""What differs between training stacks, as mechanisms the cost model times (no torch).
+
+A :class:`Stack` is a set of switches, each a physical mechanism with its own cost in
+:mod:`trainperf.planner.cost`; none is a fitted efficiency:
+
+* ``dp_reduce``: the data-parallel gradient reduction (DDP all-reduce, or the distributed
+  optimizer's reduce-scatter) runs ``overlap`` = in buckets during the backward (PyTorch DDP,
+  Megatron-Core ``--overlap-grad-reduce``, FSDP) or ``after`` it, on the critical path (Megatron-LM
+  2021, DeepSpeed's pipeline engine).
+* ``fused``: softmax / dropout / norm / bias / activation each a fused kernel that reads and writes
+  HBM once (Megatron's fused kernels, ``torch.compile``, Apex) or, unfused, one kernel per
+  elementwise op, each reading and writing its operands (eager PyTorch: RMSNorm as cast, pow,
+  mean, rsqrt, mul; SwiGLU as silu then mul; bias add, dropout and residual add apart).
+* ``attention``: ``flash`` (FlashAttention / SDPA) or ``eager`` (scores and probabilities in HBM,
+  batched GEMMs plus a memory-bound softmax); None keeps the model's own.
+* ``distributed_optimizer``: optimizer states sharded over data parallel (ZeRO-1): gradients
+  reduce-scattered, parameters all-gathered after the step (overlapped with the next forward when
+  ``dp_reduce`` is ``overlap``, as Megatron-Core's ``--overlap-param-gather``). It pins ZeRO-1
+  for layouts that are not FSDP; None leaves the ZeRO stage to the layout or the search.
+* ``fsdp``: parameters sharded too (ZeRO-3 / FSDP), per-layer all-gather and reduce-scatter
+  prefetched beside compute. True pins ZeRO-3, None leaves it to the search.
+* ``float8``: the linear layers' GEMMs at the FP8 dense peak (torchao / Transformer Engine
+  dynamic scaling: each operand cast to FP8 in a memory-bound pass); attention stays BF16.
+* ``async_tp``: tensor-parallel collectives decomposed and overlapped with the matmuls they feed
+  (torchtitan AsyncTP, TE comm overlap); otherwise on the critical path.
+
+Presets (``trainperf plan --stack NAME``) set them; a flag given beside a preset overrides the
+preset's value. The default, ``default``, is the stack trainperf itself trains with: overlapped
+DP reduction, fused elementwise kernels, FlashAttention, the ZeRO stage searched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+from trainperf.errors import UserError
+
+DP_REDUCE = ("overlap", "after")
+
+
+@dataclass(frozen=True)
+class Stack:
+    name: str = "default"
+    dp_reduce: str = "overlap"
+    fused: bool = True
+    attention: str | None = None
+    distributed_optimizer: bool | None = None
+    fsdp: bool | None = None
+    float8: bool = False
+    async_tp: bool = False
+    grad_bytes: float | None = None
+    """Bytes per parameter of the replicated gradient buffer, when the stack keeps 16-bit gradients
+    and moves the FP32 copy into the sharded optimizer part (DeepSpeed's BF16_Optimizer: 2); None:
+    the constants' grad_bytes (Megatron's FP32 main grads, 4)."""
+
+    def __post_init__(self):
+        if self.dp_reduce not in DP_REDUCE:
+            raise UserError(f"--dp-reduce {self.dp_reduce!r}: choose one of {', '.join(DP_REDUCE)}")
+        if self.attention not in (None, "flash", "eager"):
+            raise UserError(f"--attention {self.attention!r}: choose flash or eager")
+
+    def mechanisms(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "name"}
+
+    def zero_pin(self) -> int | None:
+        """The ZeRO stage this stack implies (None: the layout's or the search's)."""
+        if self.fsdp:
+            return 3
+        if self.distributed_optimizer:
+            return 1
+        if self.distributed_optimizer is False and self.fsdp is False:
+            return 0
+        return None
+
+
+DEFAULT = Stack()
+
+PRESETS: dict[str, tuple[Stack, str]] = {
+    "default": (DEFAULT, "trainperf's own stack: DP reduction overlapped with the backward, fused "
+                         "elementwise kernels, the model's attention kernel, ZeRO stage searched"),
+    "megatron-2021": (Stack("megatron-2021", dp_reduce="after", fused=True, attention="eager",
+                            distributed_optimizer=False, fsdp=False),
+                      "Megatron-LM 2021 (Narayanan et al.; MT-NLG): DP all-reduce after the backward, "
+                      "eager attention (fused scale-mask-softmax), fused bias-GeLU / bias-dropout-add, "
+                      "no distributed optimizer (ZeRO-0)"),
+    "megatron-core": (Stack("megatron-core", dp_reduce="overlap", fused=True, attention="flash",
+                            distributed_optimizer=True, fsdp=False),
+                      "Megatron-Core with Transformer Engine: DP reduce-scatter overlapped with the "
+                      "backward and param all-gather with the forward (distributed optimizer, ZeRO-1), "
+                      "fused kernels, FlashAttention"),
+    "fsdp": (Stack("fsdp", dp_reduce="overlap", fused=False, attention="flash", distributed_optimizer=False,
+                   fsdp=True),
+             "PyTorch FSDP (ZeRO-3) in eager mode: per-layer all-gather / reduce-scatter prefetched beside "
+             "compute, SDPA FlashAttention, unfused elementwise ops (no torch.compile)"),
+    "torchtitan": (Stack("torchtitan", dp_reduce="overlap", fused=False, attention="flash",
+                         distributed_optimizer=False, fsdp=True),
+                   "torchtitan (FSDP2 + TP/PP/CP): FSDP2 per-layer collectives overlapped, SDPA "
+                   "FlashAttention, eager elementwise ops unless --fused (torch.compile); --float8 and "
+                   "--async-tp as the runs enable them"),
+}
+
+
+def get_stack(name: str | None, **overrides) -> Stack:
+    """A preset with the flags given beside it applied (a flag wins over the preset)."""
+    key = name or "default"
+    if key not in PRESETS:
+        import difflib
+
+        close = difflib.get_close_matches(key, PRESETS, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise UserError(f"--stack {key!r} is not a preset{hint}; choose one of {', '.join(PRESETS)}")
+    stack = PRESETS[key][0]
+    given = {k: v for k, v in overrides.items() if v is not None}
+    return replace(stack, **given) if given else stack
+
+
+def provenance(name: str | None, overrides: dict) -> dict:
+    """Where each mechanism's value came from: 'flag', 'preset NAME' or 'default'."""
+    key = name or "default"
+    out = {}
+    for f in fields(Stack):
+        if f.name == "name":
+            continue
+        if overrides.get(f.name) is not None:
+            out[f.name] = "flag"
+        elif key != "default":
+            out[f.name] = f"preset {key}"
+        else:
+            out[f.name] = "default"
+    return out
