@@ -27,6 +27,7 @@ event's (``base_us``), so no precision is lost to the epoch offset. ``baseTimeNa
 
 from __future__ import annotations
 
+import mmap
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -140,6 +141,16 @@ def _tid_stream(tid: Any) -> int:
 _I32 = np.iinfo(np.int32)
 
 
+def _empty(n: int, dtype) -> np.ndarray:
+    """An uninitialised array; from 1 MB on, in its own anonymous mapping: its pages become resident only as
+    they are written, and they go back to the system when it is dropped (from the allocator's heap, freed
+    buffers may stay resident, and a doubled buffer's untouched half may be)."""
+    nbytes = n * np.dtype(dtype).itemsize
+    if nbytes < (1 << 20):
+        return np.empty(n, dtype=dtype)
+    return np.frombuffer(mmap.mmap(-1, nbytes), dtype=dtype, count=n)
+
+
 class _Column:
     """One column grown in place: the chunks' values are copied into one buffer that doubles when full (so no
     per-chunk pieces are kept, and no final concatenation copy: :meth:`array` is a view of the filled part;
@@ -157,7 +168,7 @@ class _Column:
         if self.narrow and self.buf.dtype == np.int32 and k and (values.min() < _I32.min or values.max() > _I32.max):
             self.buf = self.buf.astype(np.int64)  # the checked fallback: exact, as before
         if self.n + k > self.buf.size:
-            new = np.empty(max(2 * self.buf.size, self.n + k, 1024), dtype=self.buf.dtype)
+            new = _empty(max(2 * self.buf.size, self.n + k, 1024), self.buf.dtype)
             new[:self.n] = self.buf[:self.n]
             self.buf = new
         self.buf[self.n:self.n + k] = values
