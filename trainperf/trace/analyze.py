@@ -62,6 +62,7 @@ def analyze_timeline(tl: Timeline, *, path: str = "", rank: int | None = None, p
     nsteps = len(spans)
     roles = tb.role_sets(tl, cls["kind"] == 1)
     bd = tb.breakdown(spans, roles)
+    del roles  # the role unions (as many intervals as launches and kernels) are not needed past here
     gm = tb.gpu_metrics(tl, spans, launch, tc_tb, cls["tc"])
     main = gm["main"]
     dm = gm["devices"].get(main, {}) if main is not None else {}

@@ -121,14 +121,18 @@ def kernel_types(ts, end, comm, compute, memory) -> dict[str, Any]:
     ...), in % of the time any runs. One sweep over the three unions' boundaries, as HTA does."""
     sets = [iv.union(ts[m], end[m]) for m in (compute, comm, memory)]
     t = np.concatenate([np.concatenate([a[0], a[1]]) for a in sets])
-    d = np.concatenate([np.concatenate([np.full(a[0].size, 1 << i), np.full(a[1].size, -(1 << i))])
-                        for i, a in enumerate(sets)])
+    d = np.concatenate([np.concatenate([np.full(a[0].size, 1 << i, dtype=np.int8),
+                                        np.full(a[1].size, -(1 << i), dtype=np.int8)])
+                        for i, a in enumerate(sets)])  # one byte per boundary
     us: dict[str, float] = {}
     if t.size:
         o = np.lexsort((d, t))  # at one instant, ends (negative) before starts: touching pieces do not overlap
         t, d = t[o], d[o]
-        run = np.cumsum(d)[:-1]
+        del o
+        run = np.cumsum(d, dtype=np.int16)[:-1]  # the state: a bit per type, 0..7
+        del d
         dur = np.diff(t)
+        del t
         for state in np.unique(run[run > 0]):
             name = "_overlapping_".join(k for i, k in enumerate(TYPE_KEYS) if int(state) & (1 << i))
             v = float(np.sum(dur[run == state]))

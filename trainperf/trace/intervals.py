@@ -43,21 +43,31 @@ def _combine(a: Set, b: Set, want: str) -> Set:
             return EMPTY
         if b[0].size == 0:
             return a
+    na, nb = a[0].size, b[0].size
     t = np.concatenate([a[0], a[1], b[0], b[1]])
-    w = np.concatenate([np.full(a[0].size, 1), np.full(a[0].size, -1), np.full(b[0].size, 2),
-                        np.full(b[0].size, -2)])
+    w = np.empty(t.size, dtype=np.int8)  # one byte per endpoint: +-1 for a, +-2 for b
+    w[:na], w[na:2 * na], w[2 * na:2 * na + nb], w[2 * na + nb:] = 1, -1, 2, -2
     # at one instant, ends before starts, so touching pieces do not overlap
     o = np.lexsort((w, t))
     t, w = t[o], w[o]
-    state = np.cumsum(w)  # after each endpoint: 1 = a only, 2 = b only, 3 = both
+    del o
+    state = np.cumsum(w, dtype=np.int32)  # after each endpoint: 1 = a only, 2 = b only, 3 = both
+    del w
     inside = state == 3 if want == "and" else state == 1 if want == "minus" else state > 0
+    del state
     if t.size < 2:
         return EMPTY
     seg = inside[:-1] & (t[1:] > t[:-1])
+    del inside
     s, e = t[:-1][seg], t[1:][seg]
     if s.size == 0:
         return EMPTY
-    return union(s, e)  # join the pieces split by endpoints inside
+    # the pieces are sorted and disjoint already: join the ones split by an endpoint inside (touching)
+    new = np.empty(s.size, dtype=bool)
+    new[0] = True
+    new[1:] = s[1:] > e[:-1]
+    idx = np.flatnonzero(new)
+    return s[idx], e[np.append(idx[1:] - 1, s.size - 1)]
 
 
 def intersect(a: Set, b: Set) -> Set:

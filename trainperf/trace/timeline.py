@@ -27,6 +27,7 @@ event's (``base_us``), so no precision is lost to the epoch offset. ``baseTimeNa
 
 from __future__ import annotations
 
+import mmap
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -137,6 +138,46 @@ def _tid_stream(tid: Any) -> int:
     return -1
 
 
+_I32 = np.iinfo(np.int32)
+
+
+def _empty(n: int, dtype) -> np.ndarray:
+    """An uninitialised array; from 1 MB on, in its own anonymous mapping: its pages become resident only as
+    they are written, and they go back to the system when it is dropped (from the allocator's heap, freed
+    buffers may stay resident, and a doubled buffer's untouched half may be)."""
+    nbytes = n * np.dtype(dtype).itemsize
+    if nbytes < (1 << 20):
+        return np.empty(n, dtype=dtype)
+    return np.frombuffer(mmap.mmap(-1, nbytes), dtype=dtype, count=n)
+
+
+class _Column:
+    """One column grown in place: the chunks' values are copied into one buffer that doubles when full (so no
+    per-chunk pieces are kept, and no final concatenation copy: :meth:`array` is a view of the filled part;
+    the unfilled tail of a large buffer is never touched, so it is not resident). An integer column starts as
+    int32 and becomes int64, exactly, the first time a value falls outside int32's range."""
+
+    def __init__(self, dtype):
+        self.dtype = np.dtype(dtype)
+        self.narrow = self.dtype == np.int64  # kept as int32 while the values fit
+        self.buf = np.empty(0, dtype=np.int32 if self.narrow else self.dtype)
+        self.n = 0
+
+    def add(self, values: np.ndarray) -> None:
+        k = values.size
+        if self.narrow and self.buf.dtype == np.int32 and k and (values.min() < _I32.min or values.max() > _I32.max):
+            self.buf = self.buf.astype(np.int64)  # the checked fallback: exact, as before
+        if self.n + k > self.buf.size:
+            new = _empty(max(2 * self.buf.size, self.n + k, 1024), self.buf.dtype)
+            new[:self.n] = self.buf[:self.n]
+            self.buf = new
+        self.buf[self.n:self.n + k] = values
+        self.n += k
+
+    def array(self) -> np.ndarray:
+        return self.buf[:self.n]
+
+
 @dataclass
 class Timeline:
     """One rank's trace as arrays (times in us relative to ``base_us``)."""
@@ -150,8 +191,7 @@ class Timeline:
     g_name: np.ndarray = None
     g_stream: np.ndarray = None
     g_device: np.ndarray = None
-    g_corr: np.ndarray = None
-    g_ext: np.ndarray = None
+    g_corr: np.ndarray = None  # int32 while every id fits, else int64 (the same holds for every id column)
     g_occ: np.ndarray = None
     g_bps: np.ndarray = None
     g_bytes: np.ndarray = None
@@ -183,6 +223,11 @@ class Timeline:
     cpu_events: int = 0
 
 
+_DTYPES = {"ts": np.float64, "dur": np.float64, "kind": np.int8, "name": np.int32, "stream": np.int64,
+           "device": np.int64, "corr": np.int64, "ext": np.int64, "occ": np.float32, "bps": np.float32,
+           "bytes": np.float64, "coll": np.int32, "pg": np.int32, "driver": bool}
+
+
 class Collector:
     """Feed it the reader's chunks; :meth:`finish` returns the :class:`Timeline`."""
 
@@ -192,11 +237,11 @@ class Collector:
         self.tc_ops = _TcOps()
         self.cats: dict[Any, tuple] = {}
         self.base: float | None = None
-        self.g: dict[str, list] = {k: [] for k in ("ts", "dur", "kind", "name", "stream", "device", "corr", "ext",
-                                                    "occ", "bps", "bytes", "coll", "pg")}
-        self.r: dict[str, list] = {k: [] for k in ("ts", "dur", "corr", "ext", "name", "driver")}
-        self.op_ext: list[np.ndarray] = []
-        self.sy: dict[str, list] = {"ts": [], "dur": [], "stream": []}
+        self.g = {k: _Column(_DTYPES[k]) for k in ("ts", "dur", "kind", "name", "stream", "device", "corr", "occ",
+                                                   "bps", "bytes", "coll", "pg")}
+        self.r = {k: _Column(_DTYPES[k]) for k in ("ts", "dur", "corr", "ext", "name", "driver")}
+        self.op_ext = _Column(np.int64)
+        self.sy = {k: _Column(_DTYPES[k]) for k in ("ts", "dur", "stream")}
         self.ops = Accumulator()
         self.t = Timeline()
 
@@ -248,9 +293,9 @@ class Collector:
             ts, dur = self._times(syncs)
             st = np.array([_stream_num((e.args or NOARGS).stream) for e in syncs], dtype=np.int64)
             keep = st >= 0
-            self.sy["ts"].append(ts[keep])
-            self.sy["dur"].append(dur[keep])
-            self.sy["stream"].append(st[keep])
+            self.sy["ts"].add(ts[keep])
+            self.sy["dur"].add(dur[keep])
+            self.sy["stream"].add(st[keep])
 
     def _times(self, evs: list[Event]) -> tuple[np.ndarray, np.ndarray]:
         ts = _floats([e.ts for e in evs]) - self.base
@@ -267,32 +312,31 @@ class Collector:
         g, names = self.g, self.names
         ts, dur = self._times(evs)
         A = [e.args or NOARGS for e in evs]
-        g["ts"].append(ts)
-        g["dur"].append(dur)
-        g["kind"].append(np.array(kinds, dtype=np.int8))
-        g["name"].append(np.array([names[e.name] for e in evs], dtype=np.int32))
-        g["stream"].append(np.array([_stream_num(a.stream) if a.stream is not None else _tid_stream(e.tid)
+        g["ts"].add(ts)
+        g["dur"].add(dur)
+        g["kind"].add(np.array(kinds, dtype=np.int8))
+        g["name"].add(np.array([names[e.name] for e in evs], dtype=np.int32))
+        g["stream"].add(np.array([_stream_num(a.stream) if a.stream is not None else _tid_stream(e.tid)
                                      for a, e in zip(A, evs)], dtype=np.int64))
-        g["device"].append(np.array([_stream_num(a.device if a.device is not None else e.pid)
+        g["device"].add(np.array([_stream_num(a.device if a.device is not None else e.pid)
                                      for a, e in zip(A, evs)], dtype=np.int64))
-        g["corr"].append(_ints([a.corr for a in A]))
-        g["ext"].append(_ints([a.ext if a.ext is not None else a.ext18 for a in A]))
-        g["occ"].append(_floats([a.occ if a.occ is not None else np.nan for a in A]).astype(np.float32))
-        g["bps"].append(_floats([a.bps if a.bps is not None else np.nan for a in A]).astype(np.float32))
-        g["bytes"].append(_floats([a.nbytes if a.nbytes is not None else np.nan for a in A]))
-        g["coll"].append(np.array([names[a.coll] if a.coll is not None else -1 for a in A], dtype=np.int32))
-        g["pg"].append(np.array([names[a.pg] if a.pg is not None else -1 for a in A], dtype=np.int32))
+        g["corr"].add(_ints([a.corr for a in A]))
+        g["occ"].add(_floats([a.occ if a.occ is not None else np.nan for a in A]).astype(np.float32))
+        g["bps"].add(_floats([a.bps if a.bps is not None else np.nan for a in A]).astype(np.float32))
+        g["bytes"].add(_floats([a.nbytes if a.nbytes is not None else np.nan for a in A]))
+        g["coll"].add(np.array([names[a.coll] if a.coll is not None else -1 for a in A], dtype=np.int32))
+        g["pg"].add(np.array([names[a.pg] if a.pg is not None else -1 for a in A], dtype=np.int32))
 
     def _rt(self, evs: list[Event], kinds: list[int]) -> None:
         r, names = self.r, self.names
         ts, dur = self._times(evs)
-        r["ts"].append(ts)
-        r["dur"].append(dur)
+        r["ts"].add(ts)
+        r["dur"].add(dur)
         A = [e.args or NOARGS for e in evs]
-        r["corr"].append(_ints([a.corr for a in A]))
-        r["ext"].append(_ints([a.ext if a.ext is not None else a.ext18 for a in A]))
-        r["name"].append(np.array([names[e.name] for e in evs], dtype=np.int32))
-        r["driver"].append(np.array(kinds, dtype=bool))
+        r["corr"].add(_ints([a.corr for a in A]))
+        r["ext"].add(_ints([a.ext if a.ext is not None else a.ext18 for a in A]))
+        r["name"].add(np.array([names[e.name] for e in evs], dtype=np.int32))
+        r["driver"].add(np.array(kinds, dtype=bool))
 
     def _cpu(self, ops: list[Event], annos: list[Event]) -> None:
         t, roles = self.t, self.roles
@@ -306,7 +350,7 @@ class Collector:
             # ProfilerStep, not DataParallel.forward / DistributedDataParallel.forward, not Optimizer.*)
             A = [group[i].args or NOARGS for i, e in enumerate(group) if self.tc_ops[e.name]]
             ext = _ints([a.ext if a.ext is not None else a.ext18 for a in A])
-            self.op_ext.append(np.unique(ext[ext > 0]))
+            self.op_ext.add(np.unique(ext[ext > 0]))
             end = ts + dur
             plain = role == _R_OP
             if plain.any():
@@ -332,25 +376,17 @@ class Collector:
         t = self.t
         t.meta = meta
         t.names = self.names.names
-        cat = {"ts": np.float64, "dur": np.float64, "kind": np.int8, "name": np.int32, "stream": np.int64,
-               "device": np.int64, "corr": np.int64, "ext": np.int64, "occ": np.float32, "bps": np.float32,
-               "bytes": np.float64, "coll": np.int32, "pg": np.int32, "driver": bool}
-        for prefix, d in (("g_", self.g), ("r_", self.r)):
-            for k, parts in d.items():
-                arr = np.concatenate(parts) if parts else np.zeros(0, dtype=cat[k])
-                parts.clear()  # the per-chunk pieces go now, column by column: never two copies of it all
-                setattr(t, prefix + k, arr)
+        for prefix, cols in (("g_", self.g), ("r_", self.r), ("s_", self.sy)):
+            for k, col in cols.items():
+                setattr(t, prefix + k, col.array())
         # drop events without a time
         for prefix, keys in (("g_", self.g), ("r_", self.r)):
             ok = np.isfinite(getattr(t, prefix + "ts"))
             if not ok.all():
                 for k in keys:
                     setattr(t, prefix + k, getattr(t, prefix + k)[ok])
-        for k, dt in (("ts", np.float64), ("dur", np.float64), ("stream", np.int64)):
-            setattr(t, "s_" + k, np.concatenate(self.sy[k]) if self.sy[k] else np.zeros(0, dtype=dt))
-            self.sy[k].clear()
-        t.op_ext = np.unique(np.concatenate(self.op_ext)) if self.op_ext else np.zeros(0, dtype=np.int64)
-        self.op_ext.clear()
+        t.op_ext = np.unique(self.op_ext.array())
+        self.g, self.r, self.sy, self.op_ext = {}, {}, {}, None
         t.steps.sort()
         t.dataloader.sort()
         t.cpu_ops = self.ops.result()
