@@ -354,7 +354,7 @@ class _Search:
                              + (f" (signed-rank p = {res['p_faster']:.3f})" if res.get("p_faster") is not None else "")
                              + ": not faster, not chosen")
             if b is d:
-                notes.append("no candidate was faster than the default in its trial (paired: a sign test over the "
+                notes.append("no candidate was faster than the default in its trial (paired: a one-sided Wilcoxon signed-rank test over the "
                              f"rounds; unpaired: by the {self.opts.min_gain:.0%} noise margin): the default is kept")
             elif chosen is d and not interrupted:
                 notes.append("no candidate was faster than the default side by side: the default is kept")
