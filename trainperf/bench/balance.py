@@ -291,12 +291,18 @@ def _worker(rank: int, world: int, init_method: str, a: dict, out: str) -> None:
     gc.freeze()
     gc.disable()
     settle_used, quiet = 0, 0
-    for s in range(a["settle_steps"]):  # phase 2: the balancer at work (moves tried, kept or reverted)
+    # A trial still running when the settle steps run out is let finish (a busy machine makes the balancer
+    # decide later): its longest is 4 x verify_steps measured steps per arm, one block's first step unmeasured.
+    trial_cap = 2 * 4 * a.get("verify_steps", 20) * max(2, a.get("verify_block", 5)) + 2 * a["sync_every"]
+    s = 0
+    while s < a["settle_steps"] or (bal.policy.trial is not None and s < a["settle_steps"] + trial_cap):
+        # phase 2: the balancer at work (moves tried, kept or reverted)
         if s % a["block"] == 0:
             gc.collect()
         _, _, moved = step()
         bar.update()
-        settle_used = s + 1
+        s += 1
+        settle_used = s
         quiet = 0 if moved else quiet + 1
         if bal.decisions and bal.policy.settled and quiet >= a["min_steps"]:
             break

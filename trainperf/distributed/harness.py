@@ -183,6 +183,7 @@ def free_port() -> int:
 
 def _entry(rank: int, world: int, port: int, fn, args, result_path: str, timeout_s: float) -> None:
     import datetime
+    import gc
     import pickle
 
     import torch.distributed as dist
@@ -195,15 +196,25 @@ def _entry(rank: int, world: int, port: int, fn, args, result_path: str, timeout
                       LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world), OMP_NUM_THREADS="1")
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=timeout_s))
+    ok = False
     try:
         result = fn(rank, world, *args)
         if rank == 0:
             with open(result_path, "wb") as f:
                 pickle.dump(result, f)
+        ok = True
     except Exception:
         traceback.print_exc()
         raise
     finally:
+        # Free what the case built (DDP reducers, FSDP and DTensor state hold the groups and their last
+        # gloo work) while the groups are alive: left to the interpreter's shutdown, a gloo work's tensors
+        # are released without the interpreter and the rank aborts ("terminate called without an active
+        # exception", SIGABRT). Then leave together, so that no rank tears down a pair its peer still reads.
+        result = None
+        gc.collect()
+        if ok:
+            dist.barrier()
         dist.destroy_process_group()
 
 
