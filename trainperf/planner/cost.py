@@ -28,7 +28,7 @@ from trainperf.analytic.spec import TransformerSpec
 from trainperf.analytic.states import StateBytes
 from trainperf.hardware.catalog import GPUSpec
 from trainperf.planner.constants import DEFAULTS, Constants
-from trainperf.planner.kernels import Kernels, elementwise_bytes, softmax_bytes
+from trainperf.planner.kernels import Kernels, elementwise_bytes, rope_bytes, softmax_bytes
 from trainperf.planner.stack import DEFAULT as DEFAULT_STACK
 from trainperf.planner.stack import Stack
 
@@ -182,8 +182,10 @@ def layer_cost(model: TransformerSpec, gpu: GPUSpec, c: Constants, tp: int, b: i
     # Norms, residual adds, dropout, biases and the activation, bytes read + written; backward twice.
     stream, act, kernels = elementwise_bytes(model, stack.fused, dropout)
     elem = k.memory_bound(stream * Xs + act * M * f / tp, kernels)
-    fwd += core_fwd + elem
-    bwd += core_bwd + 2 * elem
+    rb, rk = rope_bytes(model, stack.fused)
+    rope = k.memory_bound(rb * M * (h + model.kv_dim) / tp, rk) if rk else 0.0
+    fwd += core_fwd + elem + rope
+    bwd += core_bwd + 2 * elem + rope
 
     # Tensor-parallel collectives: 2 per layer forward, 2 backward (SP: reduce-scatter + all-gather).
     comm_fwd = 0.0
@@ -283,9 +285,9 @@ def memory_terms(model: TransformerSpec, layout: Layout, microbatches: int, c: C
         if sum(last.values()) > sum(first.values()):
             first = last
     if L.zero >= 3 and p > 1:  # under a pipeline the stage's parameters and gradients stay unsharded
-        first["fsdp_unsharded"] = (c.param_bytes + c.fsdp_reduce_bytes) * layers_dev * model.layer_params() / t
+        first["fsdp_unsharded"] = (c.param_bytes + (stack.fsdp_reduce_bytes or c.fsdp_reduce_bytes)) * layers_dev * model.layer_params() / t
     elif L.zero >= 3:  # gathered bf16 parameters of the current and the prefetched layer, one layer's grads
-        first["fsdp_unsharded"] = (2 * c.param_bytes + c.fsdp_reduce_bytes) * model.layer_params() / t
+        first["fsdp_unsharded"] = (2 * c.param_bytes + (stack.fsdp_reduce_bytes or c.fsdp_reduce_bytes)) * model.layer_params() / t
     first["reserved"] = c.memory_reserved_gib * GIB
     return first
 
@@ -314,9 +316,13 @@ def estimate(model: TransformerSpec, gpu: GPUSpec, layout: Layout, global_batch:
     # ---- per micro-batch, one stage: layers (with FSDP's per-layer traffic overlapped), p2p
     exposed_tp = lc["tp_comm"]
     n_shard = L.shard_group
+    red_bytes = stack.fsdp_reduce_bytes or c.fsdp_reduce_bytes
     layer_bytes = model.layer_params() / t
     fsdp = L.zero >= 3 and n_shard > 1
     fsdp_once = 0.0
+    # ZeRO-3's copies around its collectives (stack.fsdp_copy_bytes per parameter element): per layer and
+    # micro-batch when it gathers per micro-batch, once per step under a pipeline (gathered across them)
+    fsdp_copy = k.memory_bound(stack.fsdp_copy_bytes * layer_bytes, 3) if fsdp and stack.fsdp_copy_bytes else 0.0
     if fsdp and p > 1:
         # FSDP under a pipeline schedule (torchtitan, torch.distributed.pipelining): parameters stay
         # gathered across the step's micro-batches and gradients are reduced at the last backward,
@@ -324,17 +330,18 @@ def estimate(model: TransformerSpec, gpu: GPUSpec, layout: Layout, global_batch:
         # forward and the last backward.
         bw = k.bandwidth(n_shard, t)
         ag = k.half_collective(c.param_bytes * layer_bytes, n_shard, bw)
-        rs = k.half_collective(c.fsdp_reduce_bytes * layer_bytes, n_shard, bw)
-        fsdp_once = layers_dev * (k.overlapped(lc["fwd"], ag) - lc["fwd"] + k.overlapped(lc["bwd"], rs) - lc["bwd"]) + ag
+        rs = k.half_collective(red_bytes * layer_bytes, n_shard, bw)
+        fsdp_once = layers_dev * (k.overlapped(lc["fwd"], ag) - lc["fwd"] + k.overlapped(lc["bwd"], rs) - lc["bwd"]
+                                  + fsdp_copy) + ag
         t_layer = lc["compute"] + exposed_tp + lc["cp_comm"]
         fsdp_exposed = first_gather = 0.0
     elif fsdp:
         bw = k.bandwidth(n_shard, t)
         ag = k.half_collective(c.param_bytes * layer_bytes, n_shard, bw)
-        rs = k.half_collective(c.fsdp_reduce_bytes * layer_bytes, n_shard, bw)
+        rs = k.half_collective(red_bytes * layer_bytes, n_shard, bw)
         t_fwd = k.overlapped(lc["fwd"], ag)
         t_bwd = k.overlapped(lc["bwd"], ag + rs)
-        t_layer = t_fwd + t_bwd + exposed_tp + lc["cp_comm"]
+        t_layer = t_fwd + t_bwd + exposed_tp + lc["cp_comm"] + fsdp_copy
         fsdp_exposed = t_layer - (lc["compute"] + exposed_tp + lc["cp_comm"])
         first_gather = ag  # the first layer's all-gather has nothing to hide behind
     else:
@@ -379,7 +386,7 @@ def estimate(model: TransformerSpec, gpu: GPUSpec, layout: Layout, global_batch:
             dp_time = (k.overlapped(bwd_all, rs) - bwd_all) + (k.overlapped(fwd_all, ag) - fwd_all)
     elif fsdp and n_shard < dp * cp:  # HSDP: all-reduce the gradient shard across replica groups
         reps = dp * cp // n_shard
-        dp_time = k.all_reduce(dev_params * c.fsdp_reduce_bytes / n_shard, reps, k.bandwidth(reps, t * n_shard))
+        dp_time = k.all_reduce(dev_params * red_bytes / n_shard, reps, k.bandwidth(reps, t * n_shard))
     emb_sync = k.all_reduce(model.embedding_params() / t * c.dp_grad_comm_bytes, 2, k.nic) if p > 1 and model.tied else 0.0
 
     opt_params = dev_params / n_shard if L.zero >= 1 else dev_params

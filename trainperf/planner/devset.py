@@ -208,7 +208,8 @@ def _torchtitan_rows() -> list[Row]:
                                 attention="flash", bias=False, name=f"llama3.1-{size}", **src.LLAMA31[size])
         B = fsdp * local
         stack = Stack("torchtitan", dp_reduce="overlap", fused=compiled, attention="flash", distributed_optimizer=False,
-                      fsdp=True, float8=fp8, async_tp=async_tp)
+                      fsdp=True, float8=fp8, async_tp=async_tp, fsdp_reduce_bytes=4.0,
+                      fsdp_copy_bytes=16.0)
         layers_stage = model.layers // pp if model.layers % pp == 0 else -(-model.layers // pp)
         recompute, k = ("partial", layers_stage // 2) if rc == "selective" else ("full", 0)
         rows.append(Row("torchtitan", label, model, GRAND_TETON.key, gpus, B, B * s / (tps * gpus),

@@ -137,6 +137,21 @@ def elementwise_bytes(model, fused: bool, dropout: bool) -> tuple[float, float, 
     return stream, act, kernels
 
 
+_ROPE_EAGER = 20.0         # q/k to fp32 (read 2, write 4), complex multiply (read 4, write 4), back to bf16 (read 4, write 2)
+_ROPE_FUSED = 4.0          # one kernel: read + write
+
+
+def rope_bytes(model, fused: bool) -> tuple[float, int]:
+    """Rotary embeddings on the queries and keys, forward HBM bytes per element of q and k (``tokens x
+    (h + kv_dim)``, split over TP by heads) and kernels; the backward applies the same rotation to the
+    gradients (the same traffic). Eager PyTorch (torchtitan's complex-number form, Hugging Face's
+    rotate-half form alike) makes several passes; a fused kernel (Transformer Engine, Apex,
+    ``torch.compile``) one. No cost for learned or no position embeddings."""
+    if model.position != "rope":
+        return 0.0, 0
+    return (_ROPE_FUSED, 2) if fused else (_ROPE_EAGER, 6)
+
+
 def softmax_bytes(fused: bool, dropout: bool) -> tuple[float, float]:
     """Eager attention's softmax, bytes per score element (forward, backward): Megatron's fused
     scale-mask-softmax reads and writes once; unfused, scale, mask, softmax and dropout each do."""

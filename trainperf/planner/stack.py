@@ -52,6 +52,17 @@ class Stack:
     """Bytes per parameter of the replicated gradient buffer, when the stack keeps 16-bit gradients
     and moves the FP32 copy into the sharded optimizer part (DeepSpeed's BF16_Optimizer: 2); None:
     the constants' grad_bytes (Megatron's FP32 main grads, 4)."""
+    fsdp_reduce_bytes: float | None = None
+    """Bytes per gradient element in FSDP's per-layer reduce-scatter: 4 where the stack reduces in
+    FP32 (torchtitan's default ``mixed_precision_reduce: float32``), 2 in BF16 (llm-foundry's PURE,
+    FSDP1 ``MixedPrecision(reduce_dtype=bf16)``); None: the constants' fsdp_reduce_bytes (2)."""
+    fsdp_copy_bytes: float = 0.0
+    """HBM bytes per parameter element that ZeRO-3 copies around its collectives, per micro-batch and
+    layer, forward and backward together: FSDP2 (torchtitan) all-gathers into one buffer and copies out
+    into each parameter (read + write 2 bytes, in the forward and again in the backward's re-gather)
+    and copies each gradient into the reduce-scatter buffer (read + write, in the reduce dtype):
+    8 + 2 x reduce bytes. FSDP1 and DeepSpeed ZeRO-3 gather straight into a flat parameter whose
+    views are the weights, and reduce the flat gradient in place: 0."""
 
     def __post_init__(self):
         if self.dp_reduce not in DP_REDUCE:
@@ -93,10 +104,10 @@ PRESETS: dict[str, tuple[Stack, str]] = {
              "PyTorch FSDP (ZeRO-3) in eager mode: per-layer all-gather / reduce-scatter prefetched beside "
              "compute, SDPA FlashAttention, unfused elementwise ops (no torch.compile)"),
     "torchtitan": (Stack("torchtitan", dp_reduce="overlap", fused=False, attention="flash",
-                         distributed_optimizer=False, fsdp=True),
+                         distributed_optimizer=False, fsdp=True, fsdp_reduce_bytes=4.0, fsdp_copy_bytes=16.0),
                    "torchtitan (FSDP2 + TP/PP/CP): FSDP2 per-layer collectives overlapped, SDPA "
-                   "FlashAttention, eager elementwise ops unless --fused (torch.compile); --float8 and "
-                   "--async-tp as the runs enable them"),
+                   "FlashAttention, gradients reduce-scattered in FP32, eager elementwise ops unless --fused "
+                   "(torch.compile); --float8 and --async-tp as the runs enable them"),
 }
 
 
