@@ -12,9 +12,11 @@ an artefact of its storage. The plugin's Kernel is compared as ``kernel + commun
 the time only communication kernels cover out of it (0.4.3 calls a kernel communication only when it was
 launched under an ``nccl:*`` op, which torch 2.x no longer records around most collectives).
 
-Generated traces (tests/data/traces, made by trainperf.trace.generate) run everywhere (CI); the real traces
-of HTA's tests and of the plugin's under $TRAINPERF_TRACE_CORPUS (default /work/peers) are skipped with
-the reason when absent or not the file the oracle was computed on.
+Generated traces (tests/data/traces, made by trainperf.trace.generate) and the real traces committed under
+tests/data/real (a subset of HTA's tests and of the plugin's samples, one per class: A100 with NCCL, ns
+units, CPU only, no rank, ROCm, sampled ranks, ResNet-50 on a V100, the plugin's GPU-metrics input) run
+everywhere (CI). The rest of the real traces are read under $TRAINPERF_TRACE_CORPUS (default /work/peers)
+and skipped with the reason when absent or not the file the oracle was computed on.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.trace_fixtures import CORPUS, FIXTURES, OWN, TRACES, oracles
+from tests.unit.trace_fixtures import FIXTURES, OWN, REAL, TRACES, missing, oracles, real_trace
 from trainperf.errors import UserError
 from trainperf.trace import analyze_file, classify_kernel, is_tensor_core, make_trace, synth
 from trainperf.trace.hta import hta_type_name
@@ -132,13 +134,26 @@ def test_figures_agree_with_hta_and_the_plugin_on_generated_traces(name):
 
 @pytest.mark.parametrize("name", sorted(CORPUS_ORACLES))
 def test_figures_agree_with_hta_and_the_plugin_on_their_own_traces(name):
-    p = CORPUS / name
-    if not p.is_file():
-        pytest.skip(f"{name} not under $TRAINPERF_TRACE_CORPUS ({CORPUS})")
+    p = real_trace(name)
+    if p is None:
+        pytest.skip(missing(name))
     o = CORPUS_ORACLES[name]
-    if sha256(p) != o["sha256"]:
+    if p.is_relative_to(REAL):  # a committed copy is the file the oracle was computed on, or a failure
+        assert sha256(p) == o["sha256"], f"{p} differs from the file the oracle was computed on"
+    elif sha256(p) != o["sha256"]:
         pytest.skip(f"{p} is not the file the oracle was computed on (sha256 differs)")
     assert_agrees(analyze_file(p), o)
+
+
+def test_the_committed_real_traces_are_the_oracles_files_and_named_in_their_readme():
+    files = sorted(str(f.relative_to(REAL)) for f in REAL.rglob("*") if f.is_file()
+                   and f.name not in ("README.md", "LICENSE"))
+    assert len(files) >= 8 and sum((REAL / f).stat().st_size for f in files) < 4_000_000
+    readme = (REAL / "README.md").read_text()
+    for f in files:
+        assert f in CORPUS_ORACLES and sha256(REAL / f) == CORPUS_ORACLES[f]["sha256"], f
+        assert f in readme, f"{f}: say where it came from in {REAL / 'README.md'}"
+    assert (REAL / "hta-data/LICENSE").is_file() and (REAL / "tb-data/LICENSE").is_file()
 
 
 def test_the_moe_all_to_all_is_communication_with_its_overlap_where_hta_calls_it_computation():
