@@ -115,7 +115,7 @@ def _bad_files(tmp_path: Path, valid: bytes) -> dict[str, bytes]:
     return {"empty.json": b"", "garbage.json": b"\xff\xfe\x00garbage", "truncated.json": valid[: len(valid) // 2],
             "notrace.json": b'{"schemaVersion": 1}', "list.json": b"[1, 2, 3]",
             "truncated.json.gz": gzip.compress(valid)[:200], "notgzip.json.gz": valid[:300],
-            "events_not_list.json": b'{"traceEvents": 5}'}
+            "events_not_list.json": b'{"traceEvents": 5}', "utf16.json": valid.decode().encode("utf-16")}
 
 
 def test_bad_or_truncated_traces_exit_2_naming_the_file(rank_trace, tmp_path, capsys):

@@ -34,7 +34,7 @@ from tests.unit.trace_fixtures import FIXTURES, OWN, REAL, TRACES, missing, orac
 from trainperf.errors import UserError
 from trainperf.trace import analyze_file, classify_kernel, is_tensor_core, make_trace, synth
 from trainperf.trace.hta import hta_type_name
-from trainperf.trace.reader import CHUNK, TraceReader, read_all
+from trainperf.trace.reader import CHUNK, TraceReader, read_all, repair
 
 GENERATED = oracles("generated.json")["traces"]
 CORPUS_ORACLES = oracles("corpus.json")["traces"]
@@ -253,6 +253,32 @@ def test_bad_files_are_user_errors_naming_the_file(bad, tmp_path):
     with pytest.raises(UserError) as e:
         analyze_file(p)
     assert str(p) in str(e.value)
+
+
+@pytest.mark.parametrize("name", ["a100_ddp_gen_lines_ns.json.gz", "a100_ddp_gen_single_us.json.gz"])
+def test_what_torch_wrote_wrong_is_read_as_the_plugin_reads_it(name, tmp_path):
+    """Kineto has written raw control characters in strings, unquoted N/A values and bytes that are not UTF-8
+    (the TensorBoard plugin decodes again with strict=False and N/A quoted); some tools add a UTF-8 BOM.
+    In every event's args and in the header, in both layouts: the figures are those of the clean trace."""
+    import re
+
+    clean = gzip.decompress((TRACES / name).read_bytes())
+    bad = re.sub(rb'"args":\s*\{(?=")', b'"args": {"Concrete Inputs": "a\tb\n\xe9", "Grid": N/A, ', clean)
+    bad = re.sub(rb'"schemaVersion":\s*1', b'"schemaVersion": 1, "host_name": "h\x01st\xff", "trace_id": N/A', bad)
+    assert bad.count(b"N/A") > 100
+    with pytest.raises(ValueError):
+        json.loads(bad)
+    want = {k: v for k, v in analyze_file(TRACES / name).items() if k != "path"}
+    for label, data in (("defects", bad), ("bom", b"\xef\xbb\xbf" + clean)):
+        p = tmp_path / f"{label}.json.gz"
+        p.write_bytes(gzip.compress(data))
+        assert {k: v for k, v in analyze_file(p).items() if k != "path"} == want, label
+
+
+def test_repair_makes_torchs_defects_valid_json_and_leaves_the_rest():
+    assert json.loads(repair(b'{"a": "x\ty", "b": N/A, "c": [1, N/A], "d": "N/A:", "e": "\xe9"}')) == \
+        {"a": "x y", "b": "N/A", "c": [1, "N/A"], "d": "N/A:", "e": "\ufffd"}
+    assert repair(b'{"a": "N/A", "b": 1}') is None
 
 
 def test_read_all_sees_every_event_of_both_eras():
