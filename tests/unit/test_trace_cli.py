@@ -112,10 +112,18 @@ def test_the_real_resnet50_num_workers_4_has_no_data_finding(capsys):
 
 
 def _bad_files(tmp_path: Path, valid: bytes) -> dict[str, bytes]:
+    kernel = {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 10, "dur": 5}
     return {"empty.json": b"", "garbage.json": b"\xff\xfe\x00garbage", "truncated.json": valid[: len(valid) // 2],
             "notrace.json": b'{"schemaVersion": 1}', "list.json": b"[1, 2, 3]",
             "truncated.json.gz": gzip.compress(valid)[:200], "notgzip.json.gz": valid[:300],
-            "events_not_list.json": b'{"traceEvents": 5}', "utf16.json": valid.decode().encode("utf-16")}
+            "events_not_list.json": b'{"traceEvents": 5}', "utf16.json": valid.decode().encode("utf-16"),
+            # traces that measure no time: their figures would read as "no findings"
+            "no_events.json": b'{"traceEvents": []}', "empty_list.json": b"[]",
+            "untimed.json": json.dumps({"traceEvents": [{}, {"ph": "X", "cat": "kernel", "name": "k"},
+                                                        {"ph": "C", "name": "mem", "ts": 1, "args": {"x": 1}},
+                                                        {**kernel, "ph": "i"}]}).encode(),
+            "zero_length.json": json.dumps({"traceEvents": [{**kernel, "dur": 0}]}).encode(),
+            "list_of_a_trace.json": b"[" + valid + b"]"}
 
 
 def test_bad_or_truncated_traces_exit_2_naming_the_file(rank_trace, tmp_path, capsys):
