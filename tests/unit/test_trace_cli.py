@@ -123,7 +123,8 @@ def _bad_files(tmp_path: Path, valid: bytes) -> dict[str, bytes]:
                                                         {"ph": "C", "name": "mem", "ts": 1, "args": {"x": 1}},
                                                         {**kernel, "ph": "i"}]}).encode(),
             "zero_length.json": json.dumps({"traceEvents": [{**kernel, "dur": 0}]}).encode(),
-            "list_of_a_trace.json": b"[" + valid + b"]"}
+            "list_of_a_trace.json": b"[" + valid + b"]",
+            "execution_trace.json": b'{"schema": "1.0.1", "pid": 1, "time": "x", "start_ts": 0, "nodes": []}'}
 
 
 def test_bad_or_truncated_traces_exit_2_naming_the_file(rank_trace, tmp_path, capsys):
@@ -143,6 +144,30 @@ def test_bad_or_truncated_traces_exit_2_naming_the_file(rank_trace, tmp_path, ca
     (d / "rank1.json").write_bytes(valid[:1000])
     assert main(["diagnose", str(d)]) == 2
     assert "rank1.json" in capsys.readouterr().err
+
+
+def test_other_json_next_to_the_traces_is_skipped_and_named(rank_trace, tmp_path, capsys):
+    """An execution trace (ExecutionTraceObserver, kept next to the profiler traces for HTA's critical path)
+    or a config in a directory of traces is not a rank: it is skipped, and the output says so; alone, or
+    with no trace beside it, it is an error naming it."""
+    et = b'{"schema": "1.0.1", "pid": 7, "time": "2024-01-01", "start_ts": 0, "finish_ts": 9, "nodes": []}'
+    d = tmp_path / "job"
+    d.mkdir()
+    (d / "rank0_trace.json.gz").write_bytes(rank_trace.read_bytes())
+    (d / "rank0_et.json").write_bytes(et)
+    (d / "config.json").write_text('{"lr": 0.1}')
+    out = diagnose_json(d, capsys)
+    assert [t["path"] for t in out["traces"]] == [str(d / "rank0_trace.json.gz")]
+    skipped = {Path(s["path"]).name: s["why"] for s in out["ranks"]["skipped"]}
+    assert "execution trace" in skipped["rank0_et.json"] and "traceEvents" in skipped["config.json"]
+    assert main(["diagnose", str(d)]) == 0
+    text = capsys.readouterr().out
+    assert "skipped " + str(d / "rank0_et.json") in text
+    (d / "rank0_trace.json.gz").unlink()
+    for path in (d, d / "rank0_et.json"):
+        assert main(["diagnose", str(path)]) == 2
+        err = capsys.readouterr().err
+        assert "rank0_et.json" in err and "execution trace" in err and "Traceback" not in err
 
 
 def test_the_trace_path_never_imports_torch(rank_trace, tmp_path):

@@ -24,7 +24,8 @@ unquoted ``N/A`` value, bytes that are not UTF-8); a UTF-8 byte-order mark at th
 repair runs only on a piece that failed, so a well-formed trace never pays for it.
 
 Any file that is not such a trace (not gzip nor JSON, cut off, no ``traceEvents``, binary) raises
-:class:`~trainperf.errors.UserError` naming the file and what to do.
+:class:`~trainperf.errors.UserError` naming the file and what to do; valid JSON that is some other document
+(no ``traceEvents``: an execution trace, a config) raises its subclass :class:`NotATrace`.
 """
 
 from __future__ import annotations
@@ -120,10 +121,18 @@ _RAW = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _ANY = msgspec.json.Decoder()
 
 
-def _bad(path: Path, what: str) -> UserError:
-    return UserError(f"{path}: {what}. Pass a torch.profiler trace (the Chrome-trace JSON that "
-                     "torch.profiler.tensorboard_trace_handler or prof.export_chrome_trace writes, .json or "
-                     ".json.gz); if it was cut off (a job killed while writing it), profile again")
+class NotATrace(UserError):
+    """Valid JSON, but another document than a profiler trace (no ``traceEvents``); ``what`` says which."""
+
+    what = ""
+
+
+def _bad(path: Path, what: str, cls: type[UserError] = UserError) -> UserError:
+    exc = cls(f"{path}: {what}. Pass a torch.profiler trace (the Chrome-trace JSON that "
+              "torch.profiler.tensorboard_trace_handler or prof.export_chrome_trace writes, .json or "
+              ".json.gz); if it was cut off (a job killed while writing it), profile again")
+    exc.what = what
+    return exc
 
 
 class _Source:
@@ -394,8 +403,12 @@ class TraceReader:
                 raise _bad(self.path, f"is not valid JSON ({exc})") from exc
             if isinstance(doc, dict):
                 keys = ", ".join(sorted(map(str, doc))[:6]) or "none"
+                if {"nodes", "schema"} <= set(doc):
+                    raise _bad(self.path, f"is a PyTorch execution trace (ExecutionTraceObserver; its keys: "
+                                          f"{keys}), not a profiler trace: pass the profiler trace recorded "
+                                          "with it", NotATrace)
                 raise _bad(self.path, f"is JSON without a traceEvents list (its keys: {keys}): not a "
-                                      "profiler trace")
+                                      "profiler trace", NotATrace)
         raise _bad(self.path, "has no traceEvents list")
 
 
@@ -408,4 +421,4 @@ def read_all(path: str | Path) -> tuple[dict, list[Event]]:
     return r.meta, evs
 
 
-__all__ = ["Args", "CHUNK", "Event", "TraceReader", "event_from_dict", "read_all", "repair"]
+__all__ = ["Args", "CHUNK", "Event", "NotATrace", "TraceReader", "event_from_dict", "read_all", "repair"]
