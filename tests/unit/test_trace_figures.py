@@ -281,6 +281,22 @@ def test_repair_makes_torchs_defects_valid_json_and_leaves_the_rest():
     assert repair(b'{"a": "N/A", "b": 1}') is None
 
 
+def test_times_beyond_float_range_give_no_warning_and_strict_json(tmp_path):
+    import warnings
+
+    ev = [{"ph": "X", "cat": "cpu_op", "name": "ProfilerStep#1", "pid": 1, "tid": 1, "ts": 0, "dur": 100},
+          {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 10, "dur": 50},
+          {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": -1e308, "dur": 1e308},
+          {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 1e308, "dur": 1e308}]
+    p = tmp_path / "huge.json"
+    p.write_text(json.dumps({"traceEvents": ev}))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        r = analyze_file(p)
+    json.dumps(r, allow_nan=False)
+    assert r["steps"] == 1 and r["step_time_us"] == 100
+
+
 def test_read_all_sees_every_event_of_both_eras():
     for name in ("v100_18_gen_single_us.json", "a100_ddp_gen_lines_ns.json.gz"):
         meta, evs = read_all(TRACES / name)
