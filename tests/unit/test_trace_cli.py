@@ -1,8 +1,9 @@
 """``trainperf diagnose PATH`` / ``report PATH`` over profiler traces, end to end through the reader:
 the --json contract, the straggler found by compute on generated multi-rank traces with the waits right,
-bad files (exit 2, the file named, no traceback), and a CLI that never imports torch. Generated traces
-everywhere (CI); the real traces of HTA's tests and the TensorBoard plugin's under $TRAINPERF_TRACE_CORPUS
-(default /work/peers), skipped with the reason when absent."""
+bad files (exit 2, the file named, no traceback), and a CLI that never imports torch. Generated traces and
+the real ones committed under tests/data/real (HTA's A100 rank, the plugin's ResNet-50 with num_workers=0)
+everywhere (CI); the plugin's num_workers=4 sample under $TRAINPERF_TRACE_CORPUS (default /work/peers),
+skipped with the reason when absent."""
 
 from __future__ import annotations
 
@@ -18,15 +19,13 @@ import pytest
 
 from tests.conftest import ROOT
 from tests.unit.trace_factory import base_rank
+from tests.unit.trace_fixtures import missing, real_trace
 from trainperf.cli import main
 from trainperf.trace import synth
 
-CORPUS = Path(os.environ.get("TRAINPERF_TRACE_CORPUS", "/work/peers"))
-HTA = CORPUS / "hta-data/tests/data"
-TB = CORPUS / "tb-data"
-A100 = HTA / "nccl_parser_config/nccl_data.json.gz"
-TB0 = TB / "resnet50_num_workers_0/worker0.pt.trace.json.gz"
-TB4 = TB / "resnet50_num_workers_4/worker0.pt.trace.json.gz"
+A100 = "hta-data/tests/data/nccl_parser_config/nccl_data.json.gz"  # committed under tests/data/real
+TB0 = "tb-data/resnet50_num_workers_0/worker0.1623143089861.pt.trace.json.gz"  # committed
+TB4 = "tb-data/resnet50_num_workers_4/worker0.1623212756351.pt.trace.json.gz"  # the corpus's only
 CONTRACT = {"source", "traces", "ranks", "findings", "not_measured"}
 ELEMENT = {"path", "rank", "device", "steps", "step_time_us", "step_breakdown_pct", "gpu_utilization_pct",
            "sm_efficiency_pct", "achieved_occupancy_pct", "tensor_core_kernel_pct", "temporal_pct", "idle_pct",
@@ -92,27 +91,40 @@ def test_straggler_by_compute_on_ranks_generated_from_a_generated_rank(rank_trac
     _straggler_case(rank_trace, tmp_path / "mr", capsys, world=4, straggler=3, slowdown=1.3)
 
 
-@needs(not A100.is_file(), reason=f"HTA's A100 trace not under $TRAINPERF_TRACE_CORPUS ({CORPUS})")
+@needs(real_trace(A100) is None, reason=missing(A100))
 def test_straggler_by_compute_on_ranks_generated_from_a_real_a100_rank(tmp_path, capsys):
-    out = _straggler_case(A100, tmp_path / "mr", capsys, world=4, straggler=1, slowdown=1.25)
+    out = _straggler_case(real_trace(A100), tmp_path / "mr", capsys, world=4, straggler=1, slowdown=1.25)
     assert out["ranks"]["matching"]["by"] == ["process group"]
 
 
-@needs(not TB0.is_file(), reason=f"the TensorBoard plugin's ResNet-50 traces not under {TB}")
-def test_data_bound_names_num_workers_and_num_workers_4_has_no_data_finding(capsys):
-    out = diagnose_json(TB0, capsys)
+@needs(real_trace(TB0) is None, reason=missing(TB0))
+def test_data_bound_on_the_real_resnet50_num_workers_0_names_num_workers(capsys):
+    out = diagnose_json(real_trace(TB0), capsys)
     f = next(f for f in out["findings"] if f["id"] == "data_bound")
     assert "num_workers=0" in f["evidence"] and "num_workers" in f["fix"]
     assert f["gain"]["fraction"] > 0.2 and "if DataLoader waits were hidden" in f["gain"]["text"]
-    out4 = diagnose_json(TB4, capsys)
+
+
+@needs(real_trace(TB4) is None, reason=missing(TB4))
+def test_the_real_resnet50_num_workers_4_has_no_data_finding(capsys):
+    out4 = diagnose_json(real_trace(TB4), capsys)
     assert "data_bound" not in ids(out4), out4["findings"]
 
 
 def _bad_files(tmp_path: Path, valid: bytes) -> dict[str, bytes]:
+    kernel = {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 10, "dur": 5}
     return {"empty.json": b"", "garbage.json": b"\xff\xfe\x00garbage", "truncated.json": valid[: len(valid) // 2],
             "notrace.json": b'{"schemaVersion": 1}', "list.json": b"[1, 2, 3]",
             "truncated.json.gz": gzip.compress(valid)[:200], "notgzip.json.gz": valid[:300],
-            "events_not_list.json": b'{"traceEvents": 5}'}
+            "events_not_list.json": b'{"traceEvents": 5}', "utf16.json": valid.decode().encode("utf-16"),
+            # traces that measure no time: their figures would read as "no findings"
+            "no_events.json": b'{"traceEvents": []}', "empty_list.json": b"[]",
+            "untimed.json": json.dumps({"traceEvents": [{}, {"ph": "X", "cat": "kernel", "name": "k"},
+                                                        {"ph": "C", "name": "mem", "ts": 1, "args": {"x": 1}},
+                                                        {**kernel, "ph": "i"}]}).encode(),
+            "zero_length.json": json.dumps({"traceEvents": [{**kernel, "dur": 0}]}).encode(),
+            "list_of_a_trace.json": b"[" + valid + b"]",
+            "execution_trace.json": b'{"schema": "1.0.1", "pid": 1, "time": "x", "start_ts": 0, "nodes": []}'}
 
 
 def test_bad_or_truncated_traces_exit_2_naming_the_file(rank_trace, tmp_path, capsys):
@@ -132,6 +144,30 @@ def test_bad_or_truncated_traces_exit_2_naming_the_file(rank_trace, tmp_path, ca
     (d / "rank1.json").write_bytes(valid[:1000])
     assert main(["diagnose", str(d)]) == 2
     assert "rank1.json" in capsys.readouterr().err
+
+
+def test_other_json_next_to_the_traces_is_skipped_and_named(rank_trace, tmp_path, capsys):
+    """An execution trace (ExecutionTraceObserver, kept next to the profiler traces for HTA's critical path)
+    or a config in a directory of traces is not a rank: it is skipped, and the output says so; alone, or
+    with no trace beside it, it is an error naming it."""
+    et = b'{"schema": "1.0.1", "pid": 7, "time": "2024-01-01", "start_ts": 0, "finish_ts": 9, "nodes": []}'
+    d = tmp_path / "job"
+    d.mkdir()
+    (d / "rank0_trace.json.gz").write_bytes(rank_trace.read_bytes())
+    (d / "rank0_et.json").write_bytes(et)
+    (d / "config.json").write_text('{"lr": 0.1}')
+    out = diagnose_json(d, capsys)
+    assert [t["path"] for t in out["traces"]] == [str(d / "rank0_trace.json.gz")]
+    skipped = {Path(s["path"]).name: s["why"] for s in out["ranks"]["skipped"]}
+    assert "execution trace" in skipped["rank0_et.json"] and "traceEvents" in skipped["config.json"]
+    assert main(["diagnose", str(d)]) == 0
+    text = capsys.readouterr().out
+    assert "skipped " + str(d / "rank0_et.json") in text
+    (d / "rank0_trace.json.gz").unlink()
+    for path in (d, d / "rank0_et.json"):
+        assert main(["diagnose", str(path)]) == 2
+        err = capsys.readouterr().err
+        assert "rank0_et.json" in err and "execution trace" in err and "Traceback" not in err
 
 
 def test_the_trace_path_never_imports_torch(rank_trace, tmp_path):

@@ -12,9 +12,11 @@ an artefact of its storage. The plugin's Kernel is compared as ``kernel + commun
 the time only communication kernels cover out of it (0.4.3 calls a kernel communication only when it was
 launched under an ``nccl:*`` op, which torch 2.x no longer records around most collectives).
 
-Generated traces (tests/data/traces, made by trainperf.trace.generate) run everywhere (CI); the real traces
-of HTA's tests and of the plugin's under $TRAINPERF_TRACE_CORPUS (default /work/peers) are skipped with
-the reason when absent or not the file the oracle was computed on.
+Generated traces (tests/data/traces, made by trainperf.trace.generate) and the real traces committed under
+tests/data/real (a subset of HTA's tests and of the plugin's samples, one per class: A100 with NCCL, ns
+units, CPU only, no rank, ROCm, sampled ranks, ResNet-50 on a V100, the plugin's GPU-metrics input) run
+everywhere (CI). The rest of the real traces are read under $TRAINPERF_TRACE_CORPUS (default /work/peers)
+and skipped with the reason when absent or not the file the oracle was computed on.
 """
 
 from __future__ import annotations
@@ -28,11 +30,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.trace_fixtures import CORPUS, FIXTURES, OWN, TRACES, oracles
+from tests.unit.trace_fixtures import FIXTURES, OWN, REAL, TRACES, missing, oracles, real_trace
 from trainperf.errors import UserError
 from trainperf.trace import analyze_file, classify_kernel, is_tensor_core, make_trace, synth
 from trainperf.trace.hta import hta_type_name
-from trainperf.trace.reader import CHUNK, TraceReader, read_all
+from trainperf.trace.reader import CHUNK, TraceReader, read_all, repair
 
 GENERATED = oracles("generated.json")["traces"]
 CORPUS_ORACLES = oracles("corpus.json")["traces"]
@@ -132,13 +134,26 @@ def test_figures_agree_with_hta_and_the_plugin_on_generated_traces(name):
 
 @pytest.mark.parametrize("name", sorted(CORPUS_ORACLES))
 def test_figures_agree_with_hta_and_the_plugin_on_their_own_traces(name):
-    p = CORPUS / name
-    if not p.is_file():
-        pytest.skip(f"{name} not under $TRAINPERF_TRACE_CORPUS ({CORPUS})")
+    p = real_trace(name)
+    if p is None:
+        pytest.skip(missing(name))
     o = CORPUS_ORACLES[name]
-    if sha256(p) != o["sha256"]:
+    if p.is_relative_to(REAL):  # a committed copy is the file the oracle was computed on, or a failure
+        assert sha256(p) == o["sha256"], f"{p} differs from the file the oracle was computed on"
+    elif sha256(p) != o["sha256"]:
         pytest.skip(f"{p} is not the file the oracle was computed on (sha256 differs)")
     assert_agrees(analyze_file(p), o)
+
+
+def test_the_committed_real_traces_are_the_oracles_files_and_named_in_their_readme():
+    files = sorted(str(f.relative_to(REAL)) for f in REAL.rglob("*") if f.is_file()
+                   and f.name not in ("README.md", "LICENSE"))
+    assert len(files) >= 8 and sum((REAL / f).stat().st_size for f in files) < 4_000_000
+    readme = (REAL / "README.md").read_text()
+    for f in files:
+        assert f in CORPUS_ORACLES and sha256(REAL / f) == CORPUS_ORACLES[f]["sha256"], f
+        assert f in readme, f"{f}: say where it came from in {REAL / 'README.md'}"
+    assert (REAL / "hta-data/LICENSE").is_file() and (REAL / "tb-data/LICENSE").is_file()
 
 
 def test_the_moe_all_to_all_is_communication_with_its_overlap_where_hta_calls_it_computation():
@@ -238,6 +253,48 @@ def test_bad_files_are_user_errors_naming_the_file(bad, tmp_path):
     with pytest.raises(UserError) as e:
         analyze_file(p)
     assert str(p) in str(e.value)
+
+
+@pytest.mark.parametrize("name", ["a100_ddp_gen_lines_ns.json.gz", "a100_ddp_gen_single_us.json.gz"])
+def test_what_torch_wrote_wrong_is_read_as_the_plugin_reads_it(name, tmp_path):
+    """Kineto has written raw control characters in strings, unquoted N/A values and bytes that are not UTF-8
+    (the TensorBoard plugin decodes again with strict=False and N/A quoted); some tools add a UTF-8 BOM.
+    In every event's args and in the header, in both layouts: the figures are those of the clean trace."""
+    import re
+
+    clean = gzip.decompress((TRACES / name).read_bytes())
+    bad = re.sub(rb'"args":\s*\{(?=")', b'"args": {"Concrete Inputs": "a\tb\n\xe9", "Grid": N/A, ', clean)
+    bad = re.sub(rb'"schemaVersion":\s*1', b'"schemaVersion": 1, "host_name": "h\x01st\xff", "trace_id": N/A', bad)
+    assert bad.count(b"N/A") > 100
+    with pytest.raises(ValueError):
+        json.loads(bad)
+    want = {k: v for k, v in analyze_file(TRACES / name).items() if k != "path"}
+    for label, data in (("defects", bad), ("bom", b"\xef\xbb\xbf" + clean)):
+        p = tmp_path / f"{label}.json.gz"
+        p.write_bytes(gzip.compress(data))
+        assert {k: v for k, v in analyze_file(p).items() if k != "path"} == want, label
+
+
+def test_repair_makes_torchs_defects_valid_json_and_leaves_the_rest():
+    assert json.loads(repair(b'{"a": "x\ty", "b": N/A, "c": [1, N/A], "d": "N/A:", "e": "\xe9"}')) == \
+        {"a": "x y", "b": "N/A", "c": [1, "N/A"], "d": "N/A:", "e": "\ufffd"}
+    assert repair(b'{"a": "N/A", "b": 1}') is None
+
+
+def test_times_beyond_float_range_give_no_warning_and_strict_json(tmp_path):
+    import warnings
+
+    ev = [{"ph": "X", "cat": "cpu_op", "name": "ProfilerStep#1", "pid": 1, "tid": 1, "ts": 0, "dur": 100},
+          {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 10, "dur": 50},
+          {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": -1e308, "dur": 1e308},
+          {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 1e308, "dur": 1e308}]
+    p = tmp_path / "huge.json"
+    p.write_text(json.dumps({"traceEvents": ev}))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        r = analyze_file(p)
+    json.dumps(r, allow_nan=False)
+    assert r["steps"] == 1 and r["step_time_us"] == 100
 
 
 def test_read_all_sees_every_event_of_both_eras():

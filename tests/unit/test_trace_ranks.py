@@ -1,23 +1,22 @@
 """Which traces a PATH holds and which rank each is (trainperf/trace/ranks.py), and the multi-rank generator
 (trainperf/trace/synth.py) whose straggler and waits are known: checked here on the raw events, so these
-tests do not depend on the reader. Real ranks (HTA's A100 trace) under $TRAINPERF_TRACE_CORPUS, skipped
-with the reason when absent; a generated rank everywhere (CI)."""
+tests do not depend on the reader. A real rank (HTA's A100 trace, committed under tests/data/real) and a
+generated one everywhere (CI)."""
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 
 from tests.unit.trace_factory import base_rank, comm_rows, read_json
+from tests.unit.trace_fixtures import missing, real_trace
 from trainperf.errors import UserError
 from trainperf.trace import synth
 from trainperf.trace.ranks import across_ranks, assign_ranks, comm_waits, discover, rank_from_name
 
-CORPUS = Path(os.environ.get("TRAINPERF_TRACE_CORPUS", "/work/peers"))
-HTA_A100 = CORPUS / "hta-data/tests/data/nccl_parser_config/nccl_data.json.gz"
+HTA_A100 = "hta-data/tests/data/nccl_parser_config/nccl_data.json.gz"  # committed under tests/data/real
 
 
 @pytest.mark.parametrize("name,rank", [
@@ -119,9 +118,9 @@ def test_generated_ranks_from_a_generated_rank_have_known_waits(tmp_path):
     assert comm_waits(rows)["by"] == ["stream order"]
 
 
-@pytest.mark.skipif(not HTA_A100.is_file(), reason=f"real A100 rank not found under $TRAINPERF_TRACE_CORPUS ({CORPUS})")
+@pytest.mark.skipif(real_trace(HTA_A100) is None, reason=missing(HTA_A100))
 def test_generated_ranks_from_a_real_a100_rank_have_known_waits(tmp_path):
-    truth = _check_generated(HTA_A100, tmp_path / "mr", world=4, straggler=1, slowdown=1.3)
+    truth = _check_generated(real_trace(HTA_A100), tmp_path / "mr", world=4, straggler=1, slowdown=1.3)
     assert truth["comm_kernels"] == 21 and truth["steps"] == 3
 
 

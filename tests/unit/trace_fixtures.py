@@ -1,5 +1,7 @@
 """The generated traces kept under tests/data/traces (their bytes are checked against the generator), the
-peers' figures on them and on the local corpus (tests/data/trace_oracles), and where the corpus is."""
+peers' figures on them and on the real traces (tests/data/trace_oracles), and where the real traces are:
+a subset committed under tests/data/real (run everywhere, CI included), the rest under
+$TRAINPERF_TRACE_CORPUS (default /work/peers), both with the relative paths the oracle file uses."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 TRACES = ROOT / "tests/data/traces"
 ORACLES = ROOT / "tests/data/trace_oracles"
+REAL = ROOT / "tests/data/real"
 CORPUS = Path(os.environ.get("TRAINPERF_TRACE_CORPUS", "/work/peers"))
 
 # name -> make_trace(path, **kwargs)
@@ -29,6 +32,18 @@ OWN = ["trainperf_cpu_rank0_step4.json.gz"]
 def oracles(name: str) -> dict:
     p = ORACLES / name
     return json.loads(p.read_text()) if p.is_file() else {"traces": {}}
+
+
+def real_trace(rel: str) -> Path | None:
+    """The real trace ``rel`` (e.g. ``hta-data/tests/data/...``): the committed copy, else the corpus's, else None."""
+    for root in (REAL, CORPUS):
+        if (root / rel).is_file():
+            return root / rel
+    return None
+
+
+def missing(rel: str) -> str:
+    return f"{rel} is neither in {REAL.relative_to(ROOT)} nor under $TRAINPERF_TRACE_CORPUS ({CORPUS})"
 
 
 def write_fixtures(out: Path = TRACES) -> list[Path]:

@@ -62,6 +62,10 @@ def ranks_lines(r: dict) -> list[str]:
     return lines
 
 
+def skipped_lines(r: dict) -> list[str]:
+    return [f"  skipped {s['path']}: {s['why']}" for s in (r or {}).get("skipped") or []]
+
+
 def findings_lines(result: dict) -> list[str]:
     lines = []
     for f in result["findings"]:
@@ -108,6 +112,7 @@ def format_traces(result: dict) -> str:
     for t in result["traces"]:
         lines += rank_lines(t)
     lines += ranks_lines(result.get("ranks") or {})
+    lines += skipped_lines(result.get("ranks"))
     if not result["findings"]:
         lines.append("  no findings: no rule fired on these traces" + verdict(result["traces"]))
     lines += findings_lines(result)
@@ -125,6 +130,7 @@ def format_run_traces(result: dict) -> str:
     for t in result["traces"]:
         lines += rank_lines(t)
     lines += ranks_lines(result.get("ranks") or {})
+    lines += skipped_lines(result.get("ranks"))
     lines += left_lines(result)
     return "\n".join(lines)
 

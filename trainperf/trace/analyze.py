@@ -9,6 +9,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from trainperf.errors import UserError
 from trainperf.trace import figures as fg
 from trainperf.trace import hta, tb
 from trainperf.trace.patterns import load as load_patterns
@@ -140,6 +141,12 @@ def analyze_file(path: str | Path, *, rank: int | None = None, patterns: Any = N
     """One rank's figures from one trace file (every key: the docstrings of figures.py, tb.py, hta.py). Raises
     :class:`~trainperf.errors.UserError` naming the file when it is not a readable trace."""
     tl = read_timeline(path, progress)
+    if not tl.all_max > tl.all_min:  # nothing measured: its figures would read as "no findings"
+        raise UserError(f"{path}: measures no time ({tl.events} event(s); none a complete event (ph 'X') of a "
+                        "category torch writes (kernel, cpu_op, cuda_runtime, user_annotation...) with a time "
+                        "and a duration): a trace of nothing, or not a torch.profiler trace. Profile at least "
+                        "one active step (torch.profiler.schedule(..., active=1) or more) and pass the trace it "
+                        "writes")
     return analyze_timeline(tl, path=str(path), rank=rank, patterns=patterns, top_n=top_n)
 
 

@@ -73,7 +73,9 @@ def discover(path: str | Path) -> dict[str, Any]:
     if p.is_file():
         if not is_trace_name(p.name):
             raise UserError(f"{p} is not a trace file (a torch.profiler Chrome trace: .json, .json.gz, "
-                            "*.pt.trace.json[.gz]) nor a run directory")
+                            "*.pt.trace.json[.gz]) nor a run directory; pass a trace, a directory of traces or a "
+                            "run directory (a trace saved under another name: rename it to end in .json or "
+                            ".json.gz)")
         return {"kind": "file", "path": p, "files": [p], "run_dir": None}
     if is_run_dir(p):
         prof = p / "profile"
@@ -113,7 +115,8 @@ def assign_ranks(paths: Sequence[Path], infos: Sequence[Any]) -> list[tuple[int,
         if w is not None:
             worlds.setdefault(w, []).append(p)
         if r is not None and w is not None and r >= w:
-            raise UserError(f"{p}: distributedInfo.rank={r} is not below its world_size={w}: a corrupt trace")
+            raise UserError(f"{p}: distributedInfo.rank={r} is not below its world_size={w}: a corrupt trace; "
+                            "profile again, or leave this file out")
         if r is not None and n is not None and r != n and len(paths) > 1:
             raise UserError(f"{p}: its name says rank {n} but its distributedInfo.rank is {r}: the files are "
                             "mixed up; rename the file after the rank it holds (or keep the traces of one job "

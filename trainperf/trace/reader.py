@@ -18,8 +18,14 @@ or gzipped (recognised by its magic bytes, not its name). The whole document is 
 Memory is the buffer (a few MB) plus one chunk's structs; time is the gzip inflate plus the decode, which
 ``benchmarks/trace_parsers.py`` measured against json / orjson / msgspec-whole / ijson (see the notes).
 
+What torch itself has written wrong is read as the TensorBoard plugin reads it (its ``_preprocess_file``):
+a run that does not decode is decoded again after :func:`repair` (raw control characters in strings, an
+unquoted ``N/A`` value, bytes that are not UTF-8); a UTF-8 byte-order mark at the start is skipped. The
+repair runs only on a piece that failed, so a well-formed trace never pays for it.
+
 Any file that is not such a trace (not gzip nor JSON, cut off, no ``traceEvents``, binary) raises
-:class:`~trainperf.errors.UserError` naming the file and what to do.
+:class:`~trainperf.errors.UserError` naming the file and what to do; valid JSON that is some other document
+(no ``traceEvents``: an execution trace, a config) raises its subclass :class:`NotATrace`.
 """
 
 from __future__ import annotations
@@ -74,15 +80,59 @@ class Event(msgspec.Struct):
     args: Optional[Args] = None
 
 
+_CONTROL = bytes.maketrans(bytes(range(32)), b" " * 32)  # raw control bytes -> a space
+_NA = re.compile(rb'([:,\[]\s*)N/A(?=\s*[,}\]])')  # an unquoted N/A value (Kineto wrote some)
+_BOM = b"\xef\xbb\xbf"
+
+
+def repair(data: bytes) -> bytes | None:
+    """``data`` with what torch has written wrong made valid JSON (raw control characters in strings -> a
+    space, an unquoted ``N/A`` value -> ``"N/A"``, bytes that are not UTF-8 -> U+FFFD); None if nothing
+    changed. Only ever applied to a piece that did not decode."""
+    out = _NA.sub(rb'\1"N/A"', data.translate(_CONTROL))
+    try:
+        out.decode("utf-8")
+    except UnicodeDecodeError:
+        out = out.decode("utf-8", "replace").encode("utf-8")
+    return None if out == data else out
+
+
+def _decode(decoder, data: bytes):
+    """``decoder.decode(data)``; JSON that does not decode is decoded again after :func:`repair` (the first
+    error if that fails too; a ValidationError, the JSON being valid, as it is)."""
+    try:
+        return decoder.decode(data)
+    except msgspec.ValidationError:
+        raise
+    except msgspec.DecodeError as exc:
+        fixed = repair(data)
+        if fixed is None:
+            raise
+        try:
+            return decoder.decode(fixed)
+        except msgspec.ValidationError:
+            raise  # valid once repaired, with unexpected types: the caller's lenient path
+        except msgspec.DecodeError:
+            raise exc from None
+
+
 _EVENTS = msgspec.json.Decoder(list[Event])
 _RAW = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _ANY = msgspec.json.Decoder()
 
 
-def _bad(path: Path, what: str) -> UserError:
-    return UserError(f"{path}: {what}. Pass a torch.profiler trace (the Chrome-trace JSON that "
-                     "torch.profiler.tensorboard_trace_handler or prof.export_chrome_trace writes, .json or "
-                     ".json.gz); if it was cut off (a job killed while writing it), profile again")
+class NotATrace(UserError):
+    """Valid JSON, but another document than a profiler trace (no ``traceEvents``); ``what`` says which."""
+
+    what = ""
+
+
+def _bad(path: Path, what: str, cls: type[UserError] = UserError) -> UserError:
+    exc = cls(f"{path}: {what}. Pass a torch.profiler trace (the Chrome-trace JSON that "
+              "torch.profiler.tensorboard_trace_handler or prof.export_chrome_trace writes, .json or "
+              ".json.gz); if it was cut off (a job killed while writing it), profile again")
+    exc.what = what
+    return exc
 
 
 class _Source:
@@ -125,7 +175,7 @@ class _Source:
 def _decode_events(piece: bytes) -> list[Event] | None:
     """A run of whole events (``ev, ev, ev``) -> structs; None if ``piece`` is not exactly that."""
     try:
-        return _EVENTS.decode(b"[" + piece + b"]")
+        return _decode(_EVENTS, b"[" + piece + b"]")
     except msgspec.ValidationError:
         return _lenient(piece)
     except msgspec.DecodeError:
@@ -136,7 +186,7 @@ def _lenient(piece: bytes) -> list[Event] | None:
     """Events whose fields have unexpected types (a string ts, a list as stream...): decoded untyped and
     converted field by field; a field of the wrong kind is dropped, never the event."""
     try:
-        raw = _ANY.decode(b"[" + piece + b"]")
+        raw = _decode(_ANY, b"[" + piece + b"]")
     except msgspec.DecodeError:
         return None
     out = []
@@ -220,12 +270,16 @@ class TraceReader:
     def _chunks(self, src: _Source) -> Iterator[list[Event]]:
         path = self.path
         buf = self._fill(src, b"")
+        if buf.startswith(_BOM):
+            buf = buf[len(_BOM):]
         lead = buf.lstrip()
         while not lead and not src.eof:
             buf = self._fill(src, buf)
             lead = buf.lstrip()
         if not lead:
             raise _bad(path, "is empty")
+        if lead[:2] in (b"\xff\xfe", b"\xfe\xff"):
+            raise _bad(path, "is UTF-16 text, where torch writes UTF-8: convert it (iconv -f UTF-16 -t UTF-8)")
         if lead[:1] not in (b"{", b"["):
             raise _bad(path, "is not JSON (it does not start with '{' or '[')" if not src.gz else
                        "holds no JSON once decompressed")
@@ -244,7 +298,7 @@ class TraceReader:
             if head.endswith(b","):
                 head = head[:-1]
             try:
-                self.meta.update(_ANY.decode(head + b"}"))
+                self.meta.update(_decode(_ANY, head + b"}"))
             except (msgspec.DecodeError, TypeError) as exc:
                 raise _bad(path, f"has a malformed header before traceEvents ({exc})") from exc
             pos = m.end()
@@ -312,7 +366,7 @@ class TraceReader:
         path = self.path
         if bare:
             try:
-                evs = _EVENTS.decode(b"[" + buf)
+                evs = _decode(_EVENTS, b"[" + buf)
             except msgspec.ValidationError:
                 evs = _lenient(buf.rstrip()[:-1]) if buf.rstrip().endswith(b"]") else None
             except msgspec.DecodeError as exc:
@@ -325,7 +379,7 @@ class TraceReader:
             return
         doc = b'{"traceEvents":[' + buf
         try:
-            rest = _RAW.decode(doc)
+            rest = _decode(_RAW, doc)
         except msgspec.DecodeError as exc:
             raise _bad(path, f"is cut off or not valid JSON near its end ({exc})") from exc
         raw_events = rest.pop("traceEvents")
@@ -349,8 +403,12 @@ class TraceReader:
                 raise _bad(self.path, f"is not valid JSON ({exc})") from exc
             if isinstance(doc, dict):
                 keys = ", ".join(sorted(map(str, doc))[:6]) or "none"
+                if {"nodes", "schema"} <= set(doc):
+                    raise _bad(self.path, f"is a PyTorch execution trace (ExecutionTraceObserver; its keys: "
+                                          f"{keys}), not a profiler trace: pass the profiler trace recorded "
+                                          "with it", NotATrace)
                 raise _bad(self.path, f"is JSON without a traceEvents list (its keys: {keys}): not a "
-                                      "profiler trace")
+                                      "profiler trace", NotATrace)
         raise _bad(self.path, "has no traceEvents list")
 
 
@@ -363,4 +421,4 @@ def read_all(path: str | Path) -> tuple[dict, list[Event]]:
     return r.meta, evs
 
 
-__all__ = ["Args", "CHUNK", "Event", "TraceReader", "event_from_dict", "read_all"]
+__all__ = ["Args", "CHUNK", "Event", "NotATrace", "TraceReader", "event_from_dict", "read_all", "repair"]

@@ -298,14 +298,17 @@ class Collector:
             self.sy["stream"].add(st[keep])
 
     def _times(self, evs: list[Event]) -> tuple[np.ndarray, np.ndarray]:
-        ts = _floats([e.ts for e in evs]) - self.base
-        dur = _floats([e.dur for e in evs])
-        dur[~np.isfinite(dur) | (dur < 0)] = 0.0
+        with np.errstate(over="ignore", invalid="ignore"):  # a corrupt time beyond float64: inf, dropped
+            ts = _floats([e.ts for e in evs]) - self.base
+            dur = _floats([e.dur for e in evs])
+            dur[~np.isfinite(dur) | (dur < 0)] = 0.0
+            end = ts + dur
+        ts[~np.isfinite(end)] = np.nan
         t = self.t
         ok = np.isfinite(ts)
         if ok.any():
             t.all_min = min(t.all_min, float(ts[ok].min()))
-            t.all_max = max(t.all_max, float((ts + dur)[ok].max()))
+            t.all_max = max(t.all_max, float(end[ok].max()))
         return ts, dur
 
     def _gpu(self, evs: list[Event], kinds: list[int]) -> None:
