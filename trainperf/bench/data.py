@@ -19,14 +19,18 @@ Three loaders read the same items from the same simulated slow storage (a real
   does not load with a CPU torch 2.13; its shard-file model also needs an MDS copy of the items).
 
 For each: samples/s of the first (cold) epoch, including worker start, and of the
-following (warm) epochs; then one more epoch in a loop with a fixed compute time per
-step (a sleep: on a GPU the host thread waits while the device computes, so the host
-CPU stays free for the loader) and the fraction of that loop's time spent waiting
-for data.
+following (warm) epochs; then a loop with a fixed compute time per step (a sleep: on a
+GPU the host thread waits while the device computes, so the host CPU stays free for the
+loader): a warm-up of a quarter epoch (at least 4 steps; the throughput epochs left every
+queue empty, and a training loop refills them at its step rate: ``warmup_wait_s``), then
+an epoch of steps and at least 3 s of compute, over which the data wait is the fraction of the
+loop's time spent in ``next()`` (steady state; ``max_step_wait_s`` its longest single wait).
 """
 
 from __future__ import annotations
 
+import itertools
+import math
 import os
 import sys
 import tempfile
@@ -122,6 +126,7 @@ def _settings(args) -> dict:
     return {"latency_ms": args.latency_ms, "bandwidth_mb_s": args.bandwidth_mb_s, "item_kb": args.item_kb,
             "decode_ms": args.decode_ms, "samples": args.samples, "batch": args.batch, "epochs": args.epochs,
             "workers": workers, "compute_ms": compute, "io_threads": args.io_threads, "usable_cpus": usable_cpus(),
+            "wait_loop_s": 0.3 if args.quick else WAIT_LOOP_S,
             "load_avg_1m_at_start": round(os.getloadavg()[0], 2)}  # other processes competing for the CPUs
 
 
@@ -166,6 +171,15 @@ def _build(kind: str, src, decode, s: dict, cuda: bool, cache_dir: str):
     return {"loader": dl}
 
 
+WAIT_LOOP_S = 3.0
+
+
+def wait_loop_steps(per_epoch: int, compute_s: float, loop_s: float = WAIT_LOOP_S) -> int:
+    """Steps the data-wait loop measures: an epoch, and at least ``loop_s`` seconds of compute (a
+    fraction of a half-second loop is a few waits' noise)."""
+    return max(per_epoch, math.ceil(loop_s / max(compute_s, 1e-4)))
+
+
 def _cpu_s() -> float:
     """User + system CPU seconds of this process and its live children (loader workers)."""
     import psutil
@@ -203,24 +217,32 @@ def _measure(kind: str, src, decode, s: dict, cuda: bool, cache_dir: str, bar) -
             times.append(time.perf_counter() - t)
             if e > 0:
                 cpu_warm += _cpu_s() - c
-        # data-wait loop: fixed compute per step
+        # data-wait loop: fixed compute per step. The throughput epochs above drained every queue as fast as
+        # the loader could fill it; a training loop consumes at its step rate, so the first steps refill the
+        # queues (warm-up, timed apart), then one epoch's worth of steps is measured (steady state; the
+        # iterators run on across the epoch boundary, as a training loop's do)
         compute_s = s["compute_ms"] / 1000.0
-        wait = 0.0
-        t_loop = time.perf_counter()
-        it = epoch()
-        while True:
+        per_epoch = n_per_epoch // s["batch"]
+        steps = wait_loop_steps(per_epoch, compute_s, s["wait_loop_s"])
+        warmup = max(4, per_epoch // 4)
+        it = itertools.chain.from_iterable(epoch() for _ in range(math.ceil((warmup + steps) / per_epoch) + 1))
+        waits = []
+        t_loop = None
+        for i in range(warmup + steps):
+            if i == warmup:
+                t_loop = time.perf_counter()
             tw = time.perf_counter()
-            b = next(it, None)
-            wait += time.perf_counter() - tw
-            if b is None:
-                break
+            b = next(it)
+            waits.append(time.perf_counter() - tw)
             b = b.to(dev, non_blocking=True)
             time.sleep(compute_s)  # the device computes; the host thread waits
             bar.update(1)
         loop_s = time.perf_counter() - t_loop
+        wait = sum(waits[warmup:])
         row = {"name": kind, "cold_samples_per_s": n_per_epoch / times[0],
                "warm_samples_per_s": n_per_epoch * (len(times) - 1) / sum(times[1:]),
-               "data_wait_fraction": wait / loop_s, "cold_epoch_s": times[0], "warm_epoch_s": sum(times[1:]) / (len(times) - 1),
+               "data_wait_fraction": wait / loop_s, "warmup_steps": warmup,
+               "warmup_wait_s": sum(waits[:warmup]), "max_step_wait_s": max(waits[warmup:]), "cold_epoch_s": times[0], "warm_epoch_s": sum(times[1:]) / (len(times) - 1),
                "loop_s": loop_s,
                # CPU time of the main process and its workers per warm sample: the loader's cost,
                # unaffected by other processes competing for the CPUs (decode included)
@@ -248,7 +270,9 @@ def measure(args) -> dict:
     kinds = args.only or list(KINDS)
     skipped = {k: why for k in kinds if (why := _missing_peer(k))}
     kinds = [k for k in kinds if k not in skipped]
-    steps = (s["samples"] // s["batch"]) * (s["epochs"] + 1) * len(kinds)
+    per_epoch = s["samples"] // s["batch"]
+    loop = wait_loop_steps(per_epoch, s["compute_ms"] / 1000.0, s["wait_loop_s"]) + max(4, per_epoch // 4)
+    steps = (per_epoch * s["epochs"] + loop) * len(kinds)
     from tqdm import tqdm
 
     bar = tqdm(total=steps, desc="bench data", unit="batch", leave=False, file=sys.stderr,

@@ -9,8 +9,12 @@ prediction ``t`` then carries ``[t * exp(low), t * exp(high)]``: it is as wrong 
 model has never seen usually is, which is what a user's own cluster and stack are.
 
 After ``--measured`` / ``--calibrate`` the user's own run has fixed the stack's level, so what is
-left is the spread *within* a source: the same held-out log ratios with each source's mean
-removed (:data:`CALIBRATED`). That interval is narrower.
+left is the spread *within* a source (:data:`CALIBRATED`): the differences between two held-out log
+ratios of the same source, every ordered pair of its rows, each source weighted equally. One row
+plays the measured run that sets the level, the other the layout being predicted; so the interval
+carries the calibration run's own scatter as well as the new row's (removing each source's mean
+instead would assume the level is known exactly, and covers too little). That interval is narrower
+than the one across sources.
 
 The shipped percentiles below are set by the data (``python -m trainperf.planner.loso`` prints
 them as ``interval``; ``tests/unit/test_planner_interval.py`` checks they match a fresh fit).
@@ -49,8 +53,8 @@ class Spread:
 # FITTED by python -m trainperf.planner.loso (the "interval" block of its output; all sources).
 ACROSS = Spread(-0.0969, 0.1286, "leave-one-source-out errors across the development set's sources, "
                                    "each source weighted equally (10th / 90th percentile)")
-CALIBRATED = Spread(-0.09, 0.0658, "the same held-out errors with each source's mean removed: the spread "
-                                       "left once a measured run has set the stack's level")
+CALIBRATED = Spread(-0.09, 0.0658, "differences between two held-out errors of the same source (one row sets "
+                                       "the level, as a measured run does): the spread left once it is set")
 
 
 def weighted_quantile(values: list[float], weights: list[float], q: float) -> float:
@@ -74,15 +78,18 @@ def weighted_quantile(values: list[float], weights: list[float], q: float) -> fl
 
 
 def spread_from(residuals_by_source: dict[str, list[float]], *, within: bool = False, basis: str = "") -> Spread:
-    """Spread from held-out log ratios per source (None entries: rows predicted not to fit, left out)."""
+    """Spread from held-out log ratios per source (None entries: rows predicted not to fit, left out).
+    ``within``: of the differences between two rows of the same source (a source of one row has none)."""
     values, weights = [], []
     for rs in residuals_by_source.values():
         rs = [r for r in rs if r is not None]
-        if not rs:
+        if within:
+            pairs = [a - b for i, a in enumerate(rs) for j, b in enumerate(rs) if i != j]
+            values += pairs
+            weights += [1.0 / len(pairs)] * len(pairs)
             continue
-        mean = sum(rs) / len(rs) if within else 0.0
         for r in rs:
-            values.append(r - mean)
+            values.append(r)
             weights.append(1.0 / len(rs))
     lo, hi = (weighted_quantile(values, weights, q) for q in QUANTILES)
     return Spread(round(lo, 4), round(hi, 4), basis or ("within-source" if within else "across sources"))

@@ -182,7 +182,13 @@ def render_markdown(res: dict) -> str:
 
 
 def plot(result: dict, path: str) -> str:
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        from trainperf.errors import UserError
+
+        raise UserError(f"--plot {path}: the plot needs matplotlib, which is not installed; "
+                        "pip install matplotlib (or trainperf[plots]), or leave out --plot") from None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -228,7 +234,15 @@ def main(argv=None) -> None:
     ap.add_argument("--plot", metavar="PNG")
     ap.add_argument("--fast", action="store_true", help="intervals from the outer folds' errors (not nested)")
     args = ap.parse_args(argv)
-    print(report(args.data, as_json=args.json, plot_path=args.plot, nested=not args.fast, json_dumps=json.dumps))
+    from trainperf.errors import UserError
+
+    try:
+        print(report(args.data, as_json=args.json, plot_path=args.plot, nested=not args.fast, json_dumps=json.dumps))
+    except UserError as exc:
+        import sys
+
+        print(f"python -m trainperf.planner.loso: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def report(data_dir=None, *, as_json=False, plot_path=None, nested=True, json_dumps=None) -> str:
