@@ -146,3 +146,18 @@ def test_hsdp_shard_fixes_the_state_sharding_group(capsys):
                 "--pp", "1", "--top", "3")
     assert all(c["hsdp_shard"] == 8 for c in out["candidates"])
     assert out["best"]["time_s"]["dp_comm"] > 0  # the replicas all-reduce their gradient shards
+
+
+def test_shape_flags_reach_the_model_and_change_the_estimate(capsys):
+    """--bias/--tied/--position/--norm/--gated describe the model; each is echoed in the JSON model and a
+    rotary, untied, biased, gated model costs differently from the plain default shape."""
+    base = ["--hidden", "2048", "--layers", "8", "--heads", "16", "--gpus", "8", "--tp", "1", "--pp", "1",
+            "--microbatch", "4", "--recompute", "none", "--zero", "3"]
+    plain = _json(capsys, *base)
+    other = _json(capsys, *base, "--bias", "--no-tied", "--position", "rope", "--norm", "rmsnorm", "--gated",
+                  "--stack", "torchtitan")
+    m = other["model"]
+    assert (m["bias"], m["tied"], m["position"], m["norm"], m["gated"]) == (True, False, "rope", "rmsnorm", True)
+    assert (plain["model"]["bias"], plain["model"]["gated"]) == (False, False)
+    assert other["best"]["step_time_s"] > plain["best"]["step_time_s"]  # more weights, eager RoPE and norms
+    assert other["pins"]["stack"] == "torchtitan"

@@ -36,6 +36,13 @@ def register(subparsers) -> None:
                    "SwiGLU, tied output, vocab; GPT-2 n_embd/n_layer/n_head/n_positions")
     m.add_argument("--attention", choices=["flash", "eager"], help="attention kernel (default flash: "
                    "FlashAttention / SDPA; eager keeps the s x s scores as Megatron 2022 did)")
+    m.add_argument("--bias", action=argparse_bool(), default=None,
+                   help="biases in the linear layers and norms (GPT-2/3, Megatron GPT: yes; Llama: no; default no)")
+    m.add_argument("--tied", action=argparse_bool(), default=None,
+                   help="output layer tied to the token embedding (default: the preset's, else tied)")
+    m.add_argument("--position", choices=["learned", "rope", "none"],
+                   help="position embedding: a learned table (GPT), rotary (Llama) or none (ALiBi); default learned")
+    m.add_argument("--norm", choices=["layernorm", "rmsnorm"], help="normalization (default layernorm)")
     c = p.add_argument_group("cluster")
     c.add_argument("--gpus", type=int, default=8, help="number of GPUs (default 8)")
     c.add_argument("--gpu", default="a100-80gb", help="catalog key or NVML name (default a100-80gb)")
@@ -129,7 +136,12 @@ def _model_from_args(args):
     if args.vocab:
         kw["vocab"] = args.vocab
     if args.ffn_hidden:
-        kw.update(ffn_hidden=args.ffn_hidden, gated=args.gated)
+        kw["ffn_hidden"] = args.ffn_hidden
+    if args.gated:
+        kw["gated"] = True
+    for key in ("bias", "tied", "position", "norm"):
+        if getattr(args, key, None) is not None:
+            kw[key] = getattr(args, key)
     if args.kv_heads:
         kw["kv_heads"] = args.kv_heads
     attention = args.attention or getattr(args, "_stack_attention", None)
