@@ -122,10 +122,10 @@ def calibrate(run_dir: str, gpu: GPUSpec | None = None, catalog: dict | None = N
         target, what = global_batch * model.seq / tokens_per_s, "step_time_s"
     else:
         target, what = mfu, "mfu"
-    constants, clamped = fit_efficiency(model, run_gpu, layout, global_batch, target, base, what=what, stack=stack)
+    constants, clamped, matched = _fit_shrunk(model, run_gpu, layout, global_batch, target, base, what, stack)
     report = {
         "run_dir": run_dir,
-        "measured": {"tokens_per_s": tokens_per_s, "mfu": mfu, "matched": what, "target": target},
+        "measured": {"tokens_per_s": tokens_per_s, "mfu": mfu, "matched": what, "target": target, **matched},
         "run": {"model": model.as_dict(), "layout": layout.as_dict(), "global_batch": global_batch, "gpu": run_gpu.key},
         "stack_efficiency": {"default": base.stack_efficiency, "calibrated": constants.stack_efficiency},
         "notes": [n for n in (note, clamped) if n],
@@ -164,14 +164,28 @@ def fit_efficiency(model: ModelSpec, gpu: GPUSpec, layout: Layout, global_batch:
     return replace(base, stack_efficiency=round(0.5 * (lo + hi), 4)), clamped
 
 
+def _fit_shrunk(model, gpu, layout, global_batch, measured: float, base: Constants, what: str, stack):
+    """fit_efficiency to the measurement pulled toward the model's own prediction by the shipped
+    partial-pooling weight (:mod:`trainperf.planner.interval`): one run sets the level only in part."""
+    from trainperf.planner.interval import CALIBRATION_WEIGHT, shrunk_target
+    from trainperf.planner.stack import DEFAULT as _default_stack
+
+    est = estimate(model, gpu, layout, global_batch, base, stack=stack or _default_stack)
+    predicted = est.step_time_s if what == "step_time_s" else est.mfu
+    target = shrunk_target(predicted, measured, CALIBRATION_WEIGHT)
+    constants, clamped = fit_efficiency(model, gpu, layout, global_batch, target, base, what=what, stack=stack)
+    return constants, clamped, {"predicted_before": round(predicted, 6), "calibration_weight": CALIBRATION_WEIGHT,
+                                "matched_value": round(target, 6)}
+
+
 def calibrate_measured(step_time_s: float, model: ModelSpec, gpu: GPUSpec, layout: Layout, global_batch: int,
                        base: Constants = DEFAULTS, stack=None) -> Calibration:
     """``--measured STEP_TIME_S``: fit the efficiency to one measured step of ``layout``."""
     if not step_time_s > 0 or step_time_s == float("inf"):
         raise UserError(f"--measured {step_time_s}: give the measured seconds per training step, a positive number")
-    constants, clamped = fit_efficiency(model, gpu, layout, global_batch, step_time_s, base, stack=stack)
+    constants, clamped, matched = _fit_shrunk(model, gpu, layout, global_batch, step_time_s, base, "step_time_s", stack)
     report = {
-        "measured": {"step_time_s": step_time_s, "matched": "step_time_s", "target": step_time_s},
+        "measured": {"step_time_s": step_time_s, "matched": "step_time_s", "target": step_time_s, **matched},
         "run": {"layout": layout.as_dict(), "global_batch": global_batch, "gpu": gpu.key},
         "stack_efficiency": {"default": base.stack_efficiency, "calibrated": constants.stack_efficiency},
         "notes": [n for n in (clamped,) if n],

@@ -8,13 +8,17 @@ counts as much as a 4-row one), give the 10th and 90th percentiles ``low`` and `
 prediction ``t`` then carries ``[t * exp(low), t * exp(high)]``: it is as wrong as a source the
 model has never seen usually is, which is what a user's own cluster and stack are.
 
-After ``--measured`` / ``--calibrate`` the user's own run has fixed the stack's level, so what is
-left is the spread *within* a source (:data:`CALIBRATED`): the differences between two held-out log
-ratios of the same source, every ordered pair of its rows, each source weighted equally. One row
-plays the measured run that sets the level, the other the layout being predicted; so the interval
-carries the calibration run's own scatter as well as the new row's (removing each source's mean
-instead would assume the level is known exactly, and covers too little). That interval is narrower
-than the one across sources.
+After ``--measured`` / ``--calibrate`` the user's own run tells the stack's level, but with the
+scatter of one run: rows of one source differ among themselves (other model sizes, sequences,
+layouts) about as much as sources differ in level. So a calibration moves the prediction only part
+of the way to the measurement (partial pooling): the calibrated model matches
+``predicted^(1 - w) x measured^w`` for the measured layout, ``w`` = :data:`CALIBRATION_WEIGHT`. The
+weight and the calibrated interval (:data:`CALIBRATED`) are set by the same held-out errors: for
+every ordered pair of rows of a source, one row plays the measured run and the other the layout
+being predicted, ``r_predicted - w x r_measured`` is what is left, each source weighted equally; ``w``
+is the weight whose 80% spread of those is narrowest (:func:`calibration_weight`). That interval
+carries the calibration run's own scatter, and is narrower than the one across sources. (Matching
+the measurement exactly, ``w = 1``, is wider on the development set than not calibrating at all.)
 
 The shipped percentiles below are set by the data (``python -m trainperf.planner.loso`` prints
 them as ``interval``; ``tests/unit/test_planner_interval.py`` checks they match a fresh fit).
@@ -53,8 +57,11 @@ class Spread:
 # FITTED by python -m trainperf.planner.loso (the "interval" block of its output; all sources).
 ACROSS = Spread(-0.0969, 0.1286, "leave-one-source-out errors across the development set's sources, "
                                    "each source weighted equally (10th / 90th percentile)")
-CALIBRATED = Spread(-0.09, 0.0658, "differences between two held-out errors of the same source (one row sets "
-                                       "the level, as a measured run does): the spread left once it is set")
+CALIBRATION_WEIGHT = 0.45
+"""FITTED by python -m trainperf.planner.loso (``calibration_weight``): how far a calibration moves the
+model toward the measured run (0: not at all, 1: matches it)."""
+CALIBRATED = Spread(-0.0944, 0.1128, "pairs of held-out errors of the same source, one row calibrating (partially "
+                                       "pooled by CALIBRATION_WEIGHT) as a measured run does, the other predicted")
 
 
 def weighted_quantile(values: list[float], weights: list[float], q: float) -> float:
@@ -77,14 +84,18 @@ def weighted_quantile(values: list[float], weights: list[float], q: float) -> fl
     return mids[-1][1]
 
 
-def spread_from(residuals_by_source: dict[str, list[float]], *, within: bool = False, basis: str = "") -> Spread:
+def spread_from(residuals_by_source: dict[str, list[float]], *, within: bool = False, weight: float = 1.0,
+                basis: str = "") -> Spread:
     """Spread from held-out log ratios per source (None entries: rows predicted not to fit, left out).
-    ``within``: of the differences between two rows of the same source (a source of one row has none)."""
+    ``within``: of ``r_a - weight x r_b`` over ordered pairs of rows of the same source (``b`` calibrates,
+    ``a`` is predicted; a source of one row has none)."""
     values, weights = [], []
     for rs in residuals_by_source.values():
         rs = [r for r in rs if r is not None]
         if within:
-            pairs = [a - b for i, a in enumerate(rs) for j, b in enumerate(rs) if i != j]
+            pairs = [a - weight * b for i, a in enumerate(rs) for j, b in enumerate(rs) if i != j]
+            if not pairs:
+                continue
             values += pairs
             weights += [1.0 / len(pairs)] * len(pairs)
             continue
@@ -93,6 +104,18 @@ def spread_from(residuals_by_source: dict[str, list[float]], *, within: bool = F
             weights.append(1.0 / len(rs))
     lo, hi = (weighted_quantile(values, weights, q) for q in QUANTILES)
     return Spread(round(lo, 4), round(hi, 4), basis or ("within-source" if within else "across sources"))
+
+
+def calibration_weight(residuals_by_source: dict[str, list[float]]) -> float:
+    """The partial-pooling weight (0 to 1, steps of 0.05) whose calibrated 80% spread is narrowest."""
+    grid = [i / 20 for i in range(21)]
+    widths = [(spread_from(residuals_by_source, within=True, weight=w).relative_width(), w) for w in grid]
+    return min(widths)[1]
+
+
+def shrunk_target(predicted: float, measured: float, weight: float) -> float:
+    """What a calibration matches: the prediction moved ``weight`` of the way (in log) to the measurement."""
+    return predicted ** (1.0 - weight) * measured ** weight
 
 
 def log_ratio(published_s: float, predicted_s: float) -> float:

@@ -24,7 +24,7 @@ import math
 from trainperf.planner import devset
 from trainperf.planner.constants import DEFAULTS, Constants
 from trainperf.planner.fit import FITTED, baseline_errors, fit_baseline, fit_constants
-from trainperf.planner.interval import Spread, log_ratio, spread_from
+from trainperf.planner.interval import Spread, calibration_weight, log_ratio, shrunk_target, spread_from
 
 FIXED_BASELINE = 0.5
 """The issue's peer: one constant efficiency of 0.5 of the dense peak, nothing fitted."""
@@ -42,9 +42,10 @@ def _sources(rows) -> list[str]:
     return [s for s in devset.SOURCES if any(r.source == s for r in rows)]
 
 
-def _calibrated_coverage(test, c: Constants, spread: Spread) -> tuple[float | None, float | None]:
+def _calibrated_coverage(test, c: Constants, spread: Spread, weight: float) -> tuple[float | None, float | None]:
     """Coverage and mean relative width of calibrated intervals: each of up to 3 rows of the source
-    calibrates stack_efficiency, the others are predicted."""
+    calibrates stack_efficiency (partially pooled by ``weight``, as ``--measured`` does), the others are
+    predicted."""
     from trainperf.planner.calibrate import fit_efficiency
 
     if len(test) < 2:
@@ -56,7 +57,8 @@ def _calibrated_coverage(test, c: Constants, spread: Spread) -> tuple[float | No
         est = devset.predict(ref, c)
         if est is None:
             continue
-        cal, _ = fit_efficiency(ref.model, ref.spec(), est.layout, ref.global_batch, ref.published_s, c, stack=ref.stack)
+        target = shrunk_target(est.step_time_s, ref.published_s, weight)
+        cal, _ = fit_efficiency(ref.model, ref.spec(), est.layout, ref.global_batch, target, c, stack=ref.stack)
         for j, r in enumerate(test):
             if j == i:
                 continue
@@ -95,14 +97,16 @@ def loso(rows, base: Constants = DEFAULTS, *, nested: bool = True, progress=None
         else:
             inner = {t: residuals[t] for t in others}
         spread = spread_from(inner)
-        spread_cal = spread_from(inner, within=True)
+        weight = calibration_weight(inner)
+        spread_cal = spread_from(inner, within=True, weight=weight)
         c = outer[s]
         e_base = fit_baseline(train)
         berrs = baseline_errors(by[s], e_base)
         berrs_half = baseline_errors(by[s], FIXED_BASELINE)
-        cal_cov, cal_width = _calibrated_coverage(by[s], c, spread_cal)
+        cal_cov, cal_width = _calibrated_coverage(by[s], c, spread_cal, weight)
         folds[s] = {"constants": {k: getattr(c, k) for k in FITTED}, "baseline_efficiency": e_base,
                     "interval": spread.as_dict(), "interval_calibrated": spread_cal.as_dict(),
+                    "calibration_weight": weight,
                     "calibrated_coverage": None if cal_cov is None else round(cal_cov, 4),
                     "calibrated_width": None if cal_width is None else round(cal_width, 4)}
         for r, res, be, bh in zip(by[s], residuals[s], berrs, berrs_half):
@@ -140,9 +144,11 @@ def loso(rows, base: Constants = DEFAULTS, *, nested: bool = True, progress=None
                       "approximate_rows": sum(1 for x in rs if x["approximate"])}
     all_c = fit_constants(rows, base)
     shipped = {t: _residuals(by[t], outer[t]) for t in sources}
+    w_all = calibration_weight(shipped)
     return {"folds": folds, "rows": per_row, "summary": summary, "nested": nested,
             "fit_all": {k: getattr(all_c, k) for k in FITTED}, "baseline_all": fit_baseline(rows),
-            "interval": spread_from(shipped).as_dict(), "interval_calibrated": spread_from(shipped, within=True).as_dict()}
+            "interval": spread_from(shipped).as_dict(), "calibration_weight": w_all,
+            "interval_calibrated": spread_from(shipped, within=True, weight=w_all).as_dict()}
 
 
 def render_markdown(res: dict) -> str:
@@ -169,7 +175,8 @@ def render_markdown(res: dict) -> str:
     lines.append("| (all sources) | " + " | ".join(f"{res['fit_all'][k]:.3f}" for k in FITTED)
                  + f" | {res['baseline_all']:.3f} | [{iv['log_ratio_low']:+.3f}, {iv['log_ratio_high']:+.3f}] |")
     ic = res["interval_calibrated"]
-    lines.append(f"\ncalibrated (within-source) spread, all sources: [{ic['log_ratio_low']:+.4f}, {ic['log_ratio_high']:+.4f}]")
+    lines.append(f"\ncalibrated spread, all sources: [{ic['log_ratio_low']:+.4f}, {ic['log_ratio_high']:+.4f}] with "
+                 f"calibration weight {res['calibration_weight']:g} (a measured run moves the model that far, in log)")
     lines += ["", "| source | row | published s | predicted s | error | 80% interval s | layout | baseline error |",
               "|---|---|---|---|---|---|---|---|"]
     for x in res["rows"]:

@@ -104,7 +104,11 @@ def render(plan: Plan, *, batch_note: str, top: int, baseline, calibration, elap
         rep = calibration.report
         lines += ["", f"calibrated from {rep['run_dir']}: stack_efficiency "
                       f"{rep['stack_efficiency']['default']} -> {rep['stack_efficiency']['calibrated']} "
-                      f"(matched measured {rep['measured']['matched']} = {rep['measured']['target']:.4g})"]
+                      f"(measured {rep['measured']['matched']} = {rep['measured']['target']:.4g}, model "
+                      f"{rep['measured'].get('predicted_before', float('nan')):.4g}: matched "
+                      f"{rep['measured'].get('matched_value', rep['measured']['target']):.4g}, moved "
+                      f"{rep['measured'].get('calibration_weight', 1.0):g} of the way in log, as the development set "
+                      "says one run sets the level)"]
         lines += [f"  note: {n}" for n in rep["notes"]]
     if moves:
         lines += ["", "how the predictions moved with the calibration (step s, before -> after):"]
