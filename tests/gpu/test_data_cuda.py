@@ -7,34 +7,20 @@ from __future__ import annotations
 
 import time
 
-import numpy as np
 import pytest
 import torch
 
 from trainperf.data.hybrid import HybridLoader
 from trainperf.data.loader import SimpleLoader
 from trainperf.data.sampler import GlobalBatchSampler
+from tests.unit.data_fixtures import Ids
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 T = 1024
 
 
-class Ids:
-    def __init__(self, n):
-        self.n = n
-
-    def __len__(self):
-        return self.n
-
-    def __getitem__(self, i):
-        return np.full(T + 1, i, dtype=np.uint16)
-
-    def gather(self, idx):
-        return np.stack([self[int(i)] for i in idx])
-
-
 def test_cuda_ring_same_batches_and_resume():
-    src = Ids(256)
+    src = Ids(256, T)
     ref = SimpleLoader(src, GlobalBatchSampler(256, 16, seed=1), torch.device("cpu"))
     expected = [ref.next_batch()[0] for _ in range(20)]
     dev = torch.device("cuda")
@@ -54,7 +40,7 @@ def test_cuda_ring_same_batches_and_resume():
 def test_copies_overlap_compute():
     """A step of compute longer than one batch's copy: with the ring, data wait stays small."""
     dev = torch.device("cuda")
-    src = Ids(4096)
+    src = Ids(4096, T)
     a = torch.randn(4096, 4096, device=dev)
     with HybridLoader(src, GlobalBatchSampler(4096, 256, seed=0), dev, num_workers=2, depth=4) as ld:
         for _ in range(5):

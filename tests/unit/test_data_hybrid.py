@@ -17,26 +17,9 @@ from trainperf.data.loader import SimpleLoader
 from trainperf.data.sampler import GlobalBatchSampler
 from trainperf.data.sources import SampleFiles, SlowStorage
 from trainperf.errors import DataError
+from tests.unit.data_fixtures import Ids
 
 T = 8
-
-
-class Ids:
-    """Sample i is [i, i, ..., i] (T + 1 tokens): batches tell which samples they hold."""
-
-    def __init__(self, n):
-        self.n = n
-
-    def __len__(self):
-        return self.n
-
-    def __getitem__(self, i):
-        if not 0 <= i < self.n:
-            raise IndexError(i)
-        return np.full(T + 1, i, dtype=np.uint16)
-
-    def gather(self, idx):
-        return np.stack([self[int(i)] for i in idx])
 
 
 def ids(batch):

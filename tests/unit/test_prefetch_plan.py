@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 import time
 
-import numpy as np
 import pytest
 import torch
 
@@ -19,24 +18,9 @@ from trainperf.data.loader import SimpleLoader
 from trainperf.data.prefetch_plan import plan_prefetch
 from trainperf.data.sampler import GlobalBatchSampler
 from trainperf.data.sources import SlowStorage
+from tests.unit.data_fixtures import Ids
 
 T = 8
-
-
-class Ids:
-    def __init__(self, n):
-        self.n = n
-
-    def __len__(self):
-        return self.n
-
-    def __getitem__(self, i):
-        if not 0 <= i < self.n:
-            raise IndexError(i)
-        return np.full(T + 1, i, dtype=np.uint16)
-
-    def gather(self, idx):
-        return np.stack([self[int(i)] for i in idx])
 
 
 def test_io_threads_follow_littles_law_on_the_read_latency():
