@@ -98,7 +98,7 @@ def test_calibrate_from_tokens_per_s(tmp_path, capsys):
     run = _run_dir(tmp_path, {"tokens_per_s": 4 * 2048 / (2 * base), "gpu_name": "NVIDIA A100-SXM4-80GB"})
     out = _json(capsys, "--model", "gpt-22b", "--gpus", "8", "--calibrate", str(run))
     cal = out["calibration"]["stack_efficiency"]
-    assert cal["calibrated"] < 0.8 * cal["default"]
+    assert cal["calibrated"] < 0.95 * cal["default"]  # slower than the model: a lower efficiency
     assert out["constants"]["stack_efficiency"] == cal["calibrated"]
     # partial pooling: the measured layout is now predicted CALIBRATION_WEIGHT of the way (in log) to 2x
     from trainperf.planner.interval import CALIBRATION_WEIGHT

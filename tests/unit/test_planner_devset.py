@@ -1,4 +1,4 @@
-"""The planner on its development set (docs/fragments/planner-benchmarks.md has the LOSO tables).
+"""The planner on its development set (docs/benchmarks/planner.md has the LOSO tables).
 
 Rows: Korthikanti et al. 2022 Table 5 (REFERENCE.md, built in) and, when the shared development
 data are present (/work/shared/planner-dev or $TRAINPERF_PLANNER_DEV), the MPT FSDP tables on
@@ -8,6 +8,7 @@ validated (leave-one-source-out) figures are produced by ``python -m trainperf.p
 
 from __future__ import annotations
 
+import math
 
 import pytest
 
@@ -71,6 +72,7 @@ def test_shipped_intervals_are_the_fresh_cross_validated_ones(loso_fast):
     for shipped, fresh in ((ACROSS, loso_fast["interval"]), (CALIBRATED, loso_fast["interval_calibrated"])):
         assert shipped.low == pytest.approx(fresh["log_ratio_low"], abs=2e-3)
         assert shipped.high == pytest.approx(fresh["log_ratio_high"], abs=2e-3)
+        assert shipped.noncompute_scale == fresh["noncompute_scale"]
     assert CALIBRATED.relative_width() < ACROSS.relative_width()
     from trainperf.planner.interval import CALIBRATION_WEIGHT
 
@@ -144,3 +146,22 @@ def test_spread_across_weights_sources_equally_and_within_uses_pairs_of_rows():
     # a one-row source has none, and a constant bias has none either
     within = spread_from({"a": [0.0, 0.1], "b": [0.05], "c": [0.3, 0.3, 0.3]}, within=True)
     assert within.low == pytest.approx(-0.1) and within.high == pytest.approx(0.1)
+
+
+def test_interval_widens_with_the_non_compute_share_when_held_out_errors_do():
+    from trainperf.planner.interval import Spread, fit_noncompute_scale
+
+    sp = Spread(-0.05, 0.08, "test", noncompute_scale=2.0)
+    assert sp.relative_width(0.5) == pytest.approx(2 * sp.relative_width(0.0), rel=0.05)
+    lo, hi = sp.bounds(10.0, 0.0)
+    assert lo == pytest.approx(10 * math.exp(-0.05)) and hi == pytest.approx(10 * math.exp(0.08))
+    # sources whose errors are 3x larger on communication-heavy rows: the fitted scale is clearly above 0;
+    # errors that do not depend on the share: it stays at (or near) 0
+    res, shares, flat = {}, {}, {}
+    for i, s in enumerate("abcdef"):
+        b = 0.02 * (i - 2.5)
+        res[s] = [b + 0.04, b - 0.04, 3 * (b + 0.04), 3 * (b - 0.04)]
+        flat[s] = [b + 0.04, b - 0.04, b + 0.04, b - 0.04]
+        shares[s] = [0.0, 0.0, 1.0, 1.0]
+    assert fit_noncompute_scale(res, shares) >= 1.0
+    assert fit_noncompute_scale(flat, shares) <= 0.5

@@ -142,6 +142,11 @@ def test_fused_elementwise_never_moves_more_bytes_or_launches_more_kernels(norm,
     assert all(f < u for f, u in zip(softmax_bytes(True, dropout), softmax_bytes(False, dropout)))
 
 
+def _key(c):
+    return tuple(c[k] for k in ("tp", "pp", "dp", "cp", "micro_batch", "interleave", "recompute", "zero",
+                                "sequence_parallel"))
+
+
 def _width(c):
     lo, hi = c["step_time_interval_s"]
     return (hi - lo) / c["step_time_s"]
@@ -155,7 +160,11 @@ def test_interval_on_best_and_every_candidate_and_narrower_after_measured(capsys
     assert out["interval"]["level"] == 0.8
     cal = _json(capsys, *SHAPE, "--top", "20", "--tp", "1", "--pp", "1", "--microbatch", "2", "--recompute", "none",
                 "--zero", "3", "--measured", "1.0")
-    assert all(_width(c) < _width(out["best"]) for c in cal["candidates"])
+    # the same layout's interval is narrower once calibrated (the width grows with the step's non-compute share,
+    # so layouts are compared with themselves)
+    before = {_key(c): _width(c) for c in out["candidates"]}
+    same = [(_width(c), before[_key(c)]) for c in cal["candidates"] if _key(c) in before]
+    assert same and all(after < b for after, b in same)
     assert cal["interval"]["basis"] != out["interval"]["basis"]
     assert main(["plan", *SHAPE, "--top", "3"]) == 0
     text = capsys.readouterr().out

@@ -312,7 +312,7 @@ def _moves(before, after, top: int) -> list[dict]:
 
 def _with_interval(est, spread) -> dict:
     d = est.as_dict()
-    lo, hi = spread.bounds(est.step_time_s)
+    lo, hi = spread.bounds_for(est)
     d["step_time_interval_s"] = [round(lo, 4), round(hi, 4)]
     return d
 

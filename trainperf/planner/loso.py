@@ -24,18 +24,21 @@ import math
 from trainperf.planner import devset
 from trainperf.planner.constants import DEFAULTS, Constants
 from trainperf.planner.fit import FITTED, baseline_errors, fit_baseline, fit_constants
-from trainperf.planner.interval import Spread, calibration_weight, log_ratio, shrunk_target, spread_from
+from trainperf.planner.interval import (Spread, calibration_weight, fit_noncompute_scale, log_ratio, noncompute_share,
+                                        shrunk_target, spread_from)
 
 FIXED_BASELINE = 0.5
 """The issue's peer: one constant efficiency of 0.5 of the dense peak, nothing fitted."""
 
 
-def _residuals(rows, c: Constants) -> list[float | None]:
-    out = []
+def _residuals(rows, c: Constants) -> tuple[list[float | None], list[float]]:
+    """Log ratios published / predicted (None: predicted not to fit) and each prediction's non-compute share."""
+    res, shares = [], []
     for r in rows:
         est = devset.predict(r, c)
-        out.append(None if est is None else log_ratio(r.published_s, est.step_time_s))
-    return out
+        res.append(None if est is None else log_ratio(r.published_s, est.step_time_s))
+        shares.append(0.0 if est is None else noncompute_share(est))
+    return res, shares
 
 
 def _sources(rows) -> list[str]:
@@ -52,6 +55,7 @@ def _calibrated_coverage(test, c: Constants, spread: Spread, weight: float) -> t
         return None, None
     picks = sorted({0, len(test) // 2, len(test) - 1})
     inside = total = 0
+    widths: list[float] = []
     for i in picks:
         ref = test[i]
         est = devset.predict(ref, c)
@@ -66,10 +70,11 @@ def _calibrated_coverage(test, c: Constants, spread: Spread, weight: float) -> t
             if e is None:
                 total += 1
                 continue
-            lo, hi = spread.bounds(e.step_time_s)
+            lo, hi = spread.bounds_for(e)
             inside += lo <= r.published_s <= hi
             total += 1
-    return (inside / total if total else None), spread.relative_width()
+            widths.append((hi - lo) / e.step_time_s)
+    return (inside / total if total else None), (sum(widths) / len(widths) if widths else None)
 
 
 def loso(rows, base: Constants = DEFAULTS, *, nested: bool = True, progress=None) -> dict:
@@ -78,9 +83,10 @@ def loso(rows, base: Constants = DEFAULTS, *, nested: bool = True, progress=None
     by = {s: [r for r in rows if r.source == s] for s in sources}
     outer: dict[str, Constants] = {}
     residuals: dict[str, list] = {}
+    shares: dict[str, list] = {}
     for s in sources:
         outer[s] = fit_constants([r for r in rows if r.source != s], base)
-        residuals[s] = _residuals(by[s], outer[s])
+        residuals[s], shares[s] = _residuals(by[s], outer[s])
         if progress:
             progress(f"fold {s}")
     per_row, folds = [], {}
@@ -88,17 +94,18 @@ def loso(rows, base: Constants = DEFAULTS, *, nested: bool = True, progress=None
         train = [r for r in rows if r.source != s]
         others = [t for t in sources if t != s]
         if nested:  # each other source held out of a fit that also leaves S out
-            inner = {}
+            inner, inner_x = {}, {}
             for t in others:
                 ct = fit_constants([r for r in train if r.source != t], base)
-                inner[t] = _residuals(by[t], ct)
+                inner[t], inner_x[t] = _residuals(by[t], ct)
                 if progress:
                     progress(f"fold {s} / inner {t}")
         else:
-            inner = {t: residuals[t] for t in others}
-        spread = spread_from(inner)
-        weight = calibration_weight(inner)
-        spread_cal = spread_from(inner, within=True, weight=weight)
+            inner, inner_x = {t: residuals[t] for t in others}, {t: shares[t] for t in others}
+        scale = fit_noncompute_scale(inner, inner_x)
+        spread = spread_from(inner, shares_by_source=inner_x, scale=scale)
+        weight = calibration_weight(inner, inner_x, scale)
+        spread_cal = spread_from(inner, within=True, weight=weight, shares_by_source=inner_x, scale=scale)
         c = outer[s]
         e_base = fit_baseline(train)
         berrs = baseline_errors(by[s], e_base)
@@ -112,7 +119,7 @@ def loso(rows, base: Constants = DEFAULTS, *, nested: bool = True, progress=None
         for r, res, be, bh in zip(by[s], residuals[s], berrs, berrs_half):
             est = devset.predict(r, c)
             pred = None if est is None else est.step_time_s
-            lo, hi = spread.bounds(pred) if pred else (None, None)
+            lo, hi = spread.bounds_for(est) if pred else (None, None)
             per_row.append({
                 "source": s, "row": r.label, "published_s": round(r.published_s, 4), "approximate": r.approximate,
                 "predicted_s": None if pred is None else round(pred, 4),
@@ -143,12 +150,14 @@ def loso(rows, base: Constants = DEFAULTS, *, nested: bool = True, progress=None
                       "not_fitting": sum(1 for x in rs if not x["fits"]),
                       "approximate_rows": sum(1 for x in rs if x["approximate"])}
     all_c = fit_constants(rows, base)
-    shipped = {t: _residuals(by[t], outer[t]) for t in sources}
-    w_all = calibration_weight(shipped)
+    k_all = fit_noncompute_scale(residuals, shares)
+    w_all = calibration_weight(residuals, shares, k_all)
     return {"folds": folds, "rows": per_row, "summary": summary, "nested": nested,
             "fit_all": {k: getattr(all_c, k) for k in FITTED}, "baseline_all": fit_baseline(rows),
-            "interval": spread_from(shipped).as_dict(), "calibration_weight": w_all,
-            "interval_calibrated": spread_from(shipped, within=True, weight=w_all).as_dict()}
+            "interval": spread_from(residuals, shares_by_source=shares, scale=k_all).as_dict(),
+            "calibration_weight": w_all,
+            "interval_calibrated": spread_from(residuals, within=True, weight=w_all, shares_by_source=shares,
+                                               scale=k_all).as_dict()}
 
 
 def render_markdown(res: dict) -> str:
@@ -165,15 +174,17 @@ def render_markdown(res: dict) -> str:
                      f"{100 * v['model_max_abs_error']:.1f}% | {100 * v['model_mean_signed_error']:+.1f}% | "
                      f"{100 * v['baseline_mean_abs_error']:.1f}% | {100 * v['baseline_half_mean_abs_error']:.1f}% | "
                      f"{cov} | {wid} | {cal} | {v['not_fitting']} |")
-    lines += ["", "| held-out source | " + " | ".join(FITTED) + " | baseline E | interval (log ratio) |",
-              "|---" * (len(FITTED) + 3) + "|"]
+    lines += ["", "| held-out source | " + " | ".join(FITTED) + " | baseline E | interval (log ratio, all compute) "
+              "| non-compute scale |", "|---" * (len(FITTED) + 4) + "|"]
     for s, f in res["folds"].items():
         iv = f["interval"]
         lines.append(f"| {s} | " + " | ".join(f"{f['constants'][k]:.3f}" for k in FITTED)
-                     + f" | {f['baseline_efficiency']:.3f} | [{iv['log_ratio_low']:+.3f}, {iv['log_ratio_high']:+.3f}] |")
+                     + f" | {f['baseline_efficiency']:.3f} | [{iv['log_ratio_low']:+.3f}, {iv['log_ratio_high']:+.3f}] "
+                       f"| {iv['noncompute_scale']:g} |")
     iv = res["interval"]
     lines.append("| (all sources) | " + " | ".join(f"{res['fit_all'][k]:.3f}" for k in FITTED)
-                 + f" | {res['baseline_all']:.3f} | [{iv['log_ratio_low']:+.3f}, {iv['log_ratio_high']:+.3f}] |")
+                 + f" | {res['baseline_all']:.3f} | [{iv['log_ratio_low']:+.3f}, {iv['log_ratio_high']:+.3f}] "
+                   f"| {iv['noncompute_scale']:g} |")
     ic = res["interval_calibrated"]
     lines.append(f"\ncalibrated spread, all sources: [{ic['log_ratio_low']:+.4f}, {ic['log_ratio_high']:+.4f}] with "
                  f"calibration weight {res['calibration_weight']:g} (a measured run moves the model that far, in log)")

@@ -17,7 +17,7 @@ def _table(rows: list[list[str]], right: set[int]) -> list[str]:
 
 def _row(rank: str, e: Estimate, spread) -> list[str]:
     L = e.layout
-    lo, hi = spread.bounds(e.step_time_s)
+    lo, hi = spread.bounds_for(e)
     rc = f"partial {L.recompute_layers}/{e.layers_per_stage}" if L.recompute == "partial" else L.recompute
     return [
         rank, str(L.tp), str(L.pp), str(L.interleave), str(L.dp), str(L.micro_batch), str(e.microbatches),
@@ -70,10 +70,12 @@ def render(plan: Plan, *, batch_note: str, top: int, baseline, calibration, elap
         f"TFLOP/s/GPU and MFU count {flop_convention}; MFU is against the dense BF16 peak of {g.key} "
         f"({g.bf16_tflops:g} TFLOP/s). v: interleaved stages per GPU; m: micro-batches per pipeline per step.",
         f"80% interval: {spread.basis} ({100 * (2.718281828459045 ** spread.low - 1):+.0f}% / "
-        f"{100 * (2.718281828459045 ** spread.high - 1):+.0f}% of the estimate).",
+        f"{100 * (2.718281828459045 ** spread.high - 1):+.0f}% of an estimate spent in compute"
+        + (f"; wider by {spread.noncompute_scale:g} x the share of the step in communication, bubbles and the "
+           "optimizer, where the model is less sure)." if spread.noncompute_scale else ")."),
         "",
         f"best: {plan.best.layout.short()}: {plan.best.step_time_s:.2f} s/step "
-        f"(80% interval {spread.bounds(plan.best.step_time_s)[0]:.2f}-{spread.bounds(plan.best.step_time_s)[1]:.2f} s), "
+        f"(80% interval {spread.bounds_for(plan.best)[0]:.2f}-{spread.bounds_for(plan.best)[1]:.2f} s), "
         f"{plan.global_batch * model.seq / plan.best.step_time_s:,.0f} tokens/s",
         "  " + breakdown(plan.best),
     ]
