@@ -14,8 +14,9 @@ layouts) about as much as sources differ in level. So a calibration moves the pr
 of the way to the measurement (partial pooling): the calibrated model matches
 ``predicted^(1 - w) x measured^w`` for the measured layout, ``w`` = :data:`CALIBRATION_WEIGHT`. The
 weight and the calibrated interval (:data:`CALIBRATED`) are set by the same held-out errors: for
-every ordered pair of rows of a source, one row plays the measured run and the other the layout
-being predicted, ``r_predicted - w x r_measured`` is what is left, each source weighted equally; ``w``
+every ordered pair of rows of a source that train the same model (a calibration plans the model
+that was measured, in other layouts, sequences or cluster sizes), one row plays the measured run
+and the other the layout being predicted, ``r_predicted - w x r_measured`` is what is left, each source weighted equally; ``w``
 is the weight whose 80% spread of those is narrowest (:func:`calibration_weight`). That interval
 carries the calibration run's own scatter, and is narrower than the one across sources. (Matching
 the measurement exactly, ``w = 1``, is wider on the development set than not calibrating at all.)
@@ -76,11 +77,12 @@ def noncompute_share(est) -> float:
 # blocks of its output; all sources).
 ACROSS = Spread(-0.0599, 0.0809, "leave-one-source-out errors across the development set's sources, "
                                    "each source weighted equally (10th / 90th percentile)", noncompute_scale=2.75)
-CALIBRATION_WEIGHT = 0.2
+CALIBRATION_WEIGHT = 0.9
 """FITTED by python -m trainperf.planner.loso (``calibration_weight``): how far a calibration moves the
 model toward the measured run (0: not at all, 1: matches it)."""
-CALIBRATED = Spread(-0.0569, 0.0776, "pairs of held-out errors of the same source, one row calibrating (partially "
-                                       "pooled by CALIBRATION_WEIGHT) as a measured run does, the other predicted",
+CALIBRATED = Spread(-0.0544, 0.0627, "pairs of held-out errors of the same source and model, one row calibrating "
+                                       "(partially pooled by CALIBRATION_WEIGHT) as a measured run does, the other "
+                                       "predicted",
                     noncompute_scale=2.75)
 
 
@@ -106,18 +108,22 @@ def weighted_quantile(values: list[float], weights: list[float], q: float) -> fl
 
 def spread_from(residuals_by_source: dict[str, list[float]], *, within: bool = False, weight: float = 1.0,
                 shares_by_source: dict[str, list[float]] | None = None, scale: float = 0.0,
-                basis: str = "") -> Spread:
+                groups_by_source: dict[str, list] | None = None, basis: str = "") -> Spread:
     """Spread from held-out log ratios per source (None entries: rows predicted not to fit, left out).
     ``within``: of ``r_a - weight x r_b`` over ordered pairs of rows of the same source (``b`` calibrates,
-    ``a`` is predicted; a source of one row has none). ``scale`` with ``shares_by_source`` (each row's
-    non-compute share): of ``r / (1 + scale x share)``, the bounds of a step spent in compute."""
+    ``a`` is predicted; a source of one row has none), and of the same group when ``groups_by_source``
+    gives each row's (the model: a calibration plans the model that was measured). ``scale`` with
+    ``shares_by_source`` (each row's non-compute share): of ``r / (1 + scale x share)``, the bounds of a
+    step spent in compute."""
     values, weights = [], []
     for source, rs in residuals_by_source.items():
         xs = shares_by_source[source] if scale and shares_by_source is not None else [0.0] * len(rs)
-        kept = [(r, 1.0 + scale * x) for r, x in zip(rs, xs) if r is not None]
-        rs = [r / f for r, f in kept]
+        gs = groups_by_source[source] if groups_by_source is not None else [None] * len(rs)
+        kept = [(r, 1.0 + scale * x, g) for r, x, g in zip(rs, xs, gs) if r is not None]
+        rs = [r / f for r, f, _ in kept]
         if within:  # the predicted row's own scale: the calibrating row's error enters through the weight
-            pairs = [(a - weight * b) / fa for i, (a, fa) in enumerate(kept) for j, (b, _) in enumerate(kept) if i != j]
+            pairs = [(a - weight * b) / fa for i, (a, fa, ga) in enumerate(kept) for j, (b, _, gb) in enumerate(kept)
+                     if i != j and ga == gb]
             if not pairs:
                 continue
             values += pairs
@@ -160,11 +166,12 @@ def fit_noncompute_scale(residuals_by_source: dict[str, list[float]],
 
 
 def calibration_weight(residuals_by_source: dict[str, list[float]],
-                       shares_by_source: dict[str, list[float]] | None = None, scale: float = 0.0) -> float:
+                       shares_by_source: dict[str, list[float]] | None = None, scale: float = 0.0,
+                       groups_by_source: dict[str, list] | None = None) -> float:
     """The partial-pooling weight (0 to 1, steps of 0.05) whose calibrated 80% spread is narrowest."""
     grid = [i / 20 for i in range(21)]
     widths = [(spread_from(residuals_by_source, within=True, weight=w, shares_by_source=shares_by_source,
-                           scale=scale).relative_width(), w) for w in grid]
+                           scale=scale, groups_by_source=groups_by_source).relative_width(), w) for w in grid]
     return min(widths)[1]
 
 

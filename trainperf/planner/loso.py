@@ -41,19 +41,27 @@ def _residuals(rows, c: Constants) -> tuple[list[float | None], list[float]]:
     return res, shares
 
 
+def _model_key(row) -> tuple:
+    """What a calibration keeps: the model trained (its shape), whatever the layout, sequence or cluster."""
+    m = row.model
+    return (m.hidden, m.layers, m.heads, m.kv, m.ffn, m.vocab)
+
+
 def _sources(rows) -> list[str]:
     return [s for s in devset.SOURCES if any(r.source == s for r in rows)]
 
 
 def _calibrated_coverage(test, c: Constants, spread: Spread, weight: float) -> tuple[float | None, float | None]:
     """Coverage and mean relative width of calibrated intervals: each of up to 3 rows of the source
-    calibrates stack_efficiency (partially pooled by ``weight``, as ``--measured`` does), the others are
-    predicted."""
+    calibrates stack_efficiency (partially pooled by ``weight``, as ``--measured`` does), the source's other
+    rows of the same model are predicted."""
     from trainperf.planner.calibrate import fit_efficiency
 
-    if len(test) < 2:
+    keys = [_model_key(r) for r in test]
+    usable = [i for i, k in enumerate(keys) if keys.count(k) > 1]
+    if not usable:
         return None, None
-    picks = sorted({0, len(test) // 2, len(test) - 1})
+    picks = sorted({usable[0], usable[len(usable) // 2], usable[-1]})
     inside = total = 0
     widths: list[float] = []
     for i in picks:
@@ -64,7 +72,7 @@ def _calibrated_coverage(test, c: Constants, spread: Spread, weight: float) -> t
         target = shrunk_target(est.step_time_s, ref.published_s, weight)
         cal, _ = fit_efficiency(ref.model, ref.spec(), est.layout, ref.global_batch, target, c, stack=ref.stack)
         for j, r in enumerate(test):
-            if j == i:
+            if j == i or _model_key(r) != _model_key(ref):
                 continue
             e = devset.predict(r, cal)
             if e is None:
@@ -84,6 +92,7 @@ def loso(rows, base: Constants = DEFAULTS, *, nested: bool = True, progress=None
     outer: dict[str, Constants] = {}
     residuals: dict[str, list] = {}
     shares: dict[str, list] = {}
+    groups = {s: [_model_key(r) for r in by[s]] for s in sources}
     for s in sources:
         outer[s] = fit_constants([r for r in rows if r.source != s], base)
         residuals[s], shares[s] = _residuals(by[s], outer[s])
@@ -104,8 +113,9 @@ def loso(rows, base: Constants = DEFAULTS, *, nested: bool = True, progress=None
             inner, inner_x = {t: residuals[t] for t in others}, {t: shares[t] for t in others}
         scale = fit_noncompute_scale(inner, inner_x)
         spread = spread_from(inner, shares_by_source=inner_x, scale=scale)
-        weight = calibration_weight(inner, inner_x, scale)
-        spread_cal = spread_from(inner, within=True, weight=weight, shares_by_source=inner_x, scale=scale)
+        weight = calibration_weight(inner, inner_x, scale, groups)
+        spread_cal = spread_from(inner, within=True, weight=weight, shares_by_source=inner_x, scale=scale,
+                                 groups_by_source=groups)
         c = outer[s]
         e_base = fit_baseline(train)
         berrs = baseline_errors(by[s], e_base)
@@ -151,13 +161,13 @@ def loso(rows, base: Constants = DEFAULTS, *, nested: bool = True, progress=None
                       "approximate_rows": sum(1 for x in rs if x["approximate"])}
     all_c = fit_constants(rows, base)
     k_all = fit_noncompute_scale(residuals, shares)
-    w_all = calibration_weight(residuals, shares, k_all)
+    w_all = calibration_weight(residuals, shares, k_all, groups)
     return {"folds": folds, "rows": per_row, "summary": summary, "nested": nested,
             "fit_all": {k: getattr(all_c, k) for k in FITTED}, "baseline_all": fit_baseline(rows),
             "interval": spread_from(residuals, shares_by_source=shares, scale=k_all).as_dict(),
             "calibration_weight": w_all,
             "interval_calibrated": spread_from(residuals, within=True, weight=w_all, shares_by_source=shares,
-                                               scale=k_all).as_dict()}
+                                               scale=k_all, groups_by_source=groups).as_dict()}
 
 
 def render_markdown(res: dict) -> str:
