@@ -154,7 +154,9 @@ def worker(rank: int, world: int, out: str) -> None:
                                  "max_grad": max(r.abs().max().item() for r in ref.values())}
     result["balancer"] = _balancer_run(rank)
     result["timings"]["balancer"] = time.perf_counter() - t0
-    dist.destroy_process_group()
+    from trainperf.distributed.init import destroy_distributed
+
+    destroy_distributed(barrier=True)  # the cases' DDP / FSDP models are gone (their functions returned)
     Path(out, f"rank{rank}.json").write_text(json.dumps(result))
 
     _say(rank, "balancer done; bench worker next")

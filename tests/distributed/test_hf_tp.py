@@ -35,40 +35,49 @@ CASES = (False, True, "gpt2")  # Llama untied, Llama tied embeddings, GPT-2 (tie
 
 def _worker(rank: int, world: int, out: str):
     import torch.distributed as dist
+
+    from trainperf.distributed.init import destroy_distributed
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{Path(out, 'store')}", rank=rank, world_size=world)
+    ok = False
+    try:
+        _cases(rank, world, out)  # its models and DTensors are gone when it returns, before the group
+        ok = True
+    finally:
+        destroy_distributed(barrier=ok)
+
+
+def _cases(rank: int, world: int, out: str):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor
 
     from trainperf.distributed.hf_tp import apply_hf_tp
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{Path(out, 'store')}", rank=rank, world_size=world)
-    try:
-        mesh = init_device_mesh("cpu", (world,))
-        x = torch.randint(0, 64, (2, 17), generator=torch.Generator().manual_seed(0))
-        idx, tgt = x[:, :-1].contiguous(), x[:, 1:].contiguous()
-        res = {}
-        for case in CASES:  # one spawn for every case: the processes' imports dominate the time
-            kw = {"gpt2": case == "gpt2", "tie_word_embeddings": case is True}
-            ref = _model(**kw)
-            _, ref_loss = ref(idx, tgt)
-            ref_loss.backward()
-            for sp in ((False,) if case == "gpt2" else (False, True)):
-                m = _model(**kw)
-                apply_hf_tp(m, mesh, sequence_parallel=sp)
-                _, loss = m(idx, tgt)
-                loss.backward()
-                worst = 0.0
-                for (n, p), (n0, p0) in zip(m.named_parameters(), ref.named_parameters()):
-                    assert n == n0, (n, n0)
-                    g = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
-                    worst = max(worst, ((g - p0.grad).abs().max() / p0.grad.abs().max().clamp_min(1e-12)).item())
-                n_dt = sum(isinstance(p, DTensor) for p in m.parameters())
-                res[f"{case}/sp={sp}"] = {"loss": loss.item(), "ref": ref_loss.item(), "grad_rel": worst,
-                                          "dtensors": n_dt, "gpt2": case == "gpt2"}
-        if rank == 0:
-            Path(out, "res.json").write_text(json.dumps(res))
-    finally:
-        dist.destroy_process_group()
+    mesh = init_device_mesh("cpu", (world,))
+    x = torch.randint(0, 64, (2, 17), generator=torch.Generator().manual_seed(0))
+    idx, tgt = x[:, :-1].contiguous(), x[:, 1:].contiguous()
+    res = {}
+    for case in CASES:  # one spawn for every case: the processes' imports dominate the time
+        kw = {"gpt2": case == "gpt2", "tie_word_embeddings": case is True}
+        ref = _model(**kw)
+        _, ref_loss = ref(idx, tgt)
+        ref_loss.backward()
+        for sp in ((False,) if case == "gpt2" else (False, True)):
+            m = _model(**kw)
+            apply_hf_tp(m, mesh, sequence_parallel=sp)
+            _, loss = m(idx, tgt)
+            loss.backward()
+            worst = 0.0
+            for (n, p), (n0, p0) in zip(m.named_parameters(), ref.named_parameters()):
+                assert n == n0, (n, n0)
+                g = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
+                worst = max(worst, ((g - p0.grad).abs().max() / p0.grad.abs().max().clamp_min(1e-12)).item())
+            n_dt = sum(isinstance(p, DTensor) for p in m.parameters())
+            res[f"{case}/sp={sp}"] = {"loss": loss.item(), "ref": ref_loss.item(), "grad_rel": worst,
+                                      "dtensors": n_dt, "gpt2": case == "gpt2"}
+    if rank == 0:
+        Path(out, "res.json").write_text(json.dumps(res))
 
 
 def test_tp2_matches_one_process(tmp_path):

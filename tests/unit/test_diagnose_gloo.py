@@ -54,7 +54,9 @@ for step in range(1, 9):
     mon.after_step(step)
     mon.write({"step": step, "loss": float(loss), "step_time_s": dt, "tokens_per_s": 64 / dt, "phases_s": phases})
 mon.close()
-dist.destroy_process_group()
+del model, opt, loss
+from trainperf.distributed.init import destroy_distributed
+destroy_distributed(barrier=True)
 """
 
 

@@ -334,9 +334,9 @@ def _worker(rank: int, world: int, init_method: str, a: dict, out: str) -> None:
     # leave together: torn down after destroy_process_group, gloo could wait forever at exit.
     del trainer, bal
     gc.unfreeze()
-    gc.collect()
-    dist.barrier()
-    dist.destroy_process_group()
+    from trainperf.distributed.init import destroy_distributed
+
+    destroy_distributed(barrier=True)
 
 
 def summarize(gathered: list[dict], B: int, bal, equal: list[int], settled: list[int], settle_used: int,

@@ -183,12 +183,12 @@ def free_port() -> int:
 
 def _entry(rank: int, world: int, port: int, fn, args, result_path: str, timeout_s: float) -> None:
     import datetime
-    import gc
     import pickle
 
     import torch.distributed as dist
 
     from trainperf import interrupt
+    from trainperf.distributed.init import destroy_distributed
 
     interrupt.worker_signals()  # Ctrl-C is the parent's (spawn() stops the ranks); SIGTERM ends a rank at once
 
@@ -207,15 +207,8 @@ def _entry(rank: int, world: int, port: int, fn, args, result_path: str, timeout
         traceback.print_exc()
         raise
     finally:
-        # Free what the case built (DDP reducers, FSDP and DTensor state hold the groups and their last
-        # gloo work) while the groups are alive: left to the interpreter's shutdown, a gloo work's tensors
-        # are released without the interpreter and the rank aborts ("terminate called without an active
-        # exception", SIGABRT). Then leave together, so that no rank tears down a pair its peer still reads.
-        result = None
-        gc.collect()
-        if ok:
-            dist.barrier()
-        dist.destroy_process_group()
+        result = None  # what the case built goes before the groups it holds (destroy_distributed)
+        destroy_distributed(barrier=ok)
 
 
 def spawn(fn, world: int, *args, timeout_s: float = 60.0):

@@ -95,6 +95,9 @@ def init_distributed(*, backend: str = "auto", device_type: str = "cpu", timeout
     if store is not None:
         kwargs.update(store=store, rank=env.rank, world_size=env.world_size)
     dist.init_process_group(backend=env.backend, timeout=timedelta(seconds=timeout_s), **kwargs)
+    import atexit
+
+    atexit.register(_destroy_at_exit)
     return env
 
 
@@ -116,8 +119,28 @@ def attempt_store(world_size: int, timeout_s: float, environ=None):
     return PrefixStore(f"trainperf/attempt_{attempt}/", tcp)
 
 
-def destroy_distributed() -> None:
+def destroy_distributed(*, barrier: bool = False) -> None:
+    """Leave the process group cleanly (idempotent). What still holds it (DDP reducers, FSDP and DTensor state,
+    their last gloo/NCCL works) is collected while the group and the interpreter are alive; ``barrier``: the
+    ranks then meet, so that none tears down a connection its peer still reads (only on a path every rank
+    takes: never after an error). Left to the interpreter's shutdown, a work's tensors are released without
+    the interpreter and the rank aborts ("terminate called without an active exception", SIGABRT): a run
+    that succeeded would end with a failed exit code. Callers drop their own references first."""
+    import gc
+
     import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    gc.collect()
+    if barrier:
+        dist.barrier()
+    dist.destroy_process_group()
+
+
+def _destroy_at_exit() -> None:
+    """atexit: a process that did not leave its group leaves it before the interpreter shuts down."""
+    import contextlib
+
+    with contextlib.suppress(Exception):
+        destroy_distributed()

@@ -133,6 +133,8 @@ def train(resolved: Resolved, *, resume: str = "auto", verbose: bool = True, kno
             ff.close()
         if trainer is not None:  # loader workers and shared memory released now, also after Ctrl-C / SIGTERM
             close_data(trainer)
+    is_main = trainer.is_main
     if distributed:
-        destroy_distributed()
-    return summary if trainer.is_main else None
+        trainer = None  # the model's DDP/FSDP state goes before the group it holds
+        destroy_distributed(barrier=True)
+    return summary if is_main else None
