@@ -169,3 +169,17 @@ def test_shape_flags_reach_the_model_and_change_the_estimate(capsys):
     assert (plain["model"]["bias"], plain["model"]["gated"]) == (False, False)
     assert other["best"]["step_time_s"] > plain["best"]["step_time_s"]  # more weights, eager RoPE and norms
     assert other["pins"]["stack"] == "torchtitan"
+
+
+def test_a_fully_fixed_layout_over_the_memory_budget_is_timed_and_flagged(capsys):
+    """A layout the user fixed entirely (a run they made, or a published one) is timed even when the memory
+    model says it does not fit: marked fits=false, with the shortfall and the fix in the notes; a search
+    with free parts still refuses with exit 2."""
+    fixed = ["--model", "gpt3-175b", "--gpus", "64", "--tp", "8", "--pp", "8", "--dp", "1", "--microbatch", "1",
+             "--recompute", "none", "--zero", "0", "--gpu", "a100-40gb"]
+    out = _json(capsys, *fixed)
+    assert out["best"]["fits"] is False and out["best"]["step_time_s"] > 0
+    assert out["notes"] and "predicted NOT to fit" in out["notes"][0] and "GiB over" in out["notes"][0]
+    assert main(["plan", *fixed[:-2], "--gpu", "a100-40gb"]) == 0
+    assert "WARNING: predicted NOT to fit" in capsys.readouterr().out
+    assert main(["plan", "--model", "gpt3-175b", "--gpus", "8", "--gpu", "a100-40gb"]) == 2

@@ -218,7 +218,7 @@ def plan_command(args) -> int:
                   args.sequence_parallel, args.zero, args.max_microbatch, args.cp, args.hsdp_shard,
                   args.recompute_layers)
     t0 = time.perf_counter()
-    plan = search(model, gpu, args.gpus, batch, fixed, constants, stack=stack)
+    plan = search(model, gpu, args.gpus, batch, fixed, constants, stack=stack, keep_oom=_fully_fixed(fixed))
     elapsed = time.perf_counter() - t0
     moves = None
     if args.measured is not None:
@@ -237,7 +237,7 @@ def plan_command(args) -> int:
         constants = calibration.constants
         t0 = time.perf_counter()
         after = search(model, gpu, args.gpus, batch, free, constants, stack=stack)
-        plan = search(model, gpu, args.gpus, batch, fixed, constants, stack=stack)
+        plan = search(model, gpu, args.gpus, batch, fixed, constants, stack=stack, keep_oom=_fully_fixed(fixed))
         elapsed += time.perf_counter() - t0
         moves = _moves(before, after, args.top)
 
@@ -257,6 +257,7 @@ def plan_command(args) -> int:
     if args.json:
         out = _as_json(plan, gpu, batch, batch_note, args.top, baseline, constants, calibration, elapsed, emitted, spread)
         out["pins"] = pins
+        out["notes"] = plan.notes
         out["stack"] = {"name": stack.name, "mechanisms": stack.mechanisms(), "source": stack_source}
         if moves is not None:
             out["measured_moves"] = moves

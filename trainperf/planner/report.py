@@ -51,7 +51,7 @@ def render(plan: Plan, *, batch_note: str, top: int, baseline, calibration, elap
         f"cluster: {plan.gpus} x {g.key} ({g.name}; {g.hbm_gib:g} GiB, dense BF16 peak {g.bf16_tflops:g} TFLOP/s, "
         f"NVLink {g.nvlink_gbps:g} GB/s, network {g.internode_gbps:g} GB/s per GPU, {g.gpus_per_node} per node)",
         f"global batch: {plan.global_batch} sequences x {model.seq} tokens ({batch_note})",
-        f"searched {plan.evaluated} layouts in {elapsed:.2f} s: {len(plan.candidates)} fit, "
+        f"searched {plan.evaluated} layouts in {elapsed:.2f} s: {sum(e.fits for e in plan.candidates)} fit, "
         f"{plan.out_of_memory} out of memory, {len(plan.rejected)} degree combinations rejected",
     ]
     if stack is not None:
@@ -79,6 +79,8 @@ def render(plan: Plan, *, batch_note: str, top: int, baseline, calibration, elap
         f"{plan.global_batch * model.seq / plan.best.step_time_s:,.0f} tokens/s",
         "  " + breakdown(plan.best),
     ]
+    for note in plan.notes:
+        lines += ["", f"WARNING: {note}"]
     if baseline:
         tp, pp, dp = baseline["degrees"]
         lines.append("")

@@ -140,9 +140,12 @@ def search(
     c: Constants = DEFAULTS,
     explain_failure: bool = True,
     stack: Stack = DEFAULT_STACK,
+    keep_oom: bool = False,
 ) -> Plan:
     """All layouts that fit, fastest first, on training stack `stack`; every part fixed in
-    `fixed` holds in every candidate. Raises UserError when none does (with the fix)."""
+    `fixed` holds in every candidate. Raises UserError when none does (with the fix); ``keep_oom`` (a
+    layout the user fixed entirely): the estimate of the closest variant instead, marked as predicted not
+    to fit, with the fix in ``notes``."""
     fx = fixed or Fixed()
     if fx.zero is None and stack.zero_pin() is not None:
         from dataclasses import replace as _replace
@@ -206,7 +209,15 @@ def search(
     if not candidates:
         if not explain_failure:
             raise UserError("no layout fits")
-        raise UserError(_nothing_fits(model, gpu, gpus, global_batch, closest, rejected, fx, c, stack))
+        why = _nothing_fits(model, gpu, gpus, global_batch, closest, rejected, fx, c, stack)
+        if keep_oom and closest is not None:
+            # The memory model is an estimate and a published run is evidence: a layout the user fixed is
+            # timed anyway, and said to be over the memory budget.
+            note = (f"predicted NOT to fit: {why} The step time shown is what the layout would take if it ran; "
+                    "if it does run for you, the memory estimate is too high for your stack (`trainperf memory "
+                    "CONFIG --measure` checks it on a real micro-batch).")
+            return Plan(model, gpu, gpus, global_batch, [closest], rejected, evaluated, oom, notes=[note])
+        raise UserError(why)
     candidates.sort(key=lambda e: (e.step_time_s, e.memory_bytes))
     return Plan(model, gpu, gpus, global_batch, candidates, rejected, evaluated, oom)
 
