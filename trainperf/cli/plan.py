@@ -218,7 +218,7 @@ def plan_command(args) -> int:
                   args.sequence_parallel, args.zero, args.max_microbatch, args.cp, args.hsdp_shard,
                   args.recompute_layers)
     t0 = time.perf_counter()
-    plan = search(model, gpu, args.gpus, batch, fixed, constants, stack=stack, keep_oom=_fully_fixed(fixed))
+    plan = search(model, gpu, args.gpus, batch, fixed, constants, stack=stack, keep_oom=_degrees_fixed(fixed))
     elapsed = time.perf_counter() - t0
     moves = None
     if args.measured is not None:
@@ -237,7 +237,7 @@ def plan_command(args) -> int:
         constants = calibration.constants
         t0 = time.perf_counter()
         after = search(model, gpu, args.gpus, batch, free, constants, stack=stack)
-        plan = search(model, gpu, args.gpus, batch, fixed, constants, stack=stack, keep_oom=_fully_fixed(fixed))
+        plan = search(model, gpu, args.gpus, batch, fixed, constants, stack=stack, keep_oom=_degrees_fixed(fixed))
         elapsed += time.perf_counter() - t0
         moves = _moves(before, after, args.top)
 
@@ -292,6 +292,11 @@ def _pins(args, fixed) -> dict:
     out["gpus"] = args.gpus
     out["gpu"] = args.gpu
     return out
+
+
+def _degrees_fixed(fx) -> bool:
+    """--tp, --pp and --dp all given: the user asks about one split of the GPUs (timed even over budget)."""
+    return all(v is not None for v in (fx.tp, fx.pp, fx.dp))
 
 
 def _fully_fixed(fx) -> bool:

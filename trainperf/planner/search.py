@@ -144,7 +144,7 @@ def search(
 ) -> Plan:
     """All layouts that fit, fastest first, on training stack `stack`; every part fixed in
     `fixed` holds in every candidate. Raises UserError when none does (with the fix); ``keep_oom`` (a
-    layout the user fixed entirely): the estimate of the closest variant instead, marked as predicted not
+    split the user fixed): the estimate of the closest variant instead, marked as predicted not
     to fit, with the fix in ``notes``."""
     fx = fixed or Fixed()
     if fx.zero is None and stack.zero_pin() is not None:
