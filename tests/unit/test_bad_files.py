@@ -308,3 +308,22 @@ def test_garbled_sample_files_are_bad_samples(tmp_path):
     bad = max(np.frombuffer(garbage, dtype=np.uint16))
     with pytest.raises(BadSample, match=rf"3.bin.*token id {bad} is outside the vocabulary of 256"):
         train[3]
+
+
+def test_an_interrupt_inside_a_dcp_save_is_an_interrupt_not_a_checkpoint_failure():
+    """DCP gathers every rank's exception into a CheckpointException; a SIGTERM (Terminated) or Ctrl-C that
+    lands inside a save comes out as itself (exit 143 / 130, no traceback), any other failure as DCP's."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from trainperf.distributed.checkpoint import interrupts_unwrapped
+    from trainperf.interrupt import Terminated
+
+    with pytest.raises(Terminated):
+        with interrupts_unwrapped():
+            raise CheckpointException("write", {0: (ValueError("disk"), None), 1: (Terminated(), None)})
+    with pytest.raises(KeyboardInterrupt):
+        with interrupts_unwrapped():
+            raise CheckpointException("write", {0: (KeyboardInterrupt(), None)})
+    with pytest.raises(CheckpointException):
+        with interrupts_unwrapped():
+            raise CheckpointException("write", {0: (OSError("disk full"), None)})

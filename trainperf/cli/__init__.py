@@ -53,10 +53,13 @@ def main(argv: list[str] | None = None) -> int:
     from trainperf import interrupt
 
     replaced = interrupt.install()
+    code = 1
     try:
-        return _main(argv)
+        code = _main(argv)
+        return code
     except KeyboardInterrupt as exc:  # while the parser imported the subcommands (torch)
-        return _interrupted(None, interrupt.exit_code(exc))
+        code = _interrupted(None, interrupt.exit_code(exc))
+        return code
     finally:
         try:
             if argv is None:  # the trainperf command: a Ctrl-C while the interpreter shuts down keeps the exit code
@@ -64,7 +67,11 @@ def main(argv: list[str] | None = None) -> int:
             else:  # called in-process (tests, scripts): the caller's handlers back
                 interrupt.restore(replaced)
         except KeyboardInterrupt as exc:  # the first signal just as the command returned: stopped all the same
-            return interrupt.exit_code(exc)  # noqa: B012 - this exit code replaces the command's
+            code = interrupt.exit_code(exc)
+            return code  # noqa: B012 - this exit code replaces the command's
+        finally:
+            if argv is None and interrupt.received() is not None:
+                interrupt.exit_now(code)
 
 
 def _main(argv: list[str] | None) -> int:

@@ -15,6 +15,7 @@ The loader position is layout-free (global batches consumed), the schedule a fun
 
 from __future__ import annotations
 
+import contextlib
 import re
 import shutil
 import warnings
@@ -55,6 +56,22 @@ def _barrier() -> None:
         dist.barrier()
 
 
+@contextlib.contextmanager
+def interrupts_unwrapped():
+    """DCP gathers every rank's exception into one ``CheckpointException``: a Ctrl-C or SIGTERM that lands
+    inside a save or load is re-raised as itself (``KeyboardInterrupt`` / ``interrupt.Terminated``), so the
+    command ends as any interrupt does (130 / 143, no traceback), not as a failed checkpoint."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        yield
+    except CheckpointException as exc:
+        for err, _trace in (exc.failures or {}).values():
+            if isinstance(err, KeyboardInterrupt):
+                raise err from None
+        raise
+
+
 def save(ckpt_dir: str | Path, step: int, modules: list, optimizers: list, extra: dict, *, keep: int = 3) -> Path:
     """Collective: every rank writes its shards; rank 0 writes ``trainer.pt`` and then ``COMPLETE``."""
     import torch.distributed.checkpoint as dcp
@@ -65,7 +82,8 @@ def save(ckpt_dir: str | Path, step: int, modules: list, optimizers: list, extra
             shutil.rmtree(path)
         path.mkdir(parents=True, exist_ok=True)
     _barrier()
-    dcp.save(model_optim_state(modules, optimizers), checkpoint_id=str(path))
+    with interrupts_unwrapped():
+        dcp.save(model_optim_state(modules, optimizers), checkpoint_id=str(path))
     if _rank() == 0:
         torch.save(extra, path / "trainer.pt")
     _barrier()
@@ -147,7 +165,10 @@ def read_trainer_state(path: str | Path) -> dict:
     return state
 
 
-def _why(exc: Exception) -> str:
+def _why(exc: BaseException) -> str:
+    failures = getattr(exc, "failures", None)  # DCP's CheckpointException: the first rank's own error
+    if isinstance(failures, dict) and failures:
+        exc = next(iter(failures.values()))[0]
     first = next((ln for ln in str(exc).splitlines() if ln.strip()), "")
     return f"{type(exc).__name__}: {first[:200]}" if first else type(exc).__name__
 
@@ -161,9 +182,13 @@ def load(path: str | Path, modules: list, optimizers: list) -> dict:
     path = Path(path)
     extra = check_readable(path)  # every rank reads the same files: all refuse together, before a collective
     state = model_optim_state(modules, optimizers)  # the shapes and shards this layout wants
+    from torch.distributed.checkpoint.api import CheckpointException
+
     try:
-        dcp.load(state, checkpoint_id=str(path))
-    except Exception as exc:  # noqa: BLE001 - a missing or cut shard file, a shape this model does not have
+        with interrupts_unwrapped():
+            dcp.load(state, checkpoint_id=str(path))
+    except (Exception, CheckpointException) as exc:  # noqa: BLE001 - a missing or cut shard, a shape this model lacks
+        # (CheckpointException, DCP's gathered failure, is a BaseException: named here, an interrupt is not)
         raise CheckpointError(f"{path}: cannot be loaded into this model ({_why(exc)}); {_FIX}") from None
     for m, o in zip(modules, optimizers):
         names = _fqns(m)
