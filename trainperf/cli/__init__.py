@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     from trainperf import interrupt
 
     replaced = interrupt.install()
-    code = 1
+    code = None  # set when the command returns one; an exception leaves it unset
     try:
         code = _main(argv)
         return code
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
             return code  # noqa: B012 - this exit code replaces the command's
         finally:
             if argv is None and interrupt.received() is not None:
-                interrupt.exit_now(code)
+                interrupt.exit_now(code if code is not None else interrupt.exit_code())
 
 
 def _main(argv: list[str] | None) -> int:
