@@ -60,8 +60,11 @@ def train(corpus, run_dir, device, steps=STEPS, resume="never", extra=(), wrap_l
 
 
 def step_records(run_dir: Path) -> list[dict]:
-    recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [r for r in recs if "loss" in r]
+    """The step records, each with its loss: on XLA the loss (a lazy tensor) reaches the file in a follow-up
+    ``"part": "values"`` line, which the project's reader merges into its step's record."""
+    from trainperf.monitor.rundir import merge_parts, read_jsonl
+
+    return [r for r in merge_parts(read_jsonl(run_dir / "metrics.jsonl")) if "loss" in r and "step_time_s" in r]
 
 
 def losses(run_dir: Path) -> dict[int, float]:
