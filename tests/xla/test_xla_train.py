@@ -6,7 +6,6 @@ step takes milliseconds; the XLA runs pay their compilations once per distinct g
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
