@@ -36,8 +36,8 @@ class Constants:
     attention_efficiency: float = 0.397
     """FITTED. Fraction of the sustained GEMM rate FlashAttention's matmuls reach (causal blocks
     only), before the softmax cost below."""
-    comm_contention: float = 0.69
-    """FITTED (all sources; 0.62-0.73 across the leave-one-source-out folds, and weakly identified:
+    comm_contention: float = 0.689
+    """FITTED (all sources; 0.62-0.71 across the leave-one-source-out folds, and weakly identified:
     the fit moves with its starting point). While a collective overlaps compute, the compute slows
     by this fraction of the overlapped time (NCCL kernels take SMs and HBM bandwidth; FSDP's rate
     limiter and stream waits): FSDP's per-layer collectives and the DDP / ZeRO-1/2 bucketed

@@ -9,7 +9,7 @@ Sources (``/work/shared/planner-dev`` style TSVs, path given by ``--data`` or
   FlashAttention, full activation checkpointing or none.
 * ``llama3-405b``: Llama 3 405B (Dubey et al. 2024, Table 4), H100 80GB, TP/CP/PP/DP. Approximate
   (read from secondary copies).
-* ``bloom``, ``opt-175b``, ``llama1``, ``llama2``, ``torchtitan``: built in, from
+* ``bloom``, ``opt-175b``, ``llama1``, ``llama2``, ``torchtitan``, ``olmo``: built in, from
   :mod:`trainperf.planner.devset_sources` (each table with its citation and how its figure became a
   step time).
 
@@ -58,14 +58,14 @@ MPT_VOCAB = 50368
 LLAMA3_405B = dict(hidden=16384, layers=126, heads=128, kv_heads=8, ffn_hidden=53248, gated=True, vocab=128256,
                    tied=False, position="rope", norm="rmsnorm", attention="flash", bias=False)
 SOURCES = ("korthikanti", "mpt-a100-80gb", "mpt-a100-40gb", "llama3-405b", "bloom", "opt-175b", "llama1", "llama2",
-           "torchtitan")
+           "torchtitan", "olmo")
 CITATIONS = {
     "korthikanti": "Korthikanti et al. 2022 (arXiv 2205.05198) Table 5, as in REFERENCE.md",
     "mpt-a100-80gb": "mosaicml/llm-foundry scripts/train/benchmarking/README.md, A100 80GB table (planner-dev TSV)",
     "mpt-a100-40gb": "mosaicml/llm-foundry scripts/train/benchmarking/README.md, A100 40GB table (planner-dev TSV)",
     "llama3-405b": "Dubey et al. 2024 (arXiv 2407.21783) Table 4, read from secondary copies (planner-dev TSV)",
     "bloom": src.BLOOM_CITE, "opt-175b": src.OPT_CITE, "llama1": src.LLAMA1_CITE, "llama2": src.LLAMA2_CITE,
-    "torchtitan": src.TORCHTITAN_CITE,
+    "torchtitan": src.TORCHTITAN_CITE, "olmo": src.OLMO_CITE,
 }
 # Jean Zay's A100 80GB nodes (BLOOM paper sect. 3.4.1 / model card: "8 GPUs per node using NVLink 4
 # inter-gpu connects, 4 OmniPath links"): 4 NVLink3 links per GPU (4 x 50 GB/s both directions, a third
@@ -219,6 +219,22 @@ def _torchtitan_rows() -> list[Row]:
     return rows
 
 
+def _olmo_rows() -> list[Row]:
+    rows = []
+    gpus, s = 8, 4096
+    for label, name, mb, B, fp8, tps, line in src.OLMO:
+        h, l, a, kv, f = src.OLMO_SHAPES[name]
+        model = TransformerSpec(hidden=h, layers=l, heads=a, kv_heads=kv, ffn_hidden=f, gated=True, seq=s,
+                                vocab=100352, tied=False, position="rope", norm="rmsnorm", attention="flash",
+                                bias=False, name=name.lower())
+        stack = Stack("olmo-core", dp_reduce="overlap", fused=True, attention="flash", distributed_optimizer=False,
+                      fsdp=True, float8=fp8, fsdp_reduce_bytes=4.0, fsdp_copy_bytes=16.0)
+        rows.append(Row("olmo", label, model, "h100-sxm", gpus, B, B * s / (tps * gpus),
+                        (1, 1, gpus, 1, mb, 1, "none", False, 3), approximate=True, stack=stack,
+                        note=f"README.md:{line}; {src.OLMO_NOTE}"))
+    return rows
+
+
 def load(data_dir: str | None = None) -> list[Row]:
     """Every development row (Table 5 built in, the rest from ``data_dir``)."""
     d = data_dir or os.environ.get("TRAINPERF_PLANNER_DEV") or DEFAULT_DIR
@@ -234,7 +250,7 @@ def load(data_dir: str | None = None) -> list[Row]:
     rows += _bloom_rows() + _opt_rows()
     rows += _meta_llama_rows(src.LLAMA1, "llama1", src.LLAMA_NOTE)
     rows += _meta_llama_rows(src.LLAMA2, "llama2", src.LLAMA_NOTE)
-    rows += _torchtitan_rows()
+    rows += _torchtitan_rows() + _olmo_rows()
     return rows
 
 

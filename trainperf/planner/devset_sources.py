@@ -114,3 +114,33 @@ TORCHTITAN = [
     ("T6 405B FSDP2 CP4 s128k", "405B", 131072, 512, 2, 8, 8, 4, 8, "full", True, True, True, 1, 31, 68),
     ("T6 405B FSDP1 CP8 s256k", "405B", 262144, 512, 1, 8, 8, 8, 8, "full", True, True, True, 1, 16, 69),
 ]
+
+# --------------------------------------------------------------------------- OLMo (Ai2's OLMo-core, H100)
+OLMO_CITE = ("allenai/OLMo-core @ 7e58d128 (Mar 2025), README.md l.50-64 (throughput table: tokens per second per "
+             "device 'measured on a cluster with NVIDIA H100 GPUs'), src/scripts/train/OLMo2-{1B,7B,13B}.py and "
+             "Llama3-8B.py (rank micro-batch, global batch, compile, HSDP with bf16 params and fp32 reduction, no "
+             "activation checkpointing), src/olmo_core/nn/transformer/config.py (shapes), data/tokenizer.py (dolma2 "
+             "vocabulary 100,278 padded to 100,352)")
+OLMO_NOTE = ("step time = global batch x 4096 / (TPS/device x GPUs); FSDP2 (HSDP) with compile, SDPA attention, "
+             "RMSNorm + QK-norm, SwiGLU, untied output; no activation checkpointing; FP8 rows: torchao float8 "
+             "linears. The GPU count of the measurement is not stated: the launcher's default of one 8-GPU node "
+             "is taken (HSDP shards within the node, so per-device throughput barely depends on it). The "
+             "published figures are rounded (55,000 / 10,000 TPS): approximate. OLMo's own published throughput "
+             "is on H100, not the A100 the issue names: the 2024 OLMo 1 paper gives none per GPU")
+OLMO_SHAPES = {  # hidden, layers, heads, kv heads, ffn (llama_like: ensure_multiple_of(int(8h/3 x mult), m))
+    "OLMo2-1B": (2048, 18, 16, 16, 5632),
+    "OLMo2-7B": (4096, 32, 32, 32, 11008),
+    "Llama3-8B": (4096, 32, 32, 8, 14336),
+    "OLMo2-13B": (5120, 40, 40, 40, 13824),
+}
+# (label, model, rank micro-batch (sequences), global batch (sequences), float8, TPS/device, README line)
+OLMO = [
+    ("OLMo2-1B bf16", "OLMo2-1B", 8, 1024, False, 55000, 54),
+    ("OLMo2-1B fp8", "OLMo2-1B", 8, 1024, True, 65000, 55),
+    ("OLMo2-7B bf16", "OLMo2-7B", 2, 1024, False, 10000, 56),
+    ("OLMo2-7B fp8", "OLMo2-7B", 2, 1024, True, 13000, 57),
+    ("Llama3-8B bf16", "Llama3-8B", 2, 1024, False, 9500, 58),
+    ("Llama3-8B fp8", "Llama3-8B", 2, 1024, True, 12500, 59),
+    ("OLMo2-13B bf16", "OLMo2-13B", 1, 2048, False, 4600, 60),
+    ("OLMo2-13B fp8", "OLMo2-13B", 1, 2048, True, 5500, 61),
+]
