@@ -342,9 +342,60 @@ def test_users_extend_the_communication_patterns():
     ("sm100_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize256x128x64_cluster2x1x1", True),
     ("ampere_sgemm_128x64_tn", False),
     ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>>", False),
+    # FP8 training's own kernels, as DeepSeek's H800 trace names them: a GEMM in FP8 is on tensor cores, the
+    # casts, scales and reductions named by their dtype are not
+    ("void cutlass::device_kernel<dpsk::grouped_gemm::cuda::fp8_ptp128c::GemmKernel>(dpsk::grouped_gemm::P)", True),
+    ("void cuda::per_token_cast_to_fp8_with_channels<__nv_bfloat16, 128, false, 128, false>(__nv_bfloat16 const*)",
+     False),
+    ("void cuda::cast_back_impl<__nv_fp8x2_e4m3>(void const*, void*, float const*, int, int, int, int)", False),
+    ("void cuda::reduce_fused_impl<__nv_bfloat16, false, false>(int4 const*, __nv_fp8_interpretation_t)", False),
+    ("void fp8_gemm_kernel<128, 128>(float*)", True),
+    ("tf32_convert_kernel", False),
 ])
 def test_tensor_cores_on_every_generation(name, tc):
     assert is_tensor_core(name) is tc
+
+
+def _persistent_fp8_trace(path: Path, gemm_name: str, gemm_args: dict) -> Path:
+    """One H800 step: an FP8 GEMM (given), an FP8 cast and an elementwise kernel, as DeepSeek's training
+    trace has them (deepseek-ai/profile-data train.json: DeepGEMM's grouped GEMMs run 112 blocks of 384 threads
+    on 132 SMs, and Kineto writes 0 for their occupancy; its cast kernels run full)."""
+    dev = {"id": 0, "name": "NVIDIA H800", "computeMajor": 9, "computeMinor": 0, "numSms": 132,
+           "maxThreadsPerMultiprocessor": 2048, "totalGlobalMem": 84943110144}
+
+    def kernel(name, ts, dur, args):
+        return {"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": 7, "ts": ts, "dur": dur,
+                "args": {"device": 0, "stream": 7, **args}}
+
+    events = [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1, "ts": 0,
+               "dur": 10_000},
+              kernel(gemm_name, 100, 6_000, gemm_args),
+              kernel("void cuda::per_token_cast_to_fp8_with_channels<__nv_bfloat16, 128, false, 128, false>(int)",
+                     6_200, 1_000, {"grid": [4096, 1, 1], "block": [128, 1, 1], "blocks per SM": 31.03,
+                                    "est. achieved occupancy %": 100}),
+              kernel("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>>",
+                     7_300, 2_000, {"grid": [8192, 1, 1], "block": [128, 1, 1], "blocks per SM": 62.06,
+                                    "est. achieved occupancy %": 60})]
+    path.write_text(json.dumps({"schemaVersion": 1, "deviceProperties": [dev], "traceEvents": events}))
+    return path
+
+
+def test_an_expert_fp8_trace_gets_its_tensor_cores_and_occupancy_right(tmp_path):
+    persistent = {"grid": [112, 1, 1], "block": [384, 1, 1], "shared memory": 217700, "blocks per SM": 0.848,
+                  "est. achieved occupancy %": 0}
+    r = analyze_file(_persistent_fp8_trace(
+        tmp_path / "ds.json", "void cutlass::device_kernel<dpsk::grouped_gemm::cuda::fp8_ptp128c::GemmKernel>(P)",
+        persistent))
+    # the cast is not tensor-core time; the persistent GEMM (one block per SM at most) is warp-specialized by
+    # design and its 0 is Kineto's "not estimated": the occupancy figure is the cast's and the add's
+    assert r["tensor_core_kernel_pct"] == pytest.approx(100 * 6_000 / 9_000)
+    assert r["occupancy"]["warp_specialized_share"] == pytest.approx(6_000 / 9_000)
+    assert r["occupancy"]["pct"] == pytest.approx((100 * 1_000 + 60 * 2_000) / 3_000)
+    # control: a CUDA-core kernel at the same launch shape and a real low occupancy is counted as it is
+    r = analyze_file(_persistent_fp8_trace(tmp_path / "ctl.json", "void my_lib::scatter_rows_kernel<8>(float*)",
+                                           {**persistent, "est. achieved occupancy %": 5}))
+    assert r["tensor_core_kernel_pct"] == 0 and r["occupancy"]["warp_specialized_share"] == 0
+    assert r["occupancy"]["pct"] == pytest.approx((5 * 6_000 + 100 * 1_000 + 60 * 2_000) / 9_000)
 
 
 def _diagnose(name: str, capsys) -> dict:

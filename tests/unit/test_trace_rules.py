@@ -66,6 +66,14 @@ def test_a_tuned_trace_has_no_alarm_and_says_what_is_left():
     assert all(x["reason"] for x in r["not_measured"])
 
 
+def test_a_sync_while_the_gpu_is_busy_is_no_finding_and_what_is_left_bounds_it_by_the_idle():
+    # DeepSeek's H800 trace: one cudaDeviceSynchronize blocks the host 13% of the step while the GPU is busy
+    r = diag(trace(host_syncs=[{"name": "cudaDeviceSynchronize", "count_per_step": 1.0, "us_per_step": 13_000.0}]))
+    assert "host_syncs" not in ids(r)
+    text = format_traces(r)
+    assert "host syncs (up to the GPU idle) 4.0%" in text  # the 4% idle, not the 13% blocked
+
+
 def test_data_bound_single_process_names_num_workers_with_the_gain():
     r = diag(trace(step_breakdown_pct={"dataloader": 33.3, "kernel": 60.0}, gpu_utilization_pct=60.0,
                    dataloader={"iterators": ["_SingleProcessDataLoaderIter"]}, step_time_us=177_600.0))

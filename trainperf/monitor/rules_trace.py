@@ -256,8 +256,9 @@ TRACE_RULES = [
     dict(id="low_occupancy", symptom="kernels keep few warps resident on each SM",
          condition=f"trace: estimated achieved occupancy < {OCC_LOW_PCT:.0f}% (kernel-time weighted) over >= "
                    f"{_pct(OCC_MIN_SHARE)} of kernel time while the GPU is >= {OCC_MIN_BUSY:.0f}% busy; "
-                   "warp-specialized tensor-core kernels (wgmma, sm90/sm100 CUTLASS, FlashAttention 3) and "
-                   "communication kernels are left out (one large block per SM is their design)",
+                   "warp-specialized and persistent tensor-core kernels (wgmma, sm90/sm100 CUTLASS, FlashAttention 3, "
+                   "any tensor-core kernel at no more than one block per SM), communication kernels and kernels "
+                   "Kineto could not estimate (occupancy 0) are left out (one large block per SM is their design)",
          cause="small grids or heavy per-thread resources (registers, shared memory): latency is not hidden",
          fix="larger batches/sequences per kernel; fuse small ops (torch.compile); scaled_dot_product_attention "
              "for attention; in a custom kernel, fewer registers or shared memory per block",

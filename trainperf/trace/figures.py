@@ -217,9 +217,13 @@ def occupancy(tl: Timeline, cls: dict, lo: float, hi: float) -> dict[str, Any]:
     end = tl.g_ts + tl.g_dur
     cd = np.clip(np.minimum(end, hi) - np.maximum(tl.g_ts, lo), 0, None)
     bps = tl.g_bps.astype(np.float64)
-    ws = kern & (cls["ws"] | (cls["tc"] & (np.abs(bps - 1.0) < 0.05)))
+    # at most one block per SM: a persistent tensor-core kernel (DeepGEMM's grouped GEMMs run 112 blocks on
+    # 132 SMs, 384 threads and 200 KB of shared memory each)
+    ws = kern & (cls["ws"] | (cls["tc"] & (bps > 0) & (bps <= 1.05)))
     occ = tl.g_occ.astype(np.float64)
-    base = kern & ~ws & np.isfinite(occ) & (occ >= 0)
+    # Kineto writes 0 when its occupancy calculator fails (opt-in shared memory beyond its limit): a kernel
+    # that ran had a block resident, so 0 is "not estimated", not "no warps"
+    base = kern & ~ws & np.isfinite(occ) & (occ > 0)
     all_k = float(cd[tl.g_kind == GPU_KERNEL].sum())
     comp = float(cd[kern].sum())
     w = float(cd[base].sum())
@@ -227,8 +231,9 @@ def occupancy(tl: Timeline, cls: dict, lo: float, hi: float) -> dict[str, Any]:
             "kernel_share": w / all_k if all_k > 0 else None,
             "warp_specialized_share": float(cd[ws].sum()) / comp if comp > 0 else None,
             "definition": "est. achieved occupancy %, kernel-time weighted, over compute kernels inside the "
-                          "steps; communication kernels and warp-specialized tensor-core kernels (wgmma / sm90 / "
-                          "sm100 / nvjet / FA3, or a tensor-core kernel at one block per SM) left out"}
+                          "steps; communication kernels, warp-specialized tensor-core kernels (wgmma / sm90 / "
+                          "sm100 / nvjet / FA3, or a tensor-core kernel at no more than one block per SM) and "
+                          "kernels Kineto could not estimate (0) left out"}
 
 
 def top_kernels(tl: Timeline, cls: dict, mask: np.ndarray, n: int, nsteps: int) -> list[dict]:

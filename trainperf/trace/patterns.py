@@ -16,7 +16,8 @@ event, whatever its name).
 **Tensor cores**: the TensorBoard plugin's Volta/Ampere list (``TB_TENSOR_CORE``, kept verbatim so its
 figure can be reproduced), plus what came after: Hopper ``wgmma`` / ``gmma`` / ``sm90`` cuBLASLt and CUTLASS
 3.x kernels, ``nvjet`` (cuBLAS 12.x), Blackwell ``sm100`` / ``sm120`` / ``tcgen05``, FP8 / FP4 GEMMs
-(``fp8``, ``e4m3``, ``e5m2``, ``f8f6f4``, ``nvfp4``, ``mxfp8``), FlashAttention 2 and 3 (``flash::``,
+(``fp8``, ``e4m3``, ``e5m2``, ``f8f6f4``, ``nvfp4``, ``mxfp8``, ``tf32``: only in a name that is also a GEMM,
+convolution or attention, since casts and scales are named by their dtype too), FlashAttention 2 and 3 (``flash::``,
 ``flash_fwd``, ``FlashAttnFwdSm90``), cuDNN / CUTLASS fused attention in half precision, CUTLASS
 ``tensorop`` kernels, and AMD matrix cores (``mfma``, Tensile ``_MI16x16x16``, Composable Kernel ``xdl``).
 
@@ -60,17 +61,21 @@ TENSOR_CORE_PATTERNS = [re.escape(s) for s in TB_TENSOR_CORE] + [
     r"sm9\d_|sm9\da|sm_9\d", r"sm1[0-2]\d_|sm1[0-2]\da|sm_1[0-2]\d", r"cutlass3x",
     r"tcgen05|utcmma|umma",
     r"KernelTma\w*WarpSpecialized|MainloopSm\d+",  # CUTLASS 3.x Hopper+ GEMM schedules (GMMA / UMMA)
-    r"nvjet", r"fp8|e4m3|e5m2|f8f8|f8f6f4|nvfp4|mxfp|fp4_|_fp4", r"tf32",
+    r"nvjet",
     r"flash::|flash_fwd|flash_bwd|flashattn|flash_attn|fmha_.*(?:bf16|f16|fp16)|fused_attn.*(?:bf16|f16|fp16)",
     r"cudnn_generated_fort_native_sdpa|sdpa_flash|fmha_v2|fmha_sm\d",
     r"mfma|_mi\d+x\d+x\d+|xdl",  # AMD matrix cores: MFMA, Tensile MI tiles, Composable Kernel XDL
 ]
+# Low-precision data types: a tensor-core kernel only when the name is also a GEMM / convolution / attention
+# (GEMM_PATTERNS). FP8 training is full of memory-bound kernels named by their dtype: DeepSeek's H800 trace
+# has per_token_cast_to_fp8 and cast_back_impl<__nv_fp8x2_e4m3>, torchao its amax / scale / cast kernels.
+DTYPE_TENSOR_CORE_PATTERNS = [r"fp8|e4m3|e5m2|f8f8|f8f6f4|nvfp4|mxfp|fp4_|_fp4", r"tf32"]
 # fp32 GEMM / convolution kernels on CUDA cores: a tensor core could run them (TF32 on Ampere+, bf16/fp16)
 FP32_GEMM_PATTERNS = [r"sgemm", r"scudnn", r"_simt_|simt_sgemm", r"gemmsn_|gemmk1_kernel", r"winograd(?!.*(?:h|16))",
                       r"convolve_sgemm", r"implicit_gemm.*f32f32_f32f32", r"fft2d_r2c|fft2d_c2r"]
 # GEMM / convolution kernels in general (the base of "which share of the GEMM time is low precision")
-GEMM_PATTERNS = [r"gemm", r"conv", r"cudnn", r"cutlass", r"xmma", r"nvjet", r"wgrad|dgrad|fprop", r"matmul",
-                 r"flash", r"fmha", r"attn", r"Cijk_", r"triton_tem_fused_.*mm"]
+GEMM_PATTERNS = [r"gemm", r"conv(?!er)", r"cudnn", r"cutlass", r"xmma", r"nvjet", r"wgrad|dgrad|fprop", r"matmul",
+                 r"flash", r"fmha", r"attn", r"Cijk_", r"triton_tem_fused_.*mm", r"scaled_?mm|_mm_kernel|\bmm_?kernel"]
 WARP_SPECIALIZED_PATTERNS = [r"wgmma|gmma", r"warp_?specialized|warpspecialized", r"sm9\d_|sm9\da|sm1[0-2]\d_",
                              r"cutlass3x", r"nvjet", r"flashattn.*sm9|flash.*sm90|sm90.*flash", r"tma_|_tma",
                              r"persistent", r"tcgen05"]
@@ -105,6 +110,7 @@ class Patterns:
         self._comm = _compile(list(self.communication) + COMMUNICATION_PATTERNS, "communication")
         self._mem = _compile(list(self.memory) + MEMORY_PATTERNS, "memory")
         self._tc = _compile(list(self.tensor_core) + TENSOR_CORE_PATTERNS, "tensor_core")
+        self._tc_dtype = _compile(DTYPE_TENSOR_CORE_PATTERNS, "tensor_core")
         self._fp32 = _compile(list(self.fp32_gemm) + FP32_GEMM_PATTERNS, "fp32_gemm")
         self._gemm = _compile(GEMM_PATTERNS + list(self.tensor_core) + list(self.fp32_gemm), "gemm")
         self._ws = _compile(list(self.warp_specialized) + WARP_SPECIALIZED_PATTERNS, "warp_specialized")
@@ -127,9 +133,10 @@ class Patterns:
             kind = MEMORY
         else:
             kind = COMPUTE
-        tc = kind == COMPUTE and bool(self._tc.search(name))
+        gemm_name = bool(self._gemm.search(name))
+        tc = kind == COMPUTE and (bool(self._tc.search(name)) or (gemm_name and bool(self._tc_dtype.search(name))))
         fp32 = kind == COMPUTE and not tc and bool(self._fp32.search(name))
-        gemm = kind == COMPUTE and (tc or fp32 or bool(self._gemm.search(name)))
+        gemm = kind == COMPUTE and (tc or fp32 or gemm_name)
         ws = tc and bool(self._ws.search(name))
         got = (kind, tc, fp32, gemm, ws)
         self._cache[name] = got
