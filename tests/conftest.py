@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+
+# A suite started as a background job of a non-interactive shell (`make test &` in a script, some CI
+# runners) inherits SIGINT ignored, and so does every command it starts (an ignored signal stays ignored
+# across exec): the Ctrl-C tests would then send SIGINT to commands that cannot hear it and time out. They
+# test what a user's Ctrl-C does, so the suite gives its commands the terminal's default.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # A tiny GPT that runs a step in milliseconds on one CPU thread.
 TINY = [

@@ -160,7 +160,26 @@ def deferred(mask: bool = False):
 def starting():
     """Start worker processes inside this block: they begin with SIGINT and SIGTERM blocked and must
     call :func:`worker_signals` first; a signal to this process meanwhile is delivered after the block."""
+    _tracker_first()
     return deferred(mask=True)
+
+
+def _tracker_first() -> None:
+    """CPython's multiprocessing resource tracker, once it has started, *unblocks* SIGINT and SIGTERM in the
+    thread that started it (``resource_tracker.ensure_running``: block, spawn, unblock). Started inside the
+    block (by the first spawned process), it would end the block for every process started after it: a
+    Ctrl-C while such a rank imported torch printed a KeyboardInterrupt traceback (``bench balance`` under
+    load). So it is started before the block, wherever multiprocessing is in use."""
+    import sys
+
+    if "multiprocessing" not in sys.modules or os.name != "posix":
+        return
+    try:
+        from multiprocessing import resource_tracker
+
+        resource_tracker.ensure_running()
+    except Exception:  # noqa: BLE001 - no tracker: multiprocessing starts one itself, as before
+        pass
 
 
 def worker_signals(*, term: str = "default") -> None:

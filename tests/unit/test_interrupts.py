@@ -361,3 +361,25 @@ def test_signals_after_the_first_are_held_while_stopping_and_the_third_ends_at_o
                        env={**os.environ, "PYTHONPATH": str(REPO)})
     assert r.stdout.split() == ["Terminated", "143", "cleaning", "up"], (r.stdout, r.stderr)
     assert r.returncode == 143 and "stopping now" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_processes_started_after_the_resource_tracker_still_begin_with_the_signals_blocked():
+    """CPython's multiprocessing resource tracker unblocks SIGINT and SIGTERM in the thread that started it.
+    Started by the first spawned process inside ``interrupt.starting()``, it ended the block for the ranks
+    spawned after it: a Ctrl-C while one imported torch printed its KeyboardInterrupt traceback (``bench
+    balance`` on a loaded machine). Each child here raises SIGTERM at once: blocked, it exits 0; unblocked,
+    it is killed by it (-15)."""
+    code = ("import multiprocessing as mp, signal\n"
+            "from trainperf import interrupt\n"
+            "ctx = mp.get_context('spawn')\n"
+            "with interrupt.starting():\n"
+            "    ps = [ctx.Process(target=signal.raise_signal, args=(signal.SIGTERM,)) for _ in range(2)]\n"
+            "    for p in ps:\n"
+            "        p.start()\n"
+            "for p in ps:\n"
+            "    p.join()\n"
+            "print([p.exitcode for p in ps])\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[0, 0]", out.stdout + out.stderr[-2000:]

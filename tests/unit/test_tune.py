@@ -385,6 +385,30 @@ def test_a_close_paired_trial_takes_more_rounds_and_a_clear_one_stops():
     assert slow["rounds"] == 4 and slow["speedup"] < 0.9
 
 
+def test_a_deadline_cuts_no_final_round_before_the_test_can_say_faster():
+    """Under load the final side-by-side once ran out of budget after 4 rounds, every one faster at x1.67:
+    p = 1/16, "not faster", and the tuned config kept its needless checkpointing. The deadline now stops
+    rounds only after MIN_ROUNDS (5: p = 1/32 < 0.05), and one faster round more is then enough."""
+    import time
+
+    from trainperf.tune import stats
+    from trainperf.tune.trial import interleave
+
+    class Side:
+        def __init__(self, t):
+            self.t, self.tokens_per_step, self.faults = t, 100, 0
+
+        def steps(self, k):
+            return [self.t] * k
+
+    assert stats.MIN_ROUNDS == 5 and 2.0 ** -(stats.MIN_ROUNDS - 1) >= stats.P > 2.0 ** -stats.MIN_ROUNDS
+    past = time.monotonic() - 1.0  # the budget is already spent
+    cut = interleave(Side(1.67), Side(1.0), rounds=60, steps=1, deadline=past)
+    assert cut["rounds"] == 1  # without a floor: the first round only (the least a figure needs)
+    held = interleave(Side(1.67), Side(1.0), rounds=60, steps=1, deadline=past, min_rounds=stats.MIN_ROUNDS)
+    assert held["rounds"] == stats.MIN_ROUNDS and stats.faster(held["round_ratios"])
+
+
 def test_a_users_script_without_a_main_guard_starts_workers_once(tmp_path):
     """tune()'s workers never re-import the caller's main module (multiprocessing would, and a script
     without an ``if __name__ == "__main__"`` guard would then run again in every worker)."""

@@ -111,7 +111,7 @@ def test_a_real_quick_tune_of_the_poorly_set_config_turns_checkpointing_off(tmp_
                                                                progress=False))
     ran = [t for t in res.trials if t.status != "pruned"]
     assert ran[1].dimension == "checkpointing" and ran[1].changed == {"memory.checkpointing.mode": "none"}
-    assert res.best.settings["memory.checkpointing.mode"] == "none", [(t.dimension, t.changed, t.vs_best, t.p_faster)
-                                                                       for t in ran]
+    assert res.best.settings["memory.checkpointing.mode"] == "none", ([(t.dimension, t.changed, t.vs_best, t.p_faster)
+                                                                        for t in ran], res.notes)
     tuned = resolve(load_config(res.config_path), world_size=1).cfg
     assert tuned.memory.checkpointing.mode == "none"

@@ -20,6 +20,9 @@ import math
 import statistics
 
 P = 0.05
+MIN_ROUNDS = next(n for n in range(1, 64) if 2.0 ** -n < P)
+"""The fewest rounds whose test can say *faster* at all: with n rounds the smallest one-sided p is 2^-n
+(every round faster), so below 5 rounds p < 0.05 cannot happen, whatever the rounds show."""
 
 
 def signed_rank_p(diffs: list[float]) -> float:

@@ -38,6 +38,7 @@ from pathlib import Path
 
 from trainperf.config.schema import Config
 from trainperf.errors import ConfigError
+from trainperf.tune import stats
 
 
 GROUP_TIMEOUT_S = 150.0  # a trial's collectives (a compile step included) end within this, or the group is stopped
@@ -240,12 +241,12 @@ def _minor_faults() -> int:
 
 
 def interleave(ta, tb, *, rounds: int, steps: int, deadline: float | None = None, warmup: int = 0,
-               margin: float | None = None, max_rounds: int | None = None) -> dict:
+               margin: float | None = None, max_rounds: int | None = None, min_rounds: int = 1) -> dict:
     """``rounds`` rounds of ``steps`` steps of each side (a trainer of this process, or anything with
-    ``steps(k)`` and ``tokens_per_step``: a :class:`Worker`), the order alternating; after the first
-    (the least a figure needs), no round starts that would end (as long as the last one took) past ``deadline``
-    (``time.monotonic()``). With a ``margin``: while the per-round ratios give no verdict after
-    ``rounds`` rounds (:func:`trainperf.tune.stats.verdict`), more rounds follow, up to
+    ``steps(k)`` and ``tokens_per_step``: a :class:`Worker`), the order alternating; after ``min_rounds``
+    (at least the first: the least a figure needs), no round starts that would end (as long as the last one
+    took) past ``deadline`` (``time.monotonic()``). With a ``margin``: while the per-round ratios give no
+    verdict after ``rounds`` rounds (:func:`trainperf.tune.stats.verdict`), more rounds follow, up to
     ``max_rounds``."""
     from trainperf.tune.stats import p_faster, verdict
 
@@ -258,7 +259,7 @@ def interleave(ta, tb, *, rounds: int, steps: int, deadline: float | None = None
     for r in range(limit):
         if r >= rounds and verdict(per_round, margin) is not None:
             break  # decided
-        if deadline is not None and r >= 1 and time.monotonic() + last > deadline:
+        if deadline is not None and r >= max(1, min_rounds) and time.monotonic() + last > deadline:
             break  # the next round would end past the deadline
         t0 = time.monotonic()
         for name in (("a", "b") if r % 2 == 0 else ("b", "a")):
@@ -288,7 +289,8 @@ def side_by_side(a: Config, b: Config, *, global_batch: int, rounds: int = 4, st
     try:
         for name, cfg in (("a", a), ("b", b)):
             trainers[name] = prepare(cfg, global_batch=global_batch, warmup=warmup)[0]
-        return interleave(trainers["a"], trainers["b"], rounds=rounds, steps=steps, deadline=deadline, warmup=warmup)
+        return interleave(trainers["a"], trainers["b"], rounds=rounds, steps=steps, deadline=deadline, warmup=warmup,
+                          min_rounds=stats.MIN_ROUNDS)
     finally:
         for t in list(trainers.values()):
             release(t)
@@ -645,7 +647,8 @@ def group_side_by_side(a: Config, b: Config, *, global_batch: int, rounds: int =
     try:
         for cfg in (a, b):
             groups.append(WorkerGroup(cfg, global_batch=global_batch, warmup=warmup, nproc=nproc))
-        return interleave(groups[0], groups[1], rounds=rounds, steps=steps, deadline=deadline, warmup=warmup)
+        return interleave(groups[0], groups[1], rounds=rounds, steps=steps, deadline=deadline, warmup=warmup,
+                          min_rounds=stats.MIN_ROUNDS)
     finally:
         for g in groups:
             g.close()
@@ -709,8 +712,11 @@ class Paired:
         self.pending = None
 
     def final(self, *, rounds: int, steps: int, deadline: float | None = None) -> dict:
-        """The default against the best, both live: no rebuild."""
-        return interleave(self.default, self.best, rounds=rounds, steps=steps, deadline=deadline, warmup=self.warmup)
+        """The default against the best, both live: no rebuild. The deadline cuts no round before the test
+        can say *faster* at all (:data:`trainperf.tune.stats.MIN_ROUNDS`): under load, 4 rounds all faster at
+        x1.67 were once "not faster" (p = 1/16), and a budget overrun of one round is the lesser harm."""
+        return interleave(self.default, self.best, rounds=rounds, steps=steps, deadline=deadline, warmup=self.warmup,
+                          min_rounds=stats.MIN_ROUNDS)
 
     def close(self) -> None:
         for w in {id(w): w for w in (self.pending, self.best, self.default) if w is not None}.values():
