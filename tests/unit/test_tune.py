@@ -490,3 +490,83 @@ def test_a_default_too_slow_for_the_budget_is_an_error_that_says_what_to_do(tmp_
     fake = Fake(lambda s: WorkerError("Timeout", "the trial gave no answer within 55 s, the time left in the budget"))
     with pytest.raises(UserError, match=r"did not finish its first steps within the 1000 s budget .*raise --budget-min"):
         _run(tmp_path, fake)
+
+
+class FakePaired:
+    """:class:`trainperf.tune.trial.Paired` with figures chosen by the test: a candidate's trial is
+    ``ratio(settings)`` against the best in every one of its rounds, and takes ``cost`` seconds of the
+    :class:`Fake` clock; the deadlines each call was given are kept."""
+
+    def __init__(self, fake, ratio, cost, final_ratio=1.5):
+        self.fake, self.ratio, self.cost, self.final_ratio = fake, ratio, cost, final_ratio
+        self.deadlines: list[float] = []
+        self.finals = 0
+
+    def _measured(self, tps, paired=None):
+        return Measured(tps, 100.0 / tps, 0.5, 0.5, self.cost, 1000, "fake", {"minor_faults_per_step": 0}, 1, paired)
+
+    def run_default(self, cfg, *, steps, deadline=None):
+        self.fake.now += self.cost
+        return self._measured(100.0)
+
+    def run(self, cfg, *, deadline=None):
+        import time
+
+        from trainperf.tune.stats import p_faster
+
+        self.deadlines.append(deadline - time.monotonic())  # seconds the trial was allowed
+        self.fake.now += self.cost
+        r = self.ratio(space.settings_of(cfg))
+        rounds = [r] * 5
+        return self._measured(100.0 * r, {"speedup": r, "b_faster_rounds": 5 if r > 1 else 0, "rounds": 5,
+                                          "p_faster": p_faster(rounds), "b_tokens_per_s": 100.0 * r,
+                                          "b_step_s": 1.0 / r, "b_minor_faults_per_step": 0})
+
+    def adopt(self, keep):
+        pass
+
+    def final(self, *, rounds, steps, deadline=None):
+        self.finals += 1
+        r = self.final_ratio
+        return {"a_tokens_per_s": 100.0, "b_tokens_per_s": 100.0 * r, "speedup": r, "round_ratios": [r] * 5,
+                "b_faster_rounds": 5, "rounds": 5, "p_faster": 1 / 32, "method": "fake"}
+
+    def close(self):
+        pass
+
+
+def test_a_best_adopted_by_paired_trials_is_kept_when_the_final_does_not_fit(tmp_path):
+    """CI, under load: the last trial overran, 2 s were left for a 6 s final side-by-side, and the tuner
+    kept the default although checkpointing none had won every paired round (x1.47, p = 0.031). A best
+    adopted by paired trials is now kept, its chain of paired wins named and no speed-up claimed; with
+    the time, the final measures it; a trial's extra rounds stop short of the final's reserve."""
+    def ratio(s):
+        return 1.5 if s["memory.checkpointing.mode"] == "none" else 0.9
+
+    cfg = load_config(None, BASE + ["memory.checkpointing.mode=full"])
+
+    def run(budget_s, cost):
+        fake = Fake(lambda s: 100.0, cost=cost)
+        fp = FakePaired(fake, ratio, cost)
+        res = tune(cfg, out_dir=tmp_path / f"tune{budget_s}", options=Options(budget_s=budget_s, progress=False),
+                   facts=CPU, clock=fake.clock, trial_fn=fake.trial, sbs_fn=fake.sbs, paired=fp)
+        return res, fp
+
+    # time for the final: it measures the best against the default, and its ratio is the speed-up
+    res, fp = run(1000.0, 1.0)
+    assert fp.finals == 1 and res.best.settings["memory.checkpointing.mode"] == "none"
+    assert res.speedup == pytest.approx(1.5)
+    # the final cannot fit after the first trial (step 1 s per side: 30 s for 6 rounds of 3 steps): kept anyway
+    res, fp = run(31.0, 10.0)
+    ran = [t for t in res.trials if t.status == "ok"]
+    assert ran[1].changed == {"memory.checkpointing.mode": "none"} and fp.finals == 0
+    assert res.best.settings["memory.checkpointing.mode"] == "none" and res.speedup is None
+    assert any("no time left" in n for n in res.notes)
+    assert any("kept on its paired trials" in n and "x1.500" in n and "p=0.031" in n for n in res.notes), res.notes
+    assert not any("the default is kept" in n for n in res.notes)
+    assert load_config(res.config_path).memory.checkpointing.mode == "none"
+    # each trial's deadline leaves the final's reserve: (budget - elapsed) - WRITE_S - 2 x 18 steps x step_s
+    from trainperf.tune.search import WRITE_S
+
+    res, fp = run(1000.0, 1.0)
+    assert fp.deadlines and fp.deadlines[0] == pytest.approx(1000.0 - 1.0 - WRITE_S - 18 * (1.0 + 1.0), abs=0.5)

@@ -136,13 +136,14 @@ class _Search:
             return base + (max(first) if first else self.opts.compile_prior_s)
         return base + max([t.first_step_s for t in done if not t.settings.get("compile.enabled")] or [0.0])
 
-    def final_cost(self, cand: TrialRecord | None = None) -> float:
+    def final_cost(self, cand: TrialRecord | None = None, as_if: bool = False) -> float:
         """The side-by-side of the default and ``cand`` (default: the best): two builds and first
-        steps, then the steps."""
+        steps, then the steps; nothing when the best is the default, unless ``as_if`` (the final a trial
+        that wins would need: its cost taken as the best's)."""
         cand = cand or self.best
-        if cand is None or self.default is None or cand is self.default:
+        if cand is None or self.default is None or (cand is self.default and not as_if):
             return 0.0
-        n = self.opts.rounds * self.opts.round_steps
+        n = max(self.opts.rounds, stats.MIN_ROUNDS) * self.opts.round_steps  # the final runs at least MIN_ROUNDS
         if self.paired is not None:  # both trainers are live: the rounds only
             return n * ((self.default.step_s or 0) + (cand.step_s or 0))
 
@@ -202,8 +203,8 @@ class _Search:
                                            reason=f"time budget: {left:.0f} s left < this trial's expected {need:.0f} s "
                                                   f"x {SAFETY} + the final side-by-side's {reserve:.0f} s"))
         try:
-            if self.paired is not None:
-                m = self.paired.run(cfg, deadline=self.deadline_monotonic())
+            if self.paired is not None:  # its extra rounds (no verdict yet) stop short of the final's reserve
+                m = self.paired.run(cfg, deadline=self.deadline_monotonic() - self.final_cost(as_if=True))
             else:
                 m = self.trial_fn(cfg, global_batch=self.global_batch, warmup=self.opts.warmup, steps=self.opts.steps)
         except Exception as exc:  # noqa: BLE001 - a candidate that cannot run is a result, not a crash
@@ -314,7 +315,7 @@ class _Search:
                                 "--budget-min, or tune with a smaller train.global_batch or model")
             raise UserError("no candidate ran, the default included: "
                             + "; ".join(f"{t.status}: {t.reason}" for t in self.trials[:3]))
-        chosen, sbs, notes, confirmed = b, None, [], []
+        chosen, sbs, notes, confirmed, unconfirmed = b, None, [], [], False
         if d.status != "ok":
             notes.append(f"the default does not run ({d.reason}); the fastest candidate that ran is chosen "
                          "(no side-by-side baseline)")
@@ -325,6 +326,9 @@ class _Search:
                 if self.left() < self.final_cost(cand):
                     notes.append(f"no time left to measure {space.label(vs_default)} side by side "
                                  f"({self.left():.0f} s left, {self.final_cost(cand):.0f} s needed)")
+                    if self.paired is not None and cand is b:
+                        chosen, unconfirmed = b, True  # adopted by paired tests, each against the best before it
+                        notes.append(_chain_note(self.trials, b))
                     break
                 try:
                     if self.paired is not None:
@@ -356,7 +360,7 @@ class _Search:
             if b is d:
                 notes.append("no candidate was faster than the default in its trial (paired: a one-sided Wilcoxon signed-rank test over the "
                              f"rounds; unpaired: by the {self.opts.min_gain:.0%} noise margin): the default is kept")
-            elif chosen is d and not interrupted:
+            elif chosen is d and not interrupted and not unconfirmed:
                 notes.append("no candidate was faster than the default side by side: the default is kept")
         if interrupted:
             chosen = b
@@ -393,6 +397,16 @@ class _Search:
                              [s.as_dict() for s in self.order])
             write_outputs(res, text, doctor)
         return res
+
+
+def _chain_note(trials: list[TrialRecord], best: TrialRecord) -> str:
+    """Why a best not confirmed against the default is kept: the paired trials that adopted it, each
+    faster than the best before it by a one-sided signed-rank test."""
+    chain = [t for t in trials[:trials.index(best) + 1] if t.status == "ok" and t.vs_best is not None
+             and t.vs_best > 1 and t.p_faster is not None and t.p_faster < stats.P]
+    steps = "; ".join(f"{space.label(t.changed)}: x{t.vs_best:.3f} ({t.rounds_won} rounds, p={t.p_faster:.3f})" for t in chain)
+    return ("the best is kept on its paired trials, each measured interleaved with the best before it and "
+            f"adopted as faster ({steps}); its speed-up against the default is not measured")
 
 
 def _ok(settings, dim, changed, m, est) -> TrialRecord:
@@ -438,10 +452,12 @@ def default_dir(config_path: str | None, cfg: Config) -> Path:
 
 def tune(cfg: Config, *, config_path: str | None = None, out_dir: str | Path | None = None,
          options: Options | None = None, doctor: dict | Callable[[], dict] | None = None, facts: space.Facts | None = None,
-         clock: Callable[[], float] = time.monotonic, trial_fn=run_trial, sbs_fn=side_by_side) -> TuneResult:
+         clock: Callable[[], float] = time.monotonic, trial_fn=run_trial, sbs_fn=side_by_side,
+         paired: Paired | None = None) -> TuneResult:
     """Search ``cfg``'s settings (see the module doc). ``config_path`` names the input YAML (the
     tuned one is written beside it); ``doctor`` (or a function returning it) is saved as the
-    machine's description."""
+    machine's description. ``clock``, ``trial_fn``, ``sbs_fn`` and ``paired`` (anything with
+    :class:`Paired`'s methods) are a test's injected runners."""
     from trainperf.config.resolve import world_size_from_env
 
     if world_size_from_env() > 1:
@@ -469,6 +485,8 @@ def tune(cfg: Config, *, config_path: str | None = None, out_dir: str | Path | N
             search.paired = Paired(global_batch=search.global_batch, warmup=opts.warmup, rounds=opts.trial_rounds,
                                    steps=opts.round_steps, max_rounds=opts.trial_max_rounds,
                                    margin=opts.min_gain, nproc=opts.nproc)
+    if paired is not None:
+        search.paired = paired
     interrupted = False
     try:
         try:
