@@ -206,7 +206,9 @@ def test_real_trials_on_the_tiny_model(tmp_path, paired):
                                                                compile_prior_s=1e9, progress=False, paired=paired))
     chosen = [t for t in res.trials if t.settings == res.best.settings]
     assert chosen and chosen[0].status == "ok"
-    if res.best.settings != res.default.settings:
+    if res.best.settings != res.default.settings and res.speedup is None:  # the final did not fit in the budget
+        assert paired is None and any("kept on its paired trials" in n for n in res.notes), res.notes
+    elif res.best.settings != res.default.settings:
         sbs = res.side_by_side
         assert res.speedup == sbs["speedup"] > 1 and 2 * sbs["b_faster_rounds"] > sbs["rounds"]
     assert all(t.peak_memory_bytes is None or t.peak_memory_bytes >= 0 for t in res.trials)
