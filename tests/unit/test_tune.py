@@ -120,6 +120,9 @@ def test_budget_stops_trials_and_still_returns_a_valid_result(tmp_path):
     tiny = _run(tmp_path, Fake(_speed, cost=10.0), budget_s=5.0)
     assert [t.status for t in tiny.trials if t.status != "pruned"] == ["ok"]
     assert tiny.best.settings == tiny.default.settings and tiny.speedup == 1.0
+    assert any("no candidate could be measured in the 5 s budget" in n and "raise --budget-min" in n
+               for n in tiny.notes), tiny.notes  # not "no candidate was faster": none was measured
+    assert not any("was faster" in n for n in tiny.notes)
     assert json.loads(json.dumps(tiny.to_json(), allow_nan=False))["budget_s"] == 5.0
 
 

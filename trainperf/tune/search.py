@@ -357,7 +357,11 @@ class _Search:
                              + (f", faster in {won} of {rounds} rounds" if won is not None else "")
                              + (f" (signed-rank p = {res['p_faster']:.3f})" if res.get("p_faster") is not None else "")
                              + ": not faster, not chosen")
-            if b is d:
+            timed_out = [t for t in self.trials if t.status == "pruned" and (t.reason or "").startswith("time budget")]
+            if b is d and not any(t.status == "ok" for t in self.trials if t is not d) and timed_out:
+                notes.append(f"no candidate could be measured in the {self.opts.budget_s:.0f} s budget ({len(timed_out)} "
+                             "pruned for time: see their reasons): the default is kept; raise --budget-min")
+            elif b is d:
                 notes.append("no candidate was faster than the default in its trial (paired: a one-sided Wilcoxon signed-rank test over the "
                              f"rounds; unpaired: by the {self.opts.min_gain:.0%} noise margin): the default is kept")
             elif chosen is d and not interrupted and not unconfirmed:
