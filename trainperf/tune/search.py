@@ -13,8 +13,10 @@ live one (:class:`trial.Paired`), and replaces it when it is *faster* by :mod:`t
 a verdict after ``trial_rounds`` rounds takes more, up to ``trial_max_rounds``.
 The choice is never a failed candidate, and never one slower than the default in the final
 side-by-side measurement (it must be *faster* by :mod:`trainperf.tune.stats` over the rounds):
-the best, then up to ``confirm - 1`` runners-up, are measured so; when none wins, or no time is
-left for the measurement, the default is kept and the notes say why. A KeyboardInterrupt stops
+the best, then up to ``confirm - 1`` runners-up, are measured so; when none wins the default is kept
+and the notes say why. When no time is left for the measurement, a best adopted by paired trials is
+kept on that chain of paired wins (named in the notes, no speed-up claimed) and an unpaired one is not.
+A paired trial's extra rounds stop short of the final's reserve. A KeyboardInterrupt stops
 the search and keeps the best so far (written out, not confirmed side by side; ``interrupted``
 is set).
 
