@@ -27,12 +27,16 @@ forward FLOPs (``mfu_convention`` says so). The peak is :func:`trainperf.monitor
 (catalog on CUDA, measured matmul peak on CPU).
 
 Overhead: the time spent inside the recorder's own calls is accumulated (``overhead_s``) and
-reported per step in summary.json (``monitor_overhead``), next to the mean step time.
+reported per step in summary.json (``monitor_overhead``), next to the mean step time: the sum
+over the run, the median step's share (a few calls held up by a loaded machine's scheduler
+move the sum of a short run, not the median), and the same calls' thread CPU time.
 """
 
 from __future__ import annotations
 
+import statistics
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +46,7 @@ from trainperf.monitor.monitor import Monitor
 
 # Which real step's forward + backward FlopCounterMode counts (0-based: the second step).
 COUNT_STEP = 1
+STEP_FRACTIONS = 10_000  # the last steps whose share in the hooks the median is taken over
 
 
 def count_tokens(batch) -> tuple[int, int, int | None]:
@@ -96,6 +101,9 @@ class StepRecorder:
         self.seq_len: int | None = None
         self.notes: dict[str, str] = {}
         self.overhead_s = 0.0
+        self.overhead_cpu_s = 0.0  # the same calls' CPU time (this thread's): what they compute
+        self._overhead_at_open = 0.0
+        self._step_fractions: deque[float] = deque(maxlen=STEP_FRACTIONS)  # each step's share in the hooks
         self._t0 = 0.0
         self._tokens = 0
         self._samples = 0
@@ -112,16 +120,22 @@ class StepRecorder:
         self._closed = False
 
     # ------------------------------------------------------------------ the step
+    def _spent(self, t: float, c: float) -> None:
+        """A hook call that began at perf_counter ``t`` and thread_time ``c`` ends: its wall and CPU time."""
+        self.overhead_s += time.perf_counter() - t
+        self.overhead_cpu_s += time.thread_time() - c
+
     def open_step(self) -> None:
         """The previous batch ended: the data phase of the next step starts (restarts if already open)."""
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.thread_time()
+        self._overhead_at_open = self.overhead_s
         self.timer.start_step()
         self.timer.phase("data")
         self._t0 = t
         self._tokens = self._samples = 0
         self._loss_parts = []
         self.in_step = True
-        self.overhead_s += time.perf_counter() - t
+        self._spent(t, c)
 
     def cancel_step(self) -> None:
         """Drop an open step (the framework is evaluating or saving, not waiting for data)."""
@@ -130,7 +144,7 @@ class StepRecorder:
         self._stop_counter(None)
 
     def mark(self, name: str) -> None:
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.thread_time()
         if not self.in_step:
             self.open_step()
         self.timer.phase(name)
@@ -139,19 +153,19 @@ class StepRecorder:
             self._start_counter()
         elif name == "optimizer":
             self._stop_counter(self._tokens)
-        self.overhead_s += time.perf_counter() - t
+        self._spent(t, c)
 
     def add_batch(self, batch=None, *, tokens: int | None = None, samples: int | None = None,
                   seq_len: int | None = None) -> None:
         """Count one micro-batch's tokens (from the batch, or given)."""
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.thread_time()
         if batch is not None and tokens is None:
             tokens, samples, seq_len = count_tokens(batch)
         self._tokens += int(tokens or 0)
         self._samples += int(samples or 0)
         if seq_len:
             self.seq_len = seq_len
-        self.overhead_s += time.perf_counter() - t
+        self._spent(t, c)
 
     def add_loss(self, loss) -> None:
         """One micro-batch's loss (a tensor stays on the device until the next flush)."""
@@ -159,7 +173,7 @@ class StepRecorder:
             self._loss_parts.append(loss.detach() if isinstance(loss, torch.Tensor) else float(loss))
 
     def close_step(self, *, lr: float | None = None) -> None:
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.thread_time()
         if not self.in_step:
             return
         self._stop_counter(self._tokens)
@@ -178,7 +192,9 @@ class StepRecorder:
         self._since_wait += 1
         if self._since_wait >= self.log_every:
             self.flush()
-        self.overhead_s += time.perf_counter() - t
+        self._spent(t, c)
+        if dt > 0:
+            self._step_fractions.append((self.overhead_s - self._overhead_at_open) / dt)
         # the next step's data phase starts now
         self.open_step()
 
@@ -259,7 +275,16 @@ class StepRecorder:
             "monitor_overhead": {
                 "s_per_step": self.overhead_s / steps if steps else None,
                 "fraction_of_step": (self.overhead_s / self.train_time_s) if self.train_time_s else None,
-                "method": "perf_counter time spent inside trainperf's hooks, over the run's steps",
+                "median_fraction_of_step": (statistics.median(self._step_fractions) if self._step_fractions
+                                            else None),
+                "cpu_s_per_step": self.overhead_cpu_s / steps if steps else None,
+                "cpu_fraction_of_step": (self.overhead_cpu_s / self.train_time_s) if self.train_time_s else None,
+                "method": "perf_counter time spent inside trainperf's hooks, over the run's steps "
+                          "(fraction_of_step: their sum over the steps' sum; median_fraction_of_step: the median "
+                          f"step's share, over the last {STEP_FRACTIONS:,} steps at most, which a few calls "
+                          "held up by a loaded machine's scheduler do not move); cpu_*: the same calls' thread CPU "
+                          "time (what they compute, without the time a busy machine or another thread holding "
+                          "the GIL kept them waiting; a device sync's wait is not CPU time) over the steps' wall time",
             },
         }
         summary.update(extra or {})
