@@ -12,8 +12,9 @@ length, CRC32 of the payload) and the payload (dtype, shape, bytes).
   directory pass ``max_bytes`` the oldest entries are deleted down to 90%.
 * **Shared by the processes of a node**: the running total lives in the first
   8 bytes of ``<dir>/.lock``, updated under ``flock`` on that file (held for
-  microseconds); eviction rescans the directory under the same lock and resets
-  the total to the truth, so drift from crashes or races heals itself. The
+  microseconds, the rename or unlink it counts included, so another process's
+  rescan never falls between the two); eviction rescans the directory under the
+  same lock and resets the total to the truth, so drift from crashes heals itself. The
   files themselves are the index: there is no index file to corrupt.
 * **Survives restarts**: entries and the total persist.
 * **Disk full or unwritable**: one warning, then the run goes on uncached.
@@ -128,12 +129,18 @@ class DiskCache:
     def _write_usage(self, value: int) -> None:
         os.pwrite(self._lock_fd(), struct.pack("<q", max(0, int(value))), 0)
 
-    def _add_usage(self, delta: int) -> int:
+    def _add_usage(self, delta: int, change=None) -> int:
+        """Add ``delta`` to the total. ``change`` (the rename or unlink on disk that ``delta`` counts; it
+        returns a correction: minus the bytes of an entry it replaced) runs under the same lock, so an
+        eviction's rescan in another process never counts it between the disk and the total."""
         with self._tlock, self._locked(self._lock_fd()):
+            if change is not None:
+                delta += change()
             total = self._read_usage()
-            if total < 0:  # never counted: count now
+            if total < 0:  # never counted: count now (the change included)
                 total = self._rescan_locked(evict=False, count_only=True)
-            total += delta
+            else:
+                total += delta
             self._write_usage(total)
             return total
 
@@ -161,9 +168,10 @@ class DiskCache:
             self.stats["corrupt"] += 1
             self.stats["misses"] += 1
             try:
-                os.unlink(p)
                 if self.writable:
-                    self._add_usage(-len(blob))
+                    self._add_usage(-len(blob), change=lambda: (os.unlink(p), 0)[1])
+                else:
+                    os.unlink(p)
             except OSError:
                 pass
             return None
@@ -239,8 +247,16 @@ class DiskCache:
                 f = open(tmp, "wb")
             with f:
                 f.write(blob)
-            os.replace(tmp, p)  # atomic: readers see the whole entry or none
-            total = self._add_usage(len(blob))
+
+            def rename() -> int:  # atomic: readers see the whole entry or none
+                try:
+                    old = os.stat(p).st_size  # the same sample cached by another process: replaced
+                except OSError:
+                    old = 0
+                os.replace(tmp, p)
+                return -old
+
+            total = self._add_usage(len(blob), change=rename)
         except OSError as exc:
             self.stats["put_errors"] += 1
             try:
