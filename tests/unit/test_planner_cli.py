@@ -51,7 +51,7 @@ def test_custom_shape_and_fixed_parts(capsys):
     (["--model", "gpt3-175b", "--gpus", "512", "--tp", "5"], "does not divide the 96 attention heads"),
     (["--model", "gpt3-175b", "--gpus", "512", "--pp", "5"], "does not divide the 96 layers"),
     (["--model", "gpt3-175b", "--gpus", "100", "--tp", "8"], "does not divide --gpus 100"),
-    (["--model", "gpt3-175b", "--gpu", "v100"], "h100-sxm"),
+    (["--model", "gpt3-175b", "--gpu", "t4"], "h100-sxm"),
     (["--model", "gpt3-175b", "--gpus", "8", "--gpu", "a100-40gb"], "GiB over"),
     (["--hidden", "1024"], "missing --layers, --heads"),
     (["--model", "gpt3-175b", "--set-constant", "nvlink=1"], "not a planner constant"),

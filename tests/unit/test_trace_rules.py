@@ -98,7 +98,9 @@ def test_fp32_on_tensor_cores_fires_with_the_catalog_ratio_and_not_before_volta(
     v100 = diag(trace(device="Tesla V100-SXM2-16GB", device_info={"name": "Tesla V100-SXM2-16GB",
                                                                   "compute_capability": "7.0"}, **fp32))
     f = finding(v100, "fp32_on_tensor_cores")
-    assert "GradScaler" in f["fix"] and f["gain"]["fraction"] == pytest.approx(0.5 * (1 - 1 / 8))
+    # the catalog's V100 ratio, 125 fp16 / 15.7 fp32 dense; fp16, since a V100 has no bf16
+    assert "GradScaler" in f["fix"] and f["gain"]["fraction"] == pytest.approx(0.5 * (1 - 15.7 / 125), abs=1e-3)
+    assert "precision.dtype=fp16" in f["fix"] and "dtype=bf16" not in f["fix"]
     pascal = diag(trace(device_info={"name": "Tesla P100", "compute_capability": "6.0"}, **fp32))
     assert "fp32_on_tensor_cores" not in ids(pascal)
     unknown = diag(trace(device=None, device_info=None, **fp32))

@@ -97,8 +97,10 @@ def _gpu_lines(g: dict) -> list[str]:
         out.append(_line("  PCIe", f"gen {_v(g.get('pcie_gen'))} x{_v(g.get('pcie_width'))} "
                                    f"(max gen {_v(g.get('pcie_gen_max'))} x{_v(g.get('pcie_width_max'))})"))
         out.append(_line("  bus id / NUMA", f"{_v(g.get('pci_bus_id'))} / node {_v(g.get('numa_node'))}"))
-    if g.get("bf16_dense_tflops"):
-        out.append(_line("  dense BF16 peak", f"{g['bf16_dense_tflops']:g} TFLOP/s (catalog, no sparsity)"))
+    for dt in ("bf16", "fp16"):
+        if g.get(f"{dt}_dense_tflops"):
+            extra = "" if dt == "bf16" else "; no BF16 tensor cores: train in fp16"
+            out.append(_line(f"  dense {dt.upper()} peak", f"{g[f'{dt}_dense_tflops']:g} TFLOP/s (catalog, no sparsity{extra})"))
     return out
 
 

@@ -6,8 +6,9 @@ reports (``"NVIDIA A100-SXM4-80GB"``, ``"NVIDIA H100 80GB HBM3"``, ``"NVIDIA H20
 :func:`lookup_gpu`.
 
 Peaks are **dense** tensor-core figures (never the 2:4-sparsity ones): A100 312 BF16 TFLOP/s,
-H100/H200 SXM 989 (the 1,979 often quoted for H100 is the sparse figure). Sources: NVIDIA
-A100 / H100 / H200 datasheets; InfiniBand per GPU: HDR 200 Gb/s on DGX A100, NDR 400 Gb/s on
+H100/H200 SXM 989 (the 1,979 often quoted for H100 is the sparse figure). A part without BF16
+tensor cores (V100) has ``bf16_tflops`` 0 and trains in FP16 (:attr:`GPUSpec.half_dtype`).
+Sources: NVIDIA V100 / A100 / H100 / H200 / B200 / L40S / L4 and AMD MI250X / MI300X datasheets; InfiniBand per GPU: HDR 200 Gb/s on DGX A100, NDR 400 Gb/s on
 DGX H100/H200 (see REFERENCE.md). Bandwidths are in GB/s = 1e9 bytes/s; ``nvlink_gbps`` is the
 total (both directions) per GPU as NVIDIA quotes it, ``internode_gbps`` one direction per GPU.
 
@@ -71,11 +72,29 @@ class GPUSpec:
     """Dense FP8 tensor-core peak, TFLOP/s (0: no FP8 tensor cores; H100/H200 SXM: 1,979)."""
 
     def peak_tflops(self, dtype: str = "bf16") -> float:
-        """Dense peak for a precision: bf16, fp16, tf32 or fp32."""
+        """Dense peak for a precision: bf16, fp16, tf32 or fp32. A precision the part has no tensor
+        cores for (BF16 and TF32 on a V100) is an error that says which one to use."""
         table = {"bf16": self.bf16_tflops, "fp16": self.fp16_tflops, "tf32": self.tf32_tflops, "fp32": self.fp32_tflops}
         if dtype not in table:
             raise ConfigError(f"precision {dtype!r} has no peak in the catalog; choose one of {', '.join(table)}")
+        if not table[dtype]:
+            has = [k for k, v in table.items() if v]
+            raise ConfigError(f"{self.name} ({self.key}) has no {dtype} tensor cores (catalog peak 0); "
+                              f"train in {self.half_dtype} (its peaks: {', '.join(f'{k} {table[k]:g}' for k in has)} "
+                              "TFLOP/s)")
         return table[dtype]
+
+    @property
+    def half_dtype(self) -> str:
+        """The 16-bit precision mixed-precision training uses here: bf16, or fp16 (with loss scaling)
+        on parts without BF16 tensor cores (V100)."""
+        return "bf16" if self.bf16_tflops else "fp16"
+
+    @property
+    def half_tflops(self) -> float:
+        """Dense peak of :attr:`half_dtype`: what the planner, the MFU of a 16-bit run and the
+        constant-efficiency baseline count against."""
+        return self.peak_tflops(self.half_dtype)
 
     @property
     def hbm_bytes(self) -> float:
@@ -99,6 +118,47 @@ _BUILTIN = [
             fp8_tflops=1513),
     GPUSpec("h200", "NVIDIA H200", 989, 989, 494, 67, 140.4, 4.8, 900, 50, 8, 132, 0.79,
             note="HGX H200 SXM 141 GB, NDR 400 Gb/s per GPU", fp8_tflops=1979),
+    # Other generations and variants. Datasheet figures (dense, never sparse); gemm_fraction where no
+    # GEMM was measured stays the 0.80 default, and each note says what the interconnect assumes.
+    GPUSpec("v100-16gb", "Tesla V100-SXM2-16GB", 0, 125, 0, 15.7, 15.8, 0.9, 300, 6.25, 8, 80,
+            note="DGX-1 (V100 datasheet): no BF16 or TF32 tensor cores, FP16 with loss scaling; NVLink2 hybrid "
+                 "cube-mesh (6 links, 300 GB/s); 4 EDR 100 Gb/s NICs per 8 GPUs; gemm_fraction not measured"),
+    GPUSpec("v100-32gb", "Tesla V100-SXM2-32GB", 0, 125, 0, 15.7, 31.7, 0.9, 300, 6.25, 8, 80,
+            aliases=("Tesla V100-SXM3-32GB", "Tesla V100-SXM2-32GB-LS"),
+            note="DGX-1 / DGX-2 (V100 datasheet): no BF16 or TF32 tensor cores, FP16 with loss scaling; NVLink2 "
+                 "300 GB/s; 100 Gb/s EDR per 2 GPUs; a DGX-2's 16-GPU NVSwitch node: --catalog with "
+                 "gpus_per_node: 16; gemm_fraction not measured"),
+    GPUSpec("v100-pcie-16gb", "Tesla V100-PCIE-16GB", 0, 112, 0, 14.0, 15.8, 0.9, 32, 6.25, 8, 80,
+            note="V100 PCIe (datasheet): FP16 only; no NVLink: PCIe Gen3 x16 (32 GB/s both directions)"),
+    GPUSpec("v100-pcie-32gb", "Tesla V100-PCIE-32GB", 0, 112, 0, 14.0, 31.7, 0.9, 32, 6.25, 8, 80,
+            note="V100 PCIe (datasheet): FP16 only; no NVLink: PCIe Gen3 x16 (32 GB/s both directions)"),
+    GPUSpec("a100-pcie-40gb", "NVIDIA A100-PCIE-40GB", 312, 312, 156, 19.5, 40.0, 1.555, 64, 25, 8, 108, 0.88,
+            note="A100 PCIe: no NVLink assumed (PCIe Gen4 x16, 64 GB/s both directions; a 2-GPU NVLink bridge "
+                 "is 600 GB/s: --catalog)"),
+    GPUSpec("a100-pcie-80gb", "NVIDIA A100 80GB PCIe", 312, 312, 156, 19.5, 80.0, 1.935, 64, 25, 8, 108, 0.88,
+            note="A100 80GB PCIe: no NVLink assumed (PCIe Gen4 x16, 64 GB/s both directions)"),
+    GPUSpec("a800-80gb", "NVIDIA A800-SXM4-80GB", 312, 312, 156, 19.5, 80.0, 2.039, 400, 25, 8, 108, 0.88,
+            note="A800 SXM: an A100 80GB with NVLink cut to 400 GB/s"),
+    GPUSpec("h800", "NVIDIA H800", 989, 989, 494, 67, 79.6, 3.35, 400, 50, 8, 132, 0.79,
+            aliases=("NVIDIA H800 80GB HBM3",),
+            note="H800 SXM: an H100 SXM with NVLink cut to 400 GB/s (DeepSeek-V3 measured ~160 GB/s per "
+                 "direction); 400 Gb/s InfiniBand per GPU", fp8_tflops=1979),
+    GPUSpec("b200", "NVIDIA B200", 2250, 2250, 1100, 75, 179.0, 8.0, 1800, 50, 8, 148,
+            note="HGX B200 (datasheet, approximate: dense BF16 2.25 PF, FP8 4.5 PF, 180 GB HBM3e (179 GiB) at 8 TB/s, "
+                 "NVLink5 1.8 TB/s); 400 Gb/s per GPU; gemm_fraction not measured", fp8_tflops=4500),
+    GPUSpec("l40s", "NVIDIA L40S", 362, 362, 183, 91.6, 45.0, 0.864, 64, 25, 8, 142,
+            note="L40S (datasheet): 48 GB GDDR6 (45 GiB as the driver reports it), 864 GB/s; no NVLink: PCIe Gen4 x16",
+            fp8_tflops=733),
+    GPUSpec("l4", "NVIDIA L4", 121, 121, 60, 30.3, 22.5, 0.3, 64, 12.5, 8, 58,
+            note="L4 (datasheet): 24 GB GDDR6, 300 GB/s; no NVLink: PCIe Gen4 x16", fp8_tflops=242),
+    GPUSpec("mi250x", "AMD Instinct MI250X", 191.5, 191.5, 0, 23.95, 64.0, 1.6384, 200, 12.5, 8, 110,
+            aliases=("AMD Instinct MI250X/MI250",),
+            note="one GCD (what PyTorch sees as a device: half an MI250X module, datasheet halved: 383 BF16 / 47.9 FP32 vector TFLOP/s and 3.28 TB/s per module; no TF32); Frontier-like "
+                 "node of 8 GCDs over Infinity Fabric (50-200 GB/s between pairs, 200 assumed), Slingshot "
+                 "25 GB/s per module; ROCm"),
+    GPUSpec("mi300x", "AMD Instinct MI300X", 1307, 1307, 653.7, 163.4, 191.5, 5.3, 896, 50, 8, 304,
+            note="MI300X (datasheet): 192 GB HBM3, 5.3 TB/s; Infinity Fabric 896 GB/s aggregate to 7 peers; "
+                 "400 Gb/s per GPU; ROCm; gemm_fraction not measured", fp8_tflops=2615),
     GPUSpec("cpu", "CPU (generic server socket)", 2.0, 1.0, 1.0, 1.0, 256.0, 0.2, 100, 12.5, 1, 0, 0.8,
             note="nominal figures for a 2-socket AVX-512 server; calibrate with --calibrate or a --catalog file"),
 ]
@@ -121,8 +181,28 @@ def _pattern_match(name: str, catalog: dict[str, GPUSpec]) -> GPUSpec | None:
         if "nvl" in n:
             return None  # H100 NVL has its own peaks; not in the catalog
         return catalog.get("h100-pcie" if "pcie" in n else "h100-sxm")
+    big = "80gb" in n.replace(" ", "")
     if "a100" in n:
-        return catalog.get("a100-80gb" if "80gb" in n.replace(" ", "") else "a100-40gb")
+        if "pcie" in n:
+            return catalog.get("a100-pcie-80gb" if big else "a100-pcie-40gb")
+        return catalog.get("a100-80gb" if big else "a100-40gb")
+    if "a800" in n:
+        return catalog.get("a800-80gb") if "pcie" not in n else None
+    if "h800" in n:
+        return catalog.get("h800") if "pcie" not in n else None
+    if "v100" in n:
+        size = "32gb" if "32gb" in n.replace(" ", "") else "16gb"
+        return catalog.get(f"v100-pcie-{size}" if "pcie" in n else f"v100-{size}")
+    if "mi250x" in n:
+        return catalog.get("mi250x")
+    if "mi300x" in n:
+        return catalog.get("mi300x")
+    if re.search(r"\bb200\b", n) and "gb200" not in n:
+        return catalog.get("b200")
+    if re.search(r"\bl40s\b", n):
+        return catalog.get("l40s")
+    if re.search(r"\bl4\b", n):
+        return catalog.get("l4")
     if n in ("cpu",):
         return catalog.get("cpu")
     return None

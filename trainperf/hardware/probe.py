@@ -255,8 +255,9 @@ def nic_facts(sys_root: str = "/sys/class") -> dict[str, Any]:
 # ---------------------------------------------------------------- GPUs
 
 
-def _catalog_peak(name: str | None) -> float | None:
-    """Dense BF16 peak (TFLOP/s) from trainperf.hardware.catalog when that module exists."""
+def _catalog_peak(name: str | None) -> tuple[str, float] | None:
+    """(16-bit dtype, dense peak in TFLOP/s) from trainperf.hardware.catalog when that module exists:
+    BF16, or FP16 on a part without BF16 tensor cores (V100)."""
     if not name:
         return None
     try:
@@ -269,13 +270,10 @@ def _catalog_peak(name: str | None) -> float | None:
         return None
     if entry is None:
         return None
-    if hasattr(entry, "peak_tflops"):
-        try:
-            return float(entry.peak_tflops("bf16"))
-        except Exception:
-            return None
-    value = entry.get("bf16_tflops") if isinstance(entry, dict) else getattr(entry, "bf16_tflops", None)
-    return float(value) if isinstance(value, (int, float)) else None
+    try:
+        return entry.half_dtype, float(entry.half_tflops)
+    except Exception:  # noqa: BLE001 - a catalog entry without a 16-bit peak
+        return None
 
 
 def _nvml_gpus() -> tuple[list[dict], dict, dict]:
@@ -340,7 +338,7 @@ def gpu_facts() -> dict[str, Any]:
     for g in gpus:
         peak = _catalog_peak(g.get("name"))
         if peak is not None:
-            g["bf16_dense_tflops"] = peak
+            g[f"{peak[0]}_dense_tflops"] = peak[1]
     return {"gpus": gpus, "topology": topo, "driver": drv, "source": source, "nvml_note": note}
 
 

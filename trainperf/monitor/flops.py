@@ -216,6 +216,17 @@ def _catalog_dtype(precision: str) -> str:
     return {"bf16": "bf16", "fp16": "fp16", "tf32": "tf32"}.get(precision, "fp32")
 
 
+def _catalog_peak(spec, dtype: str) -> float | None:
+    """The catalog's dense peak for ``dtype`` on ``spec``; a part without TF32 tensor cores (V100)
+    runs FP32 matmuls at its FP32 peak whatever the TF32 flag says; None where the catalog has no
+    figure (no entry, or BF16 on a V100, which runs it without tensor cores: measured instead)."""
+    if spec is None:
+        return None
+    table = {"bf16": spec.bf16_tflops, "fp16": spec.fp16_tflops, "tf32": spec.tf32_tflops or spec.fp32_tflops,
+             "fp32": spec.fp32_tflops}
+    return table.get(dtype) or None
+
+
 def peak_flops(device: torch.device, precision: str = "fp32") -> dict:
     """{"peak_flops", "peak_source"} for one device of this process.
 
@@ -232,8 +243,10 @@ def peak_flops(device: torch.device, precision: str = "fp32") -> dict:
             spec = lookup_gpu(name)
         except Exception:  # noqa: BLE001 - the catalog is optional here
             spec = None
-        if spec is not None:
-            tf = spec.peak_tflops(dtype)
+        tf = _catalog_peak(spec, dtype)
+        if tf:
+            if dtype == "tf32" and not spec.tf32_tflops:
+                dtype = "fp32 (no TF32 tensor cores)"
             return {"peak_flops": tf * 1e12,
                     "peak_source": f"catalog {spec.key} dense {dtype} peak {tf:g} TFLOP/s ({name})"}
         return measured_matmul_peak(device, "bf16" if dtype in ("bf16", "fp16") else "fp32")

@@ -63,7 +63,7 @@ def _tc_ratio(s: dict) -> tuple[float | None, str]:
 
         spec = lookup_gpu(str(name))
         if spec is not None and spec.fp32_tflops:
-            return spec.bf16_tflops / spec.fp32_tflops, f"{spec.name}: {spec.bf16_tflops:g} bf16 / " \
+            return spec.half_tflops / spec.fp32_tflops, f"catalog {spec.key}: {spec.half_tflops:g} {spec.half_dtype} / " \
                                                         f"{spec.fp32_tflops:g} fp32 TFLOP/s dense"
     if cc in TC_OVER_FP32:
         return TC_OVER_FP32[cc], f"compute capability {cc}: tensor-core peak {TC_OVER_FP32[cc]:g}x fp32"
@@ -101,7 +101,7 @@ def fp32_on_tensor_cores(s: dict) -> dict | None:
     if bf16:
         fix += ("; or keep fp32 and allow TF32: torch.set_float32_matmul_precision('high'), "
                 "torch.backends.cudnn.allow_tf32 = True")
-    fix += "; in trainperf: precision.dtype=bf16"
+    fix += f"; in trainperf: precision.dtype={'bf16' if bf16 else 'fp16'}"
     return {"severity": "critical" if f > FP32_CRIT else "warning", "evidence": ev, "fix": fix, "gain": g,
             "fp32_share": f}
 

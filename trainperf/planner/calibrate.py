@@ -115,8 +115,8 @@ def calibrate(run_dir: str, gpu: GPUSpec | None = None, catalog: dict | None = N
             f"{run_dir}/summary.json does not name the device (keys {', '.join(GPU_NAME_KEYS)}); pass --gpu with the "
             "GPU the run used"
         )
-    if peak and abs(peak / 1e12 - run_gpu.bf16_tflops) > 0.05 * run_gpu.bf16_tflops:
-        run_gpu = replace(run_gpu, bf16_tflops=peak / 1e12, fp16_tflops=peak / 1e12)
+    if peak and abs(peak / 1e12 - run_gpu.half_tflops) > 0.05 * run_gpu.half_tflops:
+        run_gpu = replace(run_gpu, fp16_tflops=peak / 1e12, **({"bf16_tflops": peak / 1e12} if run_gpu.bf16_tflops else {}))
 
     if tokens_per_s is not None:
         target, what = global_batch * model.seq / tokens_per_s, "step_time_s"

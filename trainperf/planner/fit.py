@@ -17,7 +17,6 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from trainperf.hardware.catalog import get_gpu
 from trainperf.planner import devset
 from trainperf.planner.constants import DEFAULTS, Constants
 
@@ -101,7 +100,7 @@ def baseline_errors(rows, efficiency: float) -> list[float]:
     out = []
     for r in rows:
         flops = r.model.model_flops_per_token() * r.model.seq * r.global_batch
-        pred = flops / (r.gpus * get_gpu(r.gpu).peak_tflops("bf16") * 1e12 * efficiency)
+        pred = flops / (r.gpus * r.spec().half_tflops * 1e12 * efficiency)
         out.append(pred / r.published_s - 1)
     return out
 

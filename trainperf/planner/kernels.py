@@ -41,6 +41,9 @@ class Kernels:
     def __init__(self, gpu: GPUSpec, c: Constants, dtype: str = "bf16"):
         self.c = c
         self.gpu = gpu
+        if dtype == "bf16" and not gpu.bf16_tflops:
+            dtype = gpu.half_dtype  # no BF16 tensor cores (V100): mixed precision runs in FP16
+        self.dtype = dtype
         self.peak = gpu.peak_tflops(dtype) * 1e12
         self.rate = self.peak * gpu.gemm_fraction * c.stack_efficiency
         fp8 = getattr(gpu, "fp8_tflops", 0.0) or 0.0

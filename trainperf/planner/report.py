@@ -48,7 +48,7 @@ def render(plan: Plan, *, batch_note: str, top: int, baseline, calibration, elap
     g, model = plan.gpu, plan.model
     lines = [
         f"trainperf plan: {model.describe()}",
-        f"cluster: {plan.gpus} x {g.key} ({g.name}; {g.hbm_gib:g} GiB, dense BF16 peak {g.bf16_tflops:g} TFLOP/s, "
+        f"cluster: {plan.gpus} x {g.key} ({g.name}; {g.hbm_gib:g} GiB, dense {g.half_dtype.upper()} peak {g.half_tflops:g} TFLOP/s, "
         f"NVLink {g.nvlink_gbps:g} GB/s, network {g.internode_gbps:g} GB/s per GPU, {g.gpus_per_node} per node)",
         f"global batch: {plan.global_batch} sequences x {model.seq} tokens ({batch_note})",
         f"searched {plan.evaluated} layouts in {elapsed:.2f} s: {sum(e.fits for e in plan.candidates)} fit, "
@@ -67,8 +67,8 @@ def render(plan: Plan, *, batch_note: str, top: int, baseline, calibration, elap
     lines += _table(rows, RIGHT)
     lines += [
         "",
-        f"TFLOP/s/GPU and MFU count {flop_convention}; MFU is against the dense BF16 peak of {g.key} "
-        f"({g.bf16_tflops:g} TFLOP/s). v: interleaved stages per GPU; m: micro-batches per pipeline per step.",
+        f"TFLOP/s/GPU and MFU count {flop_convention}; MFU is against the dense {g.half_dtype.upper()} peak of {g.key} "
+        f"({g.half_tflops:g} TFLOP/s). v: interleaved stages per GPU; m: micro-batches per pipeline per step.",
         f"80% interval: {spread.basis} ({100 * (2.718281828459045 ** spread.low - 1):+.0f}% / "
         f"{100 * (2.718281828459045 ** spread.high - 1):+.0f}% of an estimate spent in compute"
         + (f"; wider by {spread.noncompute_scale:g} x the share of the step in communication, bubbles and the "

@@ -194,7 +194,7 @@ def _precision(build, default: Config, facts: space.Facts) -> Step:
 
         gpu = lookup_gpu(facts.gpu_name)
         if gpu is not None:
-            best = "bf16" if facts.bf16 else "fp16"
+            best = "bf16" if facts.bf16 and gpu.bf16_tflops else "fp16"  # a V100 emulates bf16: fp16
             try:
                 factor = gpu.peak_tflops(best) / gpu.peak_tflops(cur)
             except Exception:  # noqa: BLE001 - a precision the catalog does not list
