@@ -80,6 +80,29 @@ def test_auto_resolution_cpu_and_gpu():
     assert resolve(cfg, V100, world_size=1).cfg.precision.dtype == "fp16"
 
 
+def test_a_v100_is_not_taken_for_bf16_hardware(monkeypatch):
+    # torch >= 2.3 says a V100 supports bf16 (emulated, no tensor cores); auto precision must still pick fp16
+    import torch
+
+    from trainperf.config.resolve import DeviceFacts
+
+    calls = []
+
+    def is_bf16_supported(including_emulation=True):
+        calls.append(including_emulation)
+        return including_emulation  # what torch answers on compute capability 7.0
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "Tesla V100-SXM2-32GB")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=0: (7, 0))
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", is_bf16_supported)
+    facts = DeviceFacts.probe()
+    assert calls == [False] and facts.cuda and not facts.bf16 and not facts.tf32
+    assert resolve(load_config(None, []), facts, world_size=1).cfg.precision.dtype == "fp16"
+    with pytest.raises(ConfigError, match="no bf16 tensor cores.*precision.dtype=fp16"):
+        resolve(load_config(None, ["precision.dtype=bf16"]), facts, world_size=1)
+
+
 def test_impossible_combinations():
     with pytest.raises(ConfigError, match="fp16.*needs a CUDA device"):
         resolve(load_config(None, ["precision.dtype=fp16"]), CPU, world_size=1)

@@ -18,6 +18,15 @@ from trainperf.errors import ConfigError
 from trainperf.hardware.cpu import loader_workers, local_world_size, usable_cpus
 
 
+def _native_bf16(torch) -> bool:
+    """BF16 on tensor cores (Ampere and later, ROCm). ``torch.cuda.is_bf16_supported()`` alone also
+    says yes on a V100 since torch 2.3 (emulated: CUDA-core math, several times slower than fp16)."""
+    try:
+        return bool(torch.cuda.is_bf16_supported(including_emulation=False))
+    except TypeError:  # torch < 2.3: no emulation counted
+        return bool(torch.cuda.is_bf16_supported())
+
+
 @dataclass
 class DeviceFacts:
     """What resolution needs to know about the machine (injectable for tests)."""
@@ -33,6 +42,7 @@ class DeviceFacts:
 
     @classmethod
     def probe(cls) -> "DeviceFacts":
+        """The facts of this process's device 0 (CUDA), its CPUs and its local ranks."""
         import torch
 
         facts = cls(cpus=usable_cpus(), local_ranks=local_world_size())
@@ -41,7 +51,7 @@ class DeviceFacts:
             facts.cuda_name = torch.cuda.get_device_name(0)
             major, _ = torch.cuda.get_device_capability(0)
             facts.tf32 = major >= 8
-            facts.bf16 = torch.cuda.is_bf16_supported()
+            facts.bf16 = _native_bf16(torch)
         try:
             from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
 
@@ -131,7 +141,9 @@ def resolve(cfg: Config, facts: DeviceFacts | None = None, world_size: int | Non
             f"(run.device={cfg.run.device!r}{', ' + facts.cuda_name if facts.cuda else ''}); use fp32 or bf16"
         )
     if prec.dtype == "bf16" and on_cuda and not facts.bf16:
-        raise ConfigError(f"precision.dtype='bf16' but {facts.cuda_name} does not support bf16; use fp16 or fp32")
+        raise ConfigError(f"precision.dtype='bf16' but {facts.cuda_name} has no bf16 tensor cores (torch emulates "
+                          "bf16 there, several times slower than fp16); use precision.dtype=fp16 (loss scaling "
+                          "is automatic) or fp32")
 
     # --- optimizer kernel
     opt = cfg.optimizer
