@@ -90,3 +90,27 @@ def test_tune_ranks_fp16_on_a_v100_even_where_torch_reports_bf16():
     assert "fp32 -> fp16" in step.why and step.factor == pytest.approx(125 / 15.7)
     a100 = space.Facts("cuda", bf16=True, tf32=True, gpu_name="NVIDIA A100-SXM4-80GB")
     assert "fp32 -> bf16" in _precision(None, default, a100).why
+
+
+def test_the_plan_names_the_fabric_between_the_gpus_of_a_node(capsys):
+    for key, fabric in (("l4", "PCIe 64 GB/s"), ("mi300x", "Infinity Fabric 896 GB/s"), ("h100-sxm", "NVLink 900 GB/s")):
+        assert main(["plan", *SMALL, "--gpu", key, "--top", "1"]) == 0
+        assert fabric in capsys.readouterr().out.splitlines()[1], key
+
+
+def test_doctor_shows_the_fp16_peak_of_a_v100():
+    from trainperf.cli.doctor import _gpu_lines
+
+    lines = "\n".join(_gpu_lines({"name": "Tesla V100-SXM2-32GB", "fp16_dense_tflops": 125.0}))
+    assert "dense FP16 peak" in lines and "125 TFLOP/s" in lines and "train in fp16" in lines
+    assert "dense BF16" not in lines
+
+
+def test_a_catalog_file_sets_the_fabric(tmp_path):
+    from trainperf.hardware.catalog import load_catalog
+
+    f = tmp_path / "cat.yaml"
+    f.write_text("gpus:\n  my-l40s:\n    base: l40s\n    fabric: NVLink bridge\n    nvlink_gbps: 112\n")
+    cat = load_catalog(str(f))
+    assert cat["my-l40s"].fabric == "NVLink bridge" and cat["my-l40s"].nvlink_gbps == 112
+    assert cat["l40s"].fabric == "PCIe" and cat["h200"].fabric == "NVLink"

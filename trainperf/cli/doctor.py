@@ -100,7 +100,8 @@ def _gpu_lines(g: dict) -> list[str]:
     for dt in ("bf16", "fp16"):
         if g.get(f"{dt}_dense_tflops"):
             extra = "" if dt == "bf16" else "; no BF16 tensor cores: train in fp16"
-            out.append(_line(f"  dense {dt.upper()} peak", f"{g[f'{dt}_dense_tflops']:g} TFLOP/s (catalog, no sparsity{extra})"))
+            out.append(_line(f"  dense {dt.upper()} peak",
+                             f"{g[f'{dt}_dense_tflops']:g} TFLOP/s (catalog, no sparsity{extra})"))
     return out
 
 

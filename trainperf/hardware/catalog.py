@@ -8,8 +8,9 @@ reports (``"NVIDIA A100-SXM4-80GB"``, ``"NVIDIA H100 80GB HBM3"``, ``"NVIDIA H20
 Peaks are **dense** tensor-core figures (never the 2:4-sparsity ones): A100 312 BF16 TFLOP/s,
 H100/H200 SXM 989 (the 1,979 often quoted for H100 is the sparse figure). A part without BF16
 tensor cores (V100) has ``bf16_tflops`` 0 and trains in FP16 (:attr:`GPUSpec.half_dtype`).
-Sources: NVIDIA V100 / A100 / H100 / H200 / B200 / L40S / L4 and AMD MI250X / MI300X datasheets; InfiniBand per GPU: HDR 200 Gb/s on DGX A100, NDR 400 Gb/s on
-DGX H100/H200 (see REFERENCE.md). Bandwidths are in GB/s = 1e9 bytes/s; ``nvlink_gbps`` is the
+Sources: NVIDIA V100 / A100 / H100 / H200 / B200 / L40S / L4 and AMD MI250X / MI300X
+datasheets; InfiniBand per GPU: HDR 200 Gb/s on DGX A100, NDR 400 Gb/s on DGX H100/H200 (see
+REFERENCE.md). Bandwidths are in GB/s = 1e9 bytes/s; ``nvlink_gbps`` is the
 total (both directions) per GPU as NVIDIA quotes it, ``internode_gbps`` one direction per GPU.
 
 Extend it with a YAML file (``trainperf plan --catalog FILE``)::
@@ -70,6 +71,8 @@ class GPUSpec:
     note: str = ""
     fp8_tflops: float = 0.0
     """Dense FP8 tensor-core peak, TFLOP/s (0: no FP8 tensor cores; H100/H200 SXM: 1,979)."""
+    fabric: str = "NVLink"
+    """What carries ``nvlink_gbps`` between the GPUs of a node: NVLink, PCIe or Infinity Fabric."""
 
     def peak_tflops(self, dtype: str = "bf16") -> float:
         """Dense peak for a precision: bf16, fp16, tf32 or fp32. A precision the part has no tensor
@@ -114,7 +117,7 @@ _BUILTIN = [
     GPUSpec("h100-sxm", "NVIDIA H100 80GB HBM3", 989, 989, 494, 67, 79.6, 3.35, 900, 50, 8, 132, 0.79,
             note="DGX H100, NDR 400 Gb/s per GPU", fp8_tflops=1979),
     GPUSpec("h100-pcie", "NVIDIA H100 PCIe", 756, 756, 378, 51, 79.6, 2.0, 128, 25, 8, 114, 0.79,
-            note="no NVLink assumed: PCIe Gen5 x16 (128 GB/s both directions); one 200 Gb/s NIC per GPU",
+            fabric="PCIe", note="no NVLink assumed: PCIe Gen5 x16 (128 GB/s both directions); one 200 Gb/s NIC per GPU",
             fp8_tflops=1513),
     GPUSpec("h200", "NVIDIA H200", 989, 989, 494, 67, 140.4, 4.8, 900, 50, 8, 132, 0.79,
             note="HGX H200 SXM 141 GB, NDR 400 Gb/s per GPU", fp8_tflops=1979),
@@ -129,14 +132,14 @@ _BUILTIN = [
                  "300 GB/s; 100 Gb/s EDR per 2 GPUs; a DGX-2's 16-GPU NVSwitch node: --catalog with "
                  "gpus_per_node: 16; gemm_fraction not measured"),
     GPUSpec("v100-pcie-16gb", "Tesla V100-PCIE-16GB", 0, 112, 0, 14.0, 15.8, 0.9, 32, 6.25, 8, 80,
-            note="V100 PCIe (datasheet): FP16 only; no NVLink: PCIe Gen3 x16 (32 GB/s both directions)"),
+            fabric="PCIe", note="V100 PCIe (datasheet): FP16 only; no NVLink: PCIe Gen3 x16 (32 GB/s both directions)"),
     GPUSpec("v100-pcie-32gb", "Tesla V100-PCIE-32GB", 0, 112, 0, 14.0, 31.7, 0.9, 32, 6.25, 8, 80,
-            note="V100 PCIe (datasheet): FP16 only; no NVLink: PCIe Gen3 x16 (32 GB/s both directions)"),
+            fabric="PCIe", note="V100 PCIe (datasheet): FP16 only; no NVLink: PCIe Gen3 x16 (32 GB/s both directions)"),
     GPUSpec("a100-pcie-40gb", "NVIDIA A100-PCIE-40GB", 312, 312, 156, 19.5, 40.0, 1.555, 64, 25, 8, 108, 0.88,
-            note="A100 PCIe: no NVLink assumed (PCIe Gen4 x16, 64 GB/s both directions; a 2-GPU NVLink bridge "
-                 "is 600 GB/s: --catalog)"),
+            fabric="PCIe", note="A100 PCIe: no NVLink assumed (PCIe Gen4 x16, 64 GB/s both directions; a 2-GPU "
+                                "NVLink bridge is 600 GB/s: --catalog)"),
     GPUSpec("a100-pcie-80gb", "NVIDIA A100 80GB PCIe", 312, 312, 156, 19.5, 80.0, 1.935, 64, 25, 8, 108, 0.88,
-            note="A100 80GB PCIe: no NVLink assumed (PCIe Gen4 x16, 64 GB/s both directions)"),
+            fabric="PCIe", note="A100 80GB PCIe: no NVLink assumed (PCIe Gen4 x16, 64 GB/s both directions)"),
     GPUSpec("a800-80gb", "NVIDIA A800-SXM4-80GB", 312, 312, 156, 19.5, 80.0, 2.039, 400, 25, 8, 108, 0.88,
             note="A800 SXM: an A100 80GB with NVLink cut to 400 GB/s"),
     GPUSpec("h800", "NVIDIA H800", 989, 989, 494, 67, 79.6, 3.35, 400, 50, 8, 132, 0.79,
@@ -144,19 +147,22 @@ _BUILTIN = [
             note="H800 SXM: an H100 SXM with NVLink cut to 400 GB/s (DeepSeek-V3 measured ~160 GB/s per "
                  "direction); 400 Gb/s InfiniBand per GPU", fp8_tflops=1979),
     GPUSpec("b200", "NVIDIA B200", 2250, 2250, 1100, 75, 179.0, 8.0, 1800, 50, 8, 148,
-            note="HGX B200 (datasheet, approximate: dense BF16 2.25 PF, FP8 4.5 PF, 180 GB HBM3e (179 GiB) at 8 TB/s, "
-                 "NVLink5 1.8 TB/s); 400 Gb/s per GPU; gemm_fraction not measured", fp8_tflops=4500),
+            note="HGX B200 (datasheet, approximate: dense BF16 2.25 PF, FP8 4.5 PF, 180 GB HBM3e (179 GiB) at "
+                 "8 TB/s, NVLink5 1.8 TB/s); 400 Gb/s per GPU; gemm_fraction not measured", fp8_tflops=4500),
     GPUSpec("l40s", "NVIDIA L40S", 362, 362, 183, 91.6, 45.0, 0.864, 64, 25, 8, 142,
-            note="L40S (datasheet): 48 GB GDDR6 (45 GiB as the driver reports it), 864 GB/s; no NVLink: PCIe Gen4 x16",
-            fp8_tflops=733),
+            fabric="PCIe", note="L40S (datasheet): 48 GB GDDR6 (45 GiB as the driver reports it), 864 GB/s; "
+                                "no NVLink: PCIe Gen4 x16", fp8_tflops=733),
     GPUSpec("l4", "NVIDIA L4", 121, 121, 60, 30.3, 22.5, 0.3, 64, 12.5, 8, 58,
-            note="L4 (datasheet): 24 GB GDDR6, 300 GB/s; no NVLink: PCIe Gen4 x16", fp8_tflops=242),
+            fabric="PCIe", note="L4 (datasheet): 24 GB GDDR6, 300 GB/s; no NVLink: PCIe Gen4 x16", fp8_tflops=242),
     GPUSpec("mi250x", "AMD Instinct MI250X", 191.5, 191.5, 0, 23.95, 64.0, 1.6384, 200, 12.5, 8, 110,
             aliases=("AMD Instinct MI250X/MI250",),
-            note="one GCD (what PyTorch sees as a device: half an MI250X module, datasheet halved: 383 BF16 / 47.9 FP32 vector TFLOP/s and 3.28 TB/s per module; no TF32); Frontier-like "
-                 "node of 8 GCDs over Infinity Fabric (50-200 GB/s between pairs, 200 assumed), Slingshot "
-                 "25 GB/s per module; ROCm"),
+            fabric="Infinity Fabric",
+            note="one GCD (what PyTorch sees as a device: half an MI250X module, datasheet halved: 383 BF16 / "
+                 "47.9 FP32 vector TFLOP/s and 3.28 TB/s per module; no TF32); Frontier-like node of 8 GCDs over "
+                 "Infinity Fabric (50-200 GB/s between pairs, 200 assumed), Slingshot 25 GB/s per module; ROCm "
+                 "(whose name 'MI250X/MI250' also covers the MI250, 362 TFLOP/s per module)"),
     GPUSpec("mi300x", "AMD Instinct MI300X", 1307, 1307, 653.7, 163.4, 191.5, 5.3, 896, 50, 8, 304,
+            fabric="Infinity Fabric",
             note="MI300X (datasheet): 192 GB HBM3, 5.3 TB/s; Infinity Fabric 896 GB/s aggregate to 7 peers; "
                  "400 Gb/s per GPU; ROCm; gemm_fraction not measured", fp8_tflops=2615),
     GPUSpec("cpu", "CPU (generic server socket)", 2.0, 1.0, 1.0, 1.0, 256.0, 0.2, 100, 12.5, 1, 0, 0.8,
@@ -241,8 +247,8 @@ def get_gpu(name: str, catalog: dict[str, GPUSpec] | None = None) -> GPUSpec:
     return spec
 
 
-_NUMERIC = {f.name for f in fields(GPUSpec)} - {"key", "name", "aliases", "note"}
-_ALLOWED = _NUMERIC | {"name", "aliases", "note", "base"}
+_NUMERIC = {f.name for f in fields(GPUSpec)} - {"key", "name", "aliases", "note", "fabric"}
+_ALLOWED = _NUMERIC | {"name", "aliases", "note", "fabric", "base"}
 
 
 def load_catalog(path: str | None, base: dict[str, GPUSpec] | None = None) -> dict[str, GPUSpec]:
@@ -309,7 +315,7 @@ def _entry_from_yaml(key: str, entry, catalog: dict[str, GPUSpec], path: str) ->
         if isinstance(aliases, str):
             aliases = [aliases]
         values["aliases"] = tuple(str(a) for a in aliases)
-    for name in ("name", "note"):
+    for name in ("name", "note", "fabric"):
         if name in entry:
             values[name] = str(entry[name])
     if base_key is not None:
