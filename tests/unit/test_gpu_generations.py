@@ -114,3 +114,25 @@ def test_a_catalog_file_sets_the_fabric(tmp_path):
     cat = load_catalog(str(f))
     assert cat["my-l40s"].fabric == "NVLink bridge" and cat["my-l40s"].nvlink_gbps == 112
     assert cat["l40s"].fabric == "PCIe" and cat["h200"].fabric == "NVLink"
+
+
+def test_validated_parts_are_the_development_sets_parts():
+    from trainperf.planner import devset
+    from trainperf.planner.interval import VALIDATED_PARTS
+
+    assert {r.spec().name for r in devset.load()} == set(VALIDATED_PARTS)
+
+
+def test_a_plan_on_a_part_no_published_run_used_says_its_interval_does_not_cover_it(capsys):
+    for key in ("v100-32gb", "mi300x", "l4"):
+        out = json.loads((main(["plan", *SMALL, "--gpu", key, "--json"]), capsys.readouterr().out)[1])
+        assert key in out["interval_unvalidated_part"] and "--measured" in out["interval_unvalidated_part"]
+    for key in ("a100-80gb", "a100-40gb", "h100-sxm"):
+        assert main(["plan", *SMALL, "--gpu", key, "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["interval_unvalidated_part"] is None
+    assert main(["plan", *SMALL, "--gpu", "v100-32gb"]) == 0
+    text = capsys.readouterr().out
+    assert "note: no development-set run was on v100-32gb" in text
+    # a measured step on the part itself calibrates there: no such note
+    assert main(["plan", *SMALL, "--gpu", "v100-32gb", "--measured", "1.0", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["interval_unvalidated_part"] is None

@@ -324,6 +324,7 @@ def _with_interval(est, spread) -> dict:
 
 
 def _as_json(plan, gpu, batch, batch_note, top, baseline, constants, calibration, elapsed, emitted, spread) -> dict:
+    from trainperf.planner.interval import unvalidated_part
     from trainperf.planner.search import explain
 
     best = plan.best
@@ -340,6 +341,7 @@ def _as_json(plan, gpu, batch, batch_note, top, baseline, constants, calibration
         "best": _with_interval(best, spread),
         "candidates": [_with_interval(e, spread) for e in plan.candidates[:top]],
         "interval": spread.as_dict(),
+        "interval_unvalidated_part": None if calibration else unvalidated_part(gpu),
         "candidates_total": len(plan.candidates),
         "evaluated": plan.evaluated,
         "out_of_memory_variants": plan.out_of_memory,

@@ -82,6 +82,21 @@ def noncompute_share(est) -> float:
 ACROSS = Spread(-0.0574, 0.0826, "leave-one-source-out errors across the development set's sources, "
                                    "each source weighted by the square root of its rows (10th / 90th percentile)",
                 noncompute_scale=2.5)
+VALIDATED_PARTS = ("NVIDIA A100-SXM4-40GB", "NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3")
+"""The parts (catalog ``name``) the development set's runs used: the intervals above are the model's
+held-out error on these only (``tests/unit/test_gpu_generations.py`` checks it against the rows)."""
+
+
+def unvalidated_part(gpu) -> str | None:
+    """What the interval does not cover on a part no development-set run used (None: one did)."""
+    if gpu.name in VALIDATED_PARTS:
+        return None
+    return (f"no development-set run was on {gpu.key} ({gpu.name}): the 80% interval is the model's error "
+            f"on A100 and H100 runs, not on this part, whose sustained GEMM fraction ({gpu.gemm_fraction:g}) and "
+            "kernels the model has not been checked against; measure one step and pass --measured STEP_TIME_S "
+            "(or --calibrate RUN_DIR)")
+
+
 CALIBRATION_WEIGHT = 0.8
 """FITTED by python -m trainperf.planner.loso (``calibration_weight``): how far a calibration moves the
 model toward the measured run (0: not at all, 1: matches it)."""

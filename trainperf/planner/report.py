@@ -42,7 +42,7 @@ def breakdown(e: Estimate) -> str:
 
 def render(plan: Plan, *, batch_note: str, top: int, baseline, calibration, elapsed: float, emitted,
            flop_convention: str, moves=None, spread=None, stack=None, pins=None) -> str:
-    from trainperf.planner.interval import ACROSS
+    from trainperf.planner.interval import ACROSS, unvalidated_part
 
     spread = spread or ACROSS
     g, model = plan.gpu, plan.model
@@ -79,6 +79,10 @@ def render(plan: Plan, *, batch_note: str, top: int, baseline, calibration, elap
         f"{plan.global_batch * model.seq / plan.best.step_time_s:,.0f} tokens/s",
         "  " + breakdown(plan.best),
     ]
+    unvalidated = None if calibration else unvalidated_part(g)
+    if unvalidated:
+        at = next(i for i, line in enumerate(lines) if line.startswith("80% interval:")) + 1
+        lines.insert(at, f"note: {unvalidated}.")
     for note in plan.notes:
         lines += ["", f"WARNING: {note}"]
     if baseline:
