@@ -67,3 +67,31 @@ def test_hf_config_garbage_exits_2(tmp_path, capsys, seed):
         err = capsys.readouterr().err
         assert rc == 2 and str(path) in err and "Traceback" not in err, (blob[:40], err)
     assert main(["plan", "--hf-config", str(tmp_path / "missing.json"), "--gpus", "8"]) == 2
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--gpus", "0"], "argument --gpus: 0 is below 1"),           # was a ZeroDivisionError traceback
+    (["--gpus", "eight"], "argument --gpus: 'eight' is not a whole number"),
+    (["--seq", "0"], "argument --seq: 0 is below 1"),             # was silently the default 2048
+    (["--vocab", "0"], "argument --vocab: 0 is below 1"),
+    (["--ffn-hidden", "0"], "argument --ffn-hidden: 0 is below 1"),
+    (["--kv-heads", "0"], "argument --kv-heads: 0 is below 1"),
+    (["--global-batch", "0"], "argument --global-batch: 0 is below 1"),
+    (["--interleave", "0"], "argument --interleave: 0 is below 1"),
+    (["--top", "0"], "argument --top: 0 is below 1"),             # was an empty table
+    (["--max-microbatch", "0"], "argument --max-microbatch: 0 is below 1"),
+    (["--recompute-layers", "-1"], "argument --recompute-layers: -1 is below 0"),
+    (["--recompute-layers", "99"], "--recompute-layers 99: must be between 1 and the layers per stage - 1"),
+    (["--hsdp-shard", "3"], "--hsdp-shard 3 must divide the data-parallel degree, so --gpus 8; choose among 1, 2, 4, 8"),
+    (["--hsdp-shard", "3", "--dp", "4"], "--hsdp-shard 3 must divide --dp 4"),
+    (["--set-constant", "hbm_fraction=nan"], "hbm_fraction=nan: must be a finite number"),  # was accepted
+    (["--float8"], "pick an FP8 part (h100-sxm"),
+])
+def test_bad_numbers_on_the_plan_command_line_exit_2_naming_the_flag(capsys, argv, needle):
+    try:
+        rc = main(["plan", "--model", "gpt2-124m", "--gpus", "8", *argv])
+    except SystemExit as exc:  # argparse's own errors (a flag's type): exit 2 with usage
+        rc = exc.code
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert needle in err and "Traceback" not in err, err

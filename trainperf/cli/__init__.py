@@ -80,6 +80,10 @@ def _main(argv: list[str] | None) -> int:
 
     parser = build_parser()
     args = parser.parse_args(argv)
+    bad = _not_finite(parser, args)
+    if bad:
+        print(f"trainperf {args.command}: error: {bad}", file=sys.stderr)
+        return 2
     try:
         rc = args.func(args)
     except KeyboardInterrupt as exc:
@@ -98,6 +102,32 @@ def _main(argv: list[str] | None) -> int:
             return _interrupted(args.command, interrupt.exit_code())
         raise
     return int(rc or 0)
+
+
+def _not_finite(parser, args) -> str | None:
+    """Any number given on the command line must be finite: argparse's ``float`` takes ``nan`` and
+    ``inf``, which every ``< bound`` check lets through (a budget of nan minutes, a slowdown of nan)."""
+    import math
+
+    for dest, value in vars(args).items():
+        if isinstance(value, float) and not math.isfinite(value):
+            flag = _option_for(parser, dest) or f"--{dest.replace('_', '-')}"
+            return f"{flag} {value}: give a finite number"
+    return None
+
+
+def _option_for(parser, dest: str) -> str | None:
+    import argparse
+
+    for action in parser._actions:  # noqa: SLF001 - argparse keeps no public index of its actions
+        if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
+            for sub in action.choices.values():
+                found = _option_for(sub, dest)
+                if found:
+                    return found
+        elif action.dest == dest and action.option_strings:
+            return max(action.option_strings, key=len)
+    return None
 
 
 def _interrupted(command: str | None, code: int) -> int:

@@ -6,6 +6,43 @@ import sys
 from typing import Any
 
 
+def whole(minimum: int = 1):
+    """An argparse ``type`` for a whole number of at least ``minimum``: ``--gpus 0`` is an error that
+    names the flag, the value and the bound (argparse: exit 2, no traceback), never a silent default
+    or a division by zero further on."""
+    import argparse
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{value} is below {minimum}: give a whole number >= {minimum}")
+        return value
+
+    parse.__name__ = f"whole number >= {minimum}"
+    return parse
+
+
+def finite(minimum: float = 0.0, *, strict: bool = True):
+    """An argparse ``type`` for a finite number above (``strict``) or at least ``minimum``."""
+    import argparse
+    import math
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not math.isfinite(value) or value < minimum or (strict and value == minimum):
+            raise argparse.ArgumentTypeError(f"{text} must be a finite number {'>' if strict else '>='} {minimum:g}")
+        return value
+
+    parse.__name__ = "number"
+    return parse
+
+
 def add_json_flag(parser) -> None:
     parser.add_argument("--json", action="store_true", help="print the figures as JSON for scripts")
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from trainperf.bench.step import VARIANTS, measure
-from trainperf.cli._common import add_config_args, add_json_flag, print_json
+from trainperf.cli._common import add_config_args, add_json_flag, print_json, whole
 
 
 def register(subparsers) -> None:
@@ -12,9 +12,9 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("step", help="trainer step vs a plain PyTorch loop on the same model and data",
                               description=bench.__doc__)
     add_config_args(p, required=False)
-    p.add_argument("--rounds", type=int, default=6, help="interleaved rounds (default 6)")
-    p.add_argument("--steps", type=int, default=8, help="steps of each loop per round (default 8)")
-    p.add_argument("--warmup", type=int, default=3, help="untimed steps of each loop first (default 3)")
+    p.add_argument("--rounds", type=whole(1), default=6, help="interleaved rounds (default 6)")
+    p.add_argument("--steps", type=whole(1), default=8, help="steps of each loop per round (default 8)")
+    p.add_argument("--warmup", type=whole(0), default=3, help="untimed steps of each loop first (default 3)")
     p.add_argument("--variants", nargs="*", default=None, metavar="NAME",
                    help=f"extra rows: {', '.join(VARIANTS)} (no name: all that this device can run)")
     add_json_flag(p)

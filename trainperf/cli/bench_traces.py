@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from trainperf.cli._common import add_json_flag, print_json
+from trainperf.cli._common import add_json_flag, print_json, whole
 
 
 def register(subparsers) -> None:
@@ -13,7 +13,7 @@ def register(subparsers) -> None:
                                              "time, peak memory, the figures both compute",
                               description=bench.__doc__)
     p.add_argument("path", metavar="FILE|DIR", help="a trace file, or a directory of traces (one per rank)")
-    p.add_argument("--repeat", type=int, default=1, metavar="N", help="runs of each tool, alternating (default 1)")
+    p.add_argument("--repeat", type=whole(1), default=1, metavar="N", help="runs of each tool, alternating (default 1)")
     p.add_argument("--hta-python", default=None, metavar="PATH",
                    help="python of a venv with HolisticTraceAnalysis (default: $TRAINPERF_HTA_PYTHON, else this "
                         "interpreter if it has hta)")

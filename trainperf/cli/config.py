@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trainperf.cli._common import add_config_args, add_json_flag, print_json
+from trainperf.cli._common import add_config_args, add_json_flag, print_json, whole
 
 
 def register(subparsers) -> None:
@@ -10,7 +10,7 @@ def register(subparsers) -> None:
     sub = p.add_subparsers(dest="config_cmd", metavar="ACTION", required=True)
     show = sub.add_parser("show", help="print the resolved tree; fields resolved from 'auto' are marked with why")
     add_config_args(show)
-    show.add_argument("--world-size", type=int, default=None,
+    show.add_argument("--world-size", type=whole(1), default=None,
                       help="resolve for this many processes (default: WORLD_SIZE, or the product of explicit degrees)")
     add_json_flag(show)
     show.set_defaults(func=run_show)

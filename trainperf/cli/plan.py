@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from trainperf.cli._common import add_json_flag, print_json
+from trainperf.cli._common import add_json_flag, print_json, whole
 from trainperf.errors import UserError
 
 FLOP_CONVENTION = (
@@ -24,14 +24,14 @@ def register(subparsers) -> None:
     )
     m = p.add_argument_group("model (a preset or an explicit shape)")
     m.add_argument("--model", help="preset: gpt3-175b, gpt3-1t, gpt-530b, gpt-22b, llama-70b, gpt2-124m, ...")
-    m.add_argument("--hidden", type=int, help="hidden size h")
-    m.add_argument("--layers", type=int, help="transformer layers l")
-    m.add_argument("--heads", type=int, help="attention heads a")
-    m.add_argument("--seq", type=int, help="sequence length s (default: the preset's, else 2048)")
-    m.add_argument("--vocab", type=int, help="vocabulary size V (default: the preset's, else 51200)")
-    m.add_argument("--ffn-hidden", type=int, help="MLP width (default 4h); with --gated for SwiGLU")
+    m.add_argument("--hidden", type=whole(1), help="hidden size h")
+    m.add_argument("--layers", type=whole(1), help="transformer layers l")
+    m.add_argument("--heads", type=whole(1), help="attention heads a")
+    m.add_argument("--seq", type=whole(1), help="sequence length s (default: the preset's, else 2048)")
+    m.add_argument("--vocab", type=whole(1), help="vocabulary size V (default: the preset's, else 51200)")
+    m.add_argument("--ffn-hidden", type=whole(1), help="MLP width (default 4h); with --gated for SwiGLU")
     m.add_argument("--gated", action="store_true", help="SwiGLU MLP (three matrices)")
-    m.add_argument("--kv-heads", type=int, help="key/value heads (GQA; default: as many as --heads)")
+    m.add_argument("--kv-heads", type=whole(1), help="key/value heads (GQA; default: as many as --heads)")
     m.add_argument("--hf-config", metavar="PATH", help="a Hugging Face config.json (or its directory): Llama GQA, "
                    "SwiGLU, tied output, vocab; GPT-2 n_embd/n_layer/n_head/n_positions")
     m.add_argument("--attention", choices=["flash", "eager"], help="attention kernel (default flash: "
@@ -44,26 +44,26 @@ def register(subparsers) -> None:
                    help="position embedding: a learned table (GPT), rotary (Llama) or none (ALiBi); default learned")
     m.add_argument("--norm", choices=["layernorm", "rmsnorm"], help="normalization (default layernorm)")
     c = p.add_argument_group("cluster")
-    c.add_argument("--gpus", type=int, default=8, help="number of GPUs (default 8)")
+    c.add_argument("--gpus", type=whole(1), default=8, help="number of GPUs (default 8)")
     c.add_argument("--gpu", default="a100-80gb", help="catalog key or NVML name (default a100-80gb)")
     c.add_argument("--catalog", metavar="FILE", help="YAML file extending the hardware catalog")
-    c.add_argument("--global-batch", type=int, help="sequences per step (default: published for the preset, else ~4M tokens)")
+    c.add_argument("--global-batch", type=whole(1), help="sequences per step (default: published for the preset, else ~4M tokens)")
     f = p.add_argument_group("fix parts of the layout (the rest is searched)")
-    f.add_argument("--tp", type=int, help="tensor-parallel degree")
-    f.add_argument("--pp", type=int, help="pipeline-parallel degree")
-    f.add_argument("--dp", type=int, help="data-parallel degree")
-    f.add_argument("--microbatch", type=int, help="micro-batch size (sequences)")
-    f.add_argument("--max-microbatch", type=int, default=16, help="largest micro-batch searched (default 16)")
-    f.add_argument("--interleave", type=int, help="virtual pipeline stages per GPU (interleaved 1F1B)")
+    f.add_argument("--tp", type=whole(1), help="tensor-parallel degree")
+    f.add_argument("--pp", type=whole(1), help="pipeline-parallel degree")
+    f.add_argument("--dp", type=whole(1), help="data-parallel degree")
+    f.add_argument("--microbatch", type=whole(1), help="micro-batch size (sequences)")
+    f.add_argument("--max-microbatch", type=whole(1), default=16, help="largest micro-batch searched (default 16)")
+    f.add_argument("--interleave", type=whole(1), help="virtual pipeline stages per GPU (interleaved 1F1B)")
     f.add_argument("--recompute", choices=["none", "selective", "full", "partial"],
                    help="activation recompute: full = every layer of every stage; partial = --recompute-layers "
                         "whole layers per stage (searched when not given); selective = Megatron's attention core")
-    f.add_argument("--recompute-layers", type=int, metavar="N",
+    f.add_argument("--recompute-layers", type=whole(0), metavar="N",
                    help="with --recompute partial (implied): whole layers recomputed per pipeline stage")
     f.add_argument("--sequence-parallel", action=argparse_bool(), default=None, help="sequence parallelism (with TP)")
     f.add_argument("--zero", type=int, choices=[0, 1, 2, 3], help="ZeRO stage (3 = FSDP full shard)")
-    f.add_argument("--cp", type=int, help="context-parallel degree (default 1)")
-    f.add_argument("--hsdp-shard", type=int, metavar="N", help="HSDP: shard ZeRO states within groups of N "
+    f.add_argument("--cp", type=whole(1), help="context-parallel degree (default 1)")
+    f.add_argument("--hsdp-shard", type=whole(1), metavar="N", help="HSDP: shard ZeRO states within groups of N "
                    "data-parallel ranks, replicate across groups (e.g. 8: one node)")
     s = p.add_argument_group("training stack (a preset, and mechanisms that override it)")
     s.add_argument("--stack", metavar="PRESET", help="megatron-2021, megatron-core, fsdp, torchtitan (default: "
@@ -79,7 +79,7 @@ def register(subparsers) -> None:
     s.add_argument("--async-tp", action=argparse_bool(), default=None, help="tensor-parallel collectives "
                    "overlapped with the matmuls (torchtitan AsyncTP, TE comm overlap)")
     o = p.add_argument_group("output and model")
-    o.add_argument("--top", type=int, default=10, help="candidates shown / in --json (default 10)")
+    o.add_argument("--top", type=whole(1), default=10, help="candidates shown / in --json (default 10)")
     o.add_argument("--baseline", metavar="TP,PP,DP", help="show where this layout ranks and why the best beats it "
                    "(default for gpt3-175b on 512 GPUs: the founding document's 8,4,16)")
     o.add_argument("--emit-config", metavar="FILE", help="write the best layout as a trainperf YAML config")
@@ -200,8 +200,9 @@ def plan_command(args) -> int:
     catalog = load_catalog(args.catalog)
     gpu = get_gpu(args.gpu, catalog)
     if stack.float8 and not getattr(gpu, "fp8_tflops", 0):
+        fp8 = ", ".join(k for k, g in catalog.items() if getattr(g, "fp8_tflops", 0))
         raise UserError(f"--float8: {gpu.key} has no FP8 tensor cores in the catalog (fp8_tflops); drop --float8 "
-                        "or pick an FP8 part (h100-sxm, h200) or give fp8_tflops in a --catalog file")
+                        f"or pick an FP8 part ({fp8}) or give fp8_tflops in a --catalog file")
     model = _model_from_args(args)
     calibration = None
     if args.calibrate:

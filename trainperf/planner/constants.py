@@ -15,6 +15,7 @@ leave-one-source-out cross-validation; the per-GPU sustained GEMM fraction is a 
 from __future__ import annotations
 
 import difflib
+import math
 from dataclasses import dataclass, fields, replace
 
 from trainperf.errors import UserError
@@ -110,8 +111,8 @@ class Constants:
                 value = float(raw)
             except ValueError:
                 raise UserError(f"--set-constant {name}={raw!r}: the value must be a number") from None
-            if value < 0:
-                raise UserError(f"--set-constant {name}={value}: must be >= 0")
+            if not math.isfinite(value) or value < 0:
+                raise UserError(f"--set-constant {name}={raw}: must be a finite number >= 0")
             if (name.endswith(("_fraction", "_overlap")) or name in ("attention_efficiency", "comm_contention", "wave_quantization")) and value > 1:
                 raise UserError(f"--set-constant {name}={value}: a fraction must be between 0 and 1")
             values[name] = value

@@ -116,7 +116,7 @@ def check_fixed(model: ModelSpec, gpus: int, fx: Fixed) -> None:
                             f"--recompute {fx.recompute} ({'every layer of every stage' if fx.recompute == 'full' else 'no whole layer'} "
                             "is recomputed); drop one of them")
         stage = model.layers // (fx.pp or 1)
-        if fx.recompute_layers < 1 or (fx.pp and fx.recompute_layers >= stage):
+        if fx.recompute_layers < 1 or fx.recompute_layers >= stage:
             raise UserError(f"--recompute-layers {fx.recompute_layers}: must be between 1 and the layers per stage - 1 "
                             f"({stage - 1} with --pp {fx.pp or 1}); use --recompute full for every layer")
     if fx.sequence_parallel and fx.tp == 1:
@@ -127,6 +127,10 @@ def check_fixed(model: ModelSpec, gpus: int, fx: Fixed) -> None:
         raise UserError(f"--microbatch {fx.micro_batch}: must be at least 1")
     if fx.shard is not None and fx.shard < 1:
         raise UserError(f"--hsdp-shard {fx.shard}: must be at least 1 (the ranks one copy of the states is sharded over)")
+    if fx.shard is not None and (gpus % fx.shard or (fx.dp is not None and fx.dp % fx.shard)):
+        of = f"--dp {fx.dp}" if fx.dp is not None else f"the data-parallel degree, so --gpus {gpus}"
+        valid = _divisors(fx.dp if fx.dp is not None else gpus)
+        raise UserError(f"--hsdp-shard {fx.shard} must divide {of}; choose among {', '.join(map(str, valid))}")
     if fx.cp is not None and (fx.cp < 1 or gpus % fx.cp or model.seq % fx.cp):
         raise UserError(f"--cp {fx.cp} must divide --gpus {gpus} and the sequence length {model.seq}")
 

@@ -1,0 +1,47 @@
+"""Numbers on any command line: nan / inf and out-of-range counts are errors that name the flag and
+exit 2 before any work starts (each of these once crashed with a traceback, hung, or ran on nan)."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainperf.cli import main
+
+TRACE = "tests/data/real/tb-data/resnet50_num_workers_0/worker0.1623143089861.pt.trace.json.gz"
+
+
+def _run(capsys, argv) -> tuple[int, str]:
+    try:
+        rc = main(argv)
+    except SystemExit as exc:  # argparse's own type errors
+        rc = exc.code
+    return rc, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["memory", "configs/gpt-tiny.yaml", "--budget-gb", "nan"], "--budget-gb nan: give a finite number"),
+    (["tune", "configs/gpt-tiny.yaml", "--budget-min", "nan"], "--budget-min nan: give a finite number"),
+    (["tune", "configs/gpt-tiny.yaml", "--budget-min", "inf"], "--budget-min inf: give a finite number"),
+    (["bench", "balance", "--slowdown", "nan"], "--slowdown nan: give a finite number"),
+    (["plan", "--model", "gpt2-124m", "--measured", "inf"], "--measured inf: give a finite number"),
+    (["bench", "step", "configs/gpt-tiny.yaml", "--rounds", "0"], "argument --rounds: 0 is below 1"),
+    (["bench", "step", "configs/gpt-tiny.yaml", "--steps", "0"], "argument --steps: 0 is below 1"),
+    (["bench", "data", "--batch", "0"], "argument --batch: 0 is below 1"),
+    (["bench", "data", "--epochs", "0"], "argument --epochs: 0 is below 1"),
+    (["bench", "data", "--latency-ms", "-1"], "argument --latency-ms: -1 must be a finite number >= 0"),
+    (["bench", "data", "--latency-ms", "nan"], "argument --latency-ms: nan must be a finite number >= 0"),
+    (["bench", "traces", TRACE, "--repeat", "0"], "argument --repeat: 0 is below 1"),
+    (["config", "show", "configs/gpt-tiny.yaml", "--world-size", "0"], "argument --world-size: 0 is below 1"),
+])
+def test_bad_numbers_exit_2_naming_the_flag(capsys, argv, needle):
+    rc, err = _run(capsys, argv)
+    assert rc == 2 and needle in err and "Traceback" not in err, err
+
+
+def test_the_finite_guard_names_a_flag_whose_dest_differs():
+    from trainperf.cli import _option_for, build_parser
+
+    parser = build_parser()
+    assert _option_for(parser, "budget_min") == "--budget-min"
+    assert _option_for(parser, "nproc") == "--nproc-per-node"
+    assert _option_for(parser, "no_such_dest") is None
