@@ -95,3 +95,30 @@ def test_bad_numbers_on_the_plan_command_line_exit_2_naming_the_flag(capsys, arg
     err = capsys.readouterr().err
     assert rc == 2, err
     assert needle in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("fields,needle", [
+    ("hbm_tbps: 0", "gpus.x.hbm_tbps=0.0 must be > 0 (memory bandwidth"),         # each was a ZeroDivisionError
+    ("nvlink_gbps: 0", "gpus.x.nvlink_gbps=0.0 must be > 0"),
+    ("internode_gbps: 0", "gpus.x.internode_gbps=0.0 must be > 0"),
+    ("fp32_tflops: 0", "gpus.x.fp32_tflops=0.0 must be > 0"),
+    ("hbm_gib: 0", "gpus.x.hbm_gib=0.0 must be > 0"),
+    ("bf16_tflops: 0\n    fp16_tflops: 0", "gpus.x needs a 16-bit tensor peak"),
+])
+def test_a_catalog_entry_the_planner_cannot_time_is_refused(tmp_path, capsys, fields, needle):
+    path = tmp_path / "cat.yaml"
+    path.write_text(f"gpus:\n  x:\n    base: a100-80gb\n    {fields}\n")
+    assert main(["plan", "--model", "gpt2-124m", "--gpus", "16", "--gpu", "x", "--catalog", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and str(path) in err and "Traceback" not in err, err
+
+
+def test_every_built_in_entry_is_usable_and_fp16_alone_is_enough(tmp_path, capsys):
+    from trainperf.hardware.catalog import CATALOG, _usable
+
+    for spec in CATALOG.values():
+        assert _usable(spec, "built-in") is spec
+    path = tmp_path / "cat.yaml"
+    path.write_text("gpus:\n  my-v100:\n    base: a100-80gb\n    bf16_tflops: 0\n    tf32_tflops: 0\n")
+    assert main(["plan", "--model", "gpt2-124m", "--gpus", "16", "--gpu", "my-v100", "--catalog", str(path)]) == 0
+    assert "dense FP16 peak 312" in capsys.readouterr().out

@@ -319,14 +319,30 @@ def _entry_from_yaml(key: str, entry, catalog: dict[str, GPUSpec], path: str) ->
         if name in entry:
             values[name] = str(entry[name])
     if base_key is not None:
-        return replace(catalog[base_key], key=key, **values)
+        return _usable(replace(catalog[base_key], key=key, **values), path)
     missing = sorted(_NUMERIC - {"sms", "gemm_fraction", "fp8_tflops"} - set(values))
     if missing:
         raise UserError(
             f"catalog file {path!r}: new entry gpus.{key} lacks {', '.join(missing)}; give them or set 'base:' to an existing key"
         )
     values.setdefault("name", key)
-    return GPUSpec(key=key, **values)
+    return _usable(GPUSpec(key=key, **values), path)
+
+
+_POSITIVE = {"hbm_gib": "device memory, GiB", "hbm_tbps": "memory bandwidth, TB/s",
+             "nvlink_gbps": "bandwidth between the GPUs of a node, GB/s", "internode_gbps": "network per GPU, GB/s",
+             "fp32_tflops": "FP32 peak, TFLOP/s"}
+
+
+def _usable(spec: GPUSpec, path: str) -> GPUSpec:
+    """An entry the planner can time: every rate it divides by above 0, and a 16-bit peak."""
+    for name, what in _POSITIVE.items():
+        if getattr(spec, name) <= 0:
+            raise UserError(f"catalog file {path!r}: gpus.{spec.key}.{name}={getattr(spec, name)!r} must be > 0 ({what})")
+    if not (spec.bf16_tflops or spec.fp16_tflops):
+        raise UserError(f"catalog file {path!r}: gpus.{spec.key} needs a 16-bit tensor peak: bf16_tflops or fp16_tflops "
+                        "> 0 (fp16 alone for a part without BF16, like a V100)")
+    return spec
 
 
 __all__ = ["GPUSpec", "CATALOG", "lookup_gpu", "get_gpu", "load_catalog", "read_yaml_mapping"]
