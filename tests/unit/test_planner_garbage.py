@@ -122,3 +122,28 @@ def test_every_built_in_entry_is_usable_and_fp16_alone_is_enough(tmp_path, capsy
     path.write_text("gpus:\n  my-v100:\n    base: a100-80gb\n    bf16_tflops: 0\n    tf32_tflops: 0\n")
     assert main(["plan", "--model", "gpt2-124m", "--gpus", "16", "--gpu", "my-v100", "--catalog", str(path)]) == 0
     assert "dense FP16 peak 312" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("cfg,needle", [
+    ({"model_type": "mixtral", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
+      "num_key_value_heads": 8, "vocab_size": 32000, "intermediate_size": 14336, "num_local_experts": 8,
+      "num_experts_per_tok": 2}, "num_local_experts=8, 2 active per token"),
+    ({"model_type": "qwen2_moe", "hidden_size": 2048, "num_hidden_layers": 24, "num_attention_heads": 16,
+      "vocab_size": 151936, "num_experts": 60, "num_experts_per_tok": 4}, "num_experts=60, 4 active per token"),
+    ({"model_type": "deepseek_v3", "hidden_size": 7168, "num_hidden_layers": 61, "num_attention_heads": 128,
+      "vocab_size": 129280, "n_routed_experts": 256, "num_experts_per_tok": 8}, "n_routed_experts=256"),
+    ({"model_type": "dbrx", "d_model": 6144, "n_layers": 40, "n_heads": 48, "vocab_size": 100352,
+      "ffn_config": {"moe_num_experts": 16, "moe_top_k": 4}}, "moe_num_experts=16, 4 active per token"),
+])
+def test_a_mixture_of_experts_config_is_not_planned_as_a_dense_model(tmp_path, capsys, cfg, needle):
+    # Mixtral 8x7B once came back as a dense 7.24B model: a plan for a model a fraction of its size
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    assert main(["plan", "--hf-config", str(path), "--gpus", "8"]) == 2
+    err = capsys.readouterr().err
+    assert "mixture-of-experts" in err and needle in err and "dense transformers only" in err, err
+    dense = {k: v for k, v in cfg.items() if k not in ("num_local_experts", "num_experts", "n_routed_experts",
+                                                       "ffn_config")}
+    path.write_text(json.dumps({**dense, "num_experts": 1}))  # one expert is a dense MLP
+    assert main(["plan", "--hf-config", str(path), "--gpus", "8", "--top", "1"]) in (0, 2)
+    assert "mixture-of-experts" not in capsys.readouterr().err

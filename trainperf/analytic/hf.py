@@ -36,6 +36,27 @@ def _int(path: str, name: str, value) -> int:
     return value
 
 
+_MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
+
+
+def _refuse_moe(path: str, cfg: dict) -> None:
+    """A mixture-of-experts config (Mixtral, Qwen-MoE, OLMoE, DeepSeek-V2/V3, DBRX) read as its dense
+    shape would be planned as a model a fraction of its size: say so instead."""
+    for where in (cfg, cfg.get("ffn_config") if isinstance(cfg.get("ffn_config"), dict) else {}):
+        key, n = _first(where, _MOE_KEYS)
+        if key is not None and isinstance(n, int) and not isinstance(n, bool) and n > 1:
+            _, k = _first(cfg, ("num_experts_per_tok", "moe_top_k", "num_experts_per_token"))
+            if k is None and where is not cfg:
+                _, k = _first(where, ("moe_top_k",))
+            active = f", {k} active per token" if k is not None else ""
+            raise UserError(
+                f"{path}: a mixture-of-experts model ({key}={n}{active}): the planner times dense transformers only "
+                "(experts' weights and memory, routing and the expert-parallel all-to-all are not modeled), so "
+                "reading this config as a dense model would plan one a fraction of its size; plan a dense shape with "
+                "--hidden/--layers/--heads/--ffn-hidden instead, knowing it is not this model"
+            )
+
+
 def read_json_object(path: str, what: str) -> dict:
     """A JSON file's top-level object; garbage (missing, binary, not UTF-8, empty, truncated, not
     an object) is a UserError naming the file (trainperf.runio)."""
@@ -53,6 +74,7 @@ def from_hf_config(path: str, *, seq: int | None = None, attention: str = "flash
     cfg = read_json_object(path, "--hf-config")
     if isinstance(cfg.get("text_config"), dict):  # multimodal wrappers keep the LM in text_config
         cfg = {**cfg["text_config"], **{k: v for k, v in cfg.items() if k == "tie_word_embeddings"}}
+    _refuse_moe(path, cfg)
     vals = {}
     for field, names in _KEYS.items():
         key, value = _first(cfg, names)
