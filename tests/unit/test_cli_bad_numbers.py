@@ -32,6 +32,21 @@ def _run(capsys, argv) -> tuple[int, str]:
     (["bench", "data", "--latency-ms", "nan"], "argument --latency-ms: nan must be a finite number >= 0"),
     (["bench", "traces", TRACE, "--repeat", "0"], "argument --repeat: 0 is below 1"),
     (["config", "show", "configs/gpt-tiny.yaml", "--world-size", "0"], "argument --world-size: 0 is below 1"),
+    # data prepare once wrote 0 training tokens (--val-fraction 1 or 2) or 1 validation token (0 or -0.1)
+    (["data", "prepare", "--src", "stdlib", "--out", "unused", "--val-fraction", "1"],
+     "--val-fraction 1 must be between 0 and 1 (exclusive)"),
+    (["data", "prepare", "--src", "stdlib", "--out", "unused", "--val-fraction", "-0.1"],
+     "--val-fraction -0.1 must be between 0 and 1"),
+    (["data", "prepare", "--src", "stdlib", "--out", "unused", "--max-bytes", "-5"], "--max-bytes -5 must be at least 1"),
+    (["data", "export", "--src", "x", "--out", "y", "--seq-len", "8", "--max-samples", "0"],
+     "argument --max-samples: 0 is below 1"),  # once exported 0 samples
+    (["data", "export", "--src", "x", "--out", "y", "--seq-len", "8", "--shards", "0"], "argument --shards: 0 is below 1"),
+    (["data", "inspect", "x", "--seq-len", "0"], "argument --seq-len: 0 is below 1"),  # was a traceback
+    (["launch", "configs/gpt-tiny.yaml", "--node-rank", "-1", "--dry-run"], "--node-rank=-1 must be between 0 and"),
+    (["launch", "configs/gpt-tiny.yaml", "--nnodes", "2", "--node-rank", "2", "--dry-run"], "--nnodes - 1 (1)"),
+    (["launch", "configs/gpt-tiny.yaml", "--slurm", "--port", "70000", "--dry-run"], "--port=70000 must be a TCP port"),
+    (["launch", "configs/gpt-tiny.yaml", "--slurm", "--cpus-per-task", "0", "--dry-run"],
+     "--cpus-per-task=0 must be at least 1"),
 ])
 def test_bad_numbers_exit_2_naming_the_flag(capsys, argv, needle):
     rc, err = _run(capsys, argv)

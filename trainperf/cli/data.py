@@ -14,7 +14,7 @@ import os
 import sys
 from pathlib import Path
 
-from trainperf.cli._common import add_json_flag, print_json
+from trainperf.cli._common import add_json_flag, print_json, whole
 
 
 def register(subparsers) -> None:
@@ -35,14 +35,14 @@ def register(subparsers) -> None:
     p.add_argument("--seq-len", type=int, required=True, help="tokens per sample (each file holds seq_len + 1)")
     p.add_argument("--layout", choices=["sample", "shard"], default="sample",
                    help="one file per sample (default) or shard files of many windows")
-    p.add_argument("--shards", type=int, default=8, help="shard files per split for --layout shard (default 8)")
-    p.add_argument("--max-samples", type=int, default=None, help="stop after this many samples per split")
+    p.add_argument("--shards", type=whole(1), default=8, help="shard files per split for --layout shard (default 8)")
+    p.add_argument("--max-samples", type=whole(1), default=None, help="stop after this many samples per split")
     add_json_flag(p)
     p.set_defaults(func=export_command)
 
     p = sub.add_parser("inspect", help="what a token directory, a sample-file directory or a disk cache holds")
     p.add_argument("path", help="directory to inspect")
-    p.add_argument("--seq-len", type=int, default=256, help="sample length used to count samples (default 256)")
+    p.add_argument("--seq-len", type=whole(1), default=256, help="sample length used to count samples (default 256)")
     p.add_argument("--verify", action="store_true", help="read every sample and name the unreadable ones")
     add_json_flag(p)
     p.set_defaults(func=inspect_command)

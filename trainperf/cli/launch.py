@@ -58,6 +58,12 @@ def check_layout(args) -> None:
         raise ConfigError(f"--nproc-per-node={args.nproc_per_node} and --nnodes={args.nnodes} must be at least 1")
     if args.max_restarts < 0:
         raise ConfigError(f"--max-restarts={args.max_restarts} must be >= 0 (0: no restart)")
+    if args.node_rank is not None and not 0 <= args.node_rank < args.nnodes:
+        raise ConfigError(f"--node-rank={args.node_rank} must be between 0 and --nnodes - 1 ({args.nnodes - 1})")
+    if not 1 <= args.port <= 65535:
+        raise ConfigError(f"--port={args.port} must be a TCP port, 1-65535 (default 29500)")
+    if args.cpus_per_task is not None and args.cpus_per_task < 1:
+        raise ConfigError(f"--cpus-per-task={args.cpus_per_task} must be at least 1 (CPUs per node task)")
     cfg = load_config(args.config, args.overrides)
     world = args.nproc_per_node * args.nnodes
     if args.slurm:  # the allocation's hardware is not this machine's: structural checks only

@@ -65,6 +65,11 @@ def decode(tokens) -> str:
 def prepare_tokens(src: str, out_dir: str, *, max_bytes: int = 16 * 10**6, val_fraction: float = 0.05,
                    progress: bool = False) -> dict:
     """Tokenize the text files under ``src`` ("stdlib" for the Python standard library) into ``out_dir``."""
+    if not 0 < val_fraction < 1:  # 1 left no training tokens, 0 one validation token
+        raise DataError(f"--val-fraction {val_fraction:g} must be between 0 and 1 (exclusive): the held-out share "
+                        "of the tokens, e.g. 0.05; both splits need tokens")
+    if max_bytes < 1:
+        raise DataError(f"--max-bytes {max_bytes} must be at least 1 (the bound on the text read, e.g. 16000000)")
     src_path = stdlib_dir() if src == "stdlib" else Path(src)
     if not src_path.is_dir():
         raise DataError(f"data source directory {src!r} does not exist; pass a directory of text files or 'stdlib'")
