@@ -46,7 +46,7 @@ def test_every_numeric_field_has_a_range():
     ("parallelism.balance.min_gain", "1", "in [0, 1) (default: 0.02)"),
     ("parallelism.balance.window", "1", ">= 2 (default: 100)"),
     ("parallelism.balance.sync_every", "0", ">= 1"),
-    ("parallelism.data_shard", "-1", ">= 1 (default: 1)"),
+    ("parallelism.data_shard", "-1", "in [1, 1048576] (default: 1)"),
     ("optimizer.betas", "[0.9, 1.0]", "in [0, 1)"),
     ("optimizer.lr", ".inf", "must be a finite number"),
     ("optimizer.eps", ".nan", "must be a finite number"),
@@ -57,8 +57,8 @@ def test_every_numeric_field_has_a_range():
     ("data.cache.max_bytes", "0", "a size (bytes, or with a unit like '512MB') >= 1"),
     ("data.prefetch.device_bytes", "-1GB", ">= 1"),
     ("data.num_workers", "-1", ">= 0 or 'auto'"),
-    ("model.vocab_size", "1", ">= 2 or 'auto'"),
-    ("train.global_batch", "0", "a whole number >= 1 or 'auto' (default: 'auto')"),
+    ("model.vocab_size", "1", "in [2, 2**26] or 'auto'"),
+    ("train.global_batch", "0", "a whole number in [1, 2**30] or 'auto' (default: 'auto')"),
     ("monitor.prometheus_port", "70000", "in [0, 65535] or null"),
 ])
 def test_out_of_range_names_field_value_range_and_default(key, value, needle):
@@ -136,3 +136,48 @@ def test_impossible_batch_names_every_way_out():
     assert "train.global_batch=24 is not divisible by train.micro_batch x data-parallel degree = 8 x 2 = 16" in msg
     for way in ("raise train.global_batch to 32", "lower it to 16", "lower train.micro_batch to 6"):
         assert way in msg, (way, msg)
+
+
+# ---------------------------------------------------------------------------- sizes a typo makes absurd
+@pytest.mark.parametrize("key", ["model.n_layer", "model.n_head", "model.n_embd", "model.block_size",
+                                 "model.vocab_size", "train.global_batch", "train.micro_batch", "parallelism.tensor",
+                                 "parallelism.pipeline", "parallelism.data_shard", "parallelism.microbatches"])
+def test_sizes_have_an_upper_bound(key):
+    # 10**20 once hung `config show` (a divisor search over range(n) for the error message) or crashed the
+    # model shape check; every size now has a bound far above any published run
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [f"{key}={10**20}"])
+    assert f"{key}={10**20}" in str(e.value) and "less than or equal to" in str(e.value)
+
+
+def test_parallelism_data_upper_bound_and_auto():
+    assert load_config(None, ["parallelism.data=-1"]).parallelism.data == -1  # -1: derive from the world size
+    with pytest.raises(ConfigError, match=r"parallelism.data=100000000000: must be a positive degree \(at most"):
+        load_config(None, ["parallelism.data=100000000000"])
+
+
+def test_divisor_messages_are_fast_and_bounded_for_large_numbers():
+    import time
+
+    from trainperf.config.resolve import _divisors, _largest_divisor_at_most, divisor_list
+
+    assert divisor_list(36) == ([1, 2, 3, 4, 6, 9, 12, 18, 36], True)
+    assert divisor_list(1) == ([1], True) and divisor_list(49) == ([1, 7, 49], True)
+    t0 = time.process_time()
+    big_prime = 2**31 - 1  # trial division to its square root (46341), never to the number itself
+    assert divisor_list(big_prime) == ([1, big_prime], True)
+    assert _largest_divisor_at_most(2**30, 1000) == 512
+    huge = 10**20  # beyond the search limit: the small divisors and their cofactors, flagged as partial
+    divs, complete = divisor_list(huge)
+    assert not complete and divs[0] == 1 and divs[-1] == huge and all(huge % d == 0 for d in divs)
+    assert "among others" in _divisors(huge) and "..." in _divisors(huge)
+    assert time.process_time() - t0 < 30  # CPU time: a whole-range loop would take hours
+    # a many-divisor batch: the message shows the first and last dozen, not all 120
+    assert _divisors(720720).count(",") == 24 and _divisors(720720).startswith("1, 2, 3")
+
+
+def test_impossible_batch_with_a_large_prime_global_batch_answers_at_once():
+    cfg = load_config(None, ["train.global_batch=999999937", "train.micro_batch=16"])
+    with pytest.raises(ConfigError) as e:
+        resolve(cfg, CPU, world_size=1)
+    assert "lower train.micro_batch to 1 (any divisor of the per-replica batch 999999937: 1, 999999937)" in str(e.value)

@@ -65,3 +65,40 @@ def test_the_diagnosis_reports_the_recovery(tmp_path):
     found = {f["id"]: f for f in diagnose(tmp_path)["findings"]}
     assert "oom_recovered" in found
     assert "micro-batch 8" in found["oom_recovered"]["evidence"] and "to 2" in found["oom_recovered"]["evidence"]
+
+
+def test_weights_that_do_not_fit_end_with_what_to_do(monkeypatch, tmp_path, capsys):
+    # a typo in model.n_embd: creating the weights fails in the allocator, deep inside Module.to_empty. The CLI
+    # exits 2 with the model's size and the ways out, not a traceback. (The allocator is simulated: whether a
+    # 4 TB request fails at once depends on the machine's overcommit setting.)
+    import trainperf.models.build as mb
+    from trainperf.cli import main
+
+    def refuse(model, device, seed):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory: "
+                           "you tried to allocate 4398046511104 bytes")
+
+    monkeypatch.setattr(mb, "materialize_model", refuse)
+    from pathlib import Path
+
+    tiny = str(Path(__file__).resolve().parents[2] / "configs/gpt-tiny.yaml")
+    rc = main(["train", tiny, "--set", "model.n_embd=4096", "--set", "model.n_head=32", "--set", "run.steps=1",
+               "--set", f"run.dir={tmp_path / 'run'}"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "Traceback" not in err, err
+    assert "the model's weights do not fit on cpu" in err and "B parameters" in err
+    assert "parallelism.data_shard" in err and "trainperf memory CONFIG" in err
+
+
+def test_explain_materialize_oom_passes_other_errors_through():
+    from trainperf.config import load_config
+    from trainperf.distributed.parallelize import explain_materialize_oom
+    from trainperf.errors import UserError
+
+    cfg = load_config(None)
+    with pytest.raises(ValueError, match="not memory"):
+        with explain_materialize_oom(10, torch.device("cpu"), cfg):
+            raise ValueError("not memory")
+    with pytest.raises(UserError, match=r"1.50B parameters \(6.0 GB in fp32"):
+        with explain_materialize_oom(1_500_000_000, torch.device("cpu"), cfg):
+            raise torch.OutOfMemoryError("CUDA out of memory")

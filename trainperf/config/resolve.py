@@ -81,8 +81,28 @@ def world_size_from_env() -> int:
         return 1
 
 
-def _divisors(n: int) -> str:
-    return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
+def divisor_list(n: int, limit: int = 10**6) -> tuple[list[int], bool]:
+    """The divisors of ``n`` in order, by trial division up to min(sqrt(n), limit): O(sqrt n), never O(n).
+    Returns (divisors, complete); complete is False when n was too large to search fully (the list then
+    holds every divisor <= limit and their cofactors)."""
+    small, large = [], []
+    root = math.isqrt(max(n, 1))
+    for d in range(1, min(root, limit) + 1):
+        if n % d == 0:
+            small.append(d)
+            if d != n // d:
+                large.append(n // d)
+    return small + large[::-1], root <= limit
+
+
+def _divisors(n: int, show: int = 24) -> str:
+    """The divisors of ``n`` for an error message: all of them, or the first and last few when there are many."""
+    divs, complete = divisor_list(n)
+    if len(divs) > show:
+        text = ", ".join(map(str, divs[: show // 2])) + ", ..., " + ", ".join(map(str, divs[-(show // 2):]))
+    else:
+        text = ", ".join(map(str, divs))
+    return text if complete else text + " (among others)"
 
 
 def derive_data_degree(cfg: Config, world_size: int) -> int:
@@ -289,7 +309,7 @@ def resolve_global_batch(cfg: Config, notes: dict | None = None) -> int:
 
 
 def _largest_divisor_at_most(n: int, cap: int) -> int:
-    return max(d for d in range(1, max(1, min(n, cap)) + 1) if n % d == 0)
+    return max([d for d in divisor_list(n)[0] if d <= cap] or [1])
 
 
 def check_batch(cfg: Config, micro_batch: int | None = None) -> None:
@@ -384,7 +404,7 @@ def check_model_shape(cfg: Config) -> None:
         )
     stages = p.pipeline * (p.interleave if p.pipeline > 1 else 1)
     if stages > s["n_layer"]:
-        best = max([d for d in range(1, s["n_layer"] + 1) if d * p.interleave <= s["n_layer"]] or [1])
+        best = max(1, s["n_layer"] // p.interleave)
         raise ConfigError(
             f"parallelism.pipeline x interleave = {p.pipeline} x {p.interleave} = {stages} stages exceeds "
             f"model.n_layer={s['n_layer']} blocks (every stage needs at least one block); choose pipeline <= {best} "

@@ -18,6 +18,12 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 Auto = Literal["auto"]
 # Numeric ranges, shared by the fields below (the loader names the range and the default in its errors).
 PosInt = Annotated[int, Field(ge=1)]
+# Upper bounds on sizes: far above any published run (GPT-3: 96 layers, 96 heads, hidden 12288; vocabularies of
+# 256k; contexts of 10M tokens; 100k-GPU clusters), low enough that a typo (an extra few digits) is refused at
+# load time instead of hanging a divisor search or allocating exabytes.
+MAX_LAYERS, MAX_HEADS, MAX_HIDDEN = 2**14, 2**14, 2**20
+MAX_CONTEXT, MAX_VOCAB = 2**26, 2**26
+MAX_BATCH, MAX_DEGREE = 2**30, 2**20
 NonNegInt = Annotated[int, Field(ge=0)]
 Fraction = Annotated[float, Field(ge=0, le=1)]
 
@@ -108,15 +114,15 @@ class ModelConfig(Section):
     entrypoint: Optional[str] = None
     """Your own model: "package.module:function" returning an nn.Module whose forward(idx, targets)
     returns (logits, loss) with loss the mean cross-entropy over the tokens (see README)."""
-    n_layer: Optional[int] = Field(None, ge=1)
+    n_layer: Optional[int] = Field(None, ge=1, le=MAX_LAYERS)
     """Transformer blocks (default: from the preset)."""
-    n_head: Optional[int] = Field(None, ge=1)
+    n_head: Optional[int] = Field(None, ge=1, le=MAX_HEADS)
     """Attention heads (default: from the preset)."""
-    n_embd: Optional[int] = Field(None, ge=1)
+    n_embd: Optional[int] = Field(None, ge=1, le=MAX_HIDDEN)
     """Hidden size (default: from the preset)."""
-    block_size: Optional[int] = Field(None, ge=1)
+    block_size: Optional[int] = Field(None, ge=1, le=MAX_CONTEXT)
     """Context length in tokens (default: from the preset)."""
-    vocab_size: Union[Auto, Annotated[int, Field(ge=2)]] = "auto"
+    vocab_size: Union[Auto, Annotated[int, Field(ge=2, le=MAX_VOCAB)]] = "auto"
     """Vocabulary size; auto takes it from the data (padded up to a multiple of 64)."""
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
     """Dropout probability in attention and MLP outputs."""
@@ -206,10 +212,10 @@ class DataConfig(Section):
 
 # --------------------------------------------------------------------------- train
 class TrainConfig(Section):
-    global_batch: Union[Auto, PosInt] = "auto"
+    global_batch: Union[Auto, Annotated[int, Field(ge=1, le=MAX_BATCH)]] = "auto"
     """Sequences per optimizer step, summed over all data-parallel ranks and micro-steps. auto: micro_batch x
     data-parallel degree (x parallelism.microbatches when pipelining), the Megatron convention."""
-    micro_batch: int = Field(16, ge=1)
+    micro_batch: int = Field(16, ge=1, le=MAX_BATCH)
     """Sequences per forward/backward on one rank; accumulation = global / (micro * data ranks)."""
     grad_clip: float = Field(1.0, ge=0)
     """Clip the global gradient norm to this value (0: no clipping)."""
@@ -343,17 +349,17 @@ class BalanceConfig(Section):
 class ParallelismConfig(Section):
     data: int = -1
     """Data-parallel replicas (DDP); -1 derives it from the world size."""
-    data_shard: int = Field(1, ge=1)
+    data_shard: int = Field(1, ge=1, le=MAX_DEGREE)
     """FSDP2 sharding degree (fully_shard)."""
-    tensor: int = Field(1, ge=1)
+    tensor: int = Field(1, ge=1, le=MAX_DEGREE)
     """Tensor-parallel degree (DTensor); must divide model.n_head."""
-    pipeline: int = Field(1, ge=1)
+    pipeline: int = Field(1, ge=1, le=MAX_DEGREE)
     """Pipeline-parallel degree (torch.distributed.pipelining); at most model.n_layer."""
-    microbatches: int = Field(8, ge=1)
+    microbatches: int = Field(8, ge=1, le=MAX_BATCH)
     """Pipeline micro-batches per step (the founding document's chunks=8)."""
     pipeline_schedule: Literal["gpipe", "1f1b", "interleaved_1f1b"] = "1f1b"
     """Pipeline schedule."""
-    interleave: int = Field(1, ge=1)
+    interleave: int = Field(1, ge=1, le=MAX_DEGREE)
     """Virtual stages per rank for interleaved 1F1B."""
     sequence_parallel: bool = False
     """Shard layer norms and dropout along the sequence under tensor parallelism."""
@@ -367,8 +373,8 @@ class ParallelismConfig(Section):
     @field_validator("data")
     @classmethod
     def _degree(cls, v: int) -> int:
-        if v == 0 or v < -1:
-            raise ValueError("must be a positive degree or -1 (derive from the world size)")
+        if v == 0 or v < -1 or v > MAX_DEGREE:
+            raise ValueError(f"must be a positive degree (at most {MAX_DEGREE}) or -1 (derive from the world size)")
         return v
 
 

@@ -54,6 +54,29 @@ def is_oom(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)
 
 
+@contextlib.contextmanager
+def explain_materialize_oom(n_params: int, device: torch.device, cfg):
+    """Turn an allocator failure while a model's weights are created into an error that says what to do:
+    a model too large for the device (a typo in model.n_embd, a preset meant for a cluster) otherwise ends
+    the run with a traceback from deep inside ``Module.to_empty``."""
+    try:
+        yield
+    except Exception as exc:
+        if not is_oom(exc):
+            raise
+        from trainperf.errors import UserError
+
+        p = cfg.parallelism
+        gb = n_params * 4 / 1e9
+        raise UserError(
+            f"the model's weights do not fit on {device}: the model has {n_params / 1e9:,.2f}B parameters "
+            f"({gb:,.1f} GB in fp32 before gradients, optimizer state and activations; layout: data_shard="
+            f"{p.data_shard}, tensor={p.tensor}, pipeline={p.pipeline}; allocator: {str(exc).splitlines()[0][:160]}); "
+            "use a smaller model (model.preset, model.n_layer, model.n_embd), shard it over more ranks "
+            "(parallelism.data_shard, tensor or pipeline), and check the fit first with `trainperf memory CONFIG`"
+        ) from None
+
+
 @dataclass
 class ParallelModel:
     dims: ParallelDims
@@ -407,7 +430,9 @@ def parallelize(model: nn.Module, dims: ParallelDims, cfg, *, rank: int = 0, dev
         dims.build_mesh(device.type)
     meta = _on_meta(model)
     seed = cfg.run.seed
-    full_sd = full_init_state(model, device, seed) if (meta and dims.distributed) else None
+    n_params = sum(t.numel() for t in model.parameters())
+    with explain_materialize_oom(n_params, device, cfg):
+        full_sd = full_init_state(model, device, seed) if (meta and dims.distributed) else None
     if not meta and dims.distributed:
         # a user's model: every rank built it, rank 0's values are made everyone's before sharding
         with torch.no_grad():
@@ -435,13 +460,14 @@ def parallelize(model: nn.Module, dims: ParallelDims, cfg, *, rank: int = 0, dev
                        reshard_after_forward=not dims.pp_enabled, blocks=blocks)
         elif kind == "replicate":
             apply_replicate(m, dims.mesh("dp_replicate"), blocks=blocks)
-        if meta and full_sd is not None:
-            m.to_empty(device=device)
-            _load_full(m, full_sd)
-        elif meta:  # one process: initialize in place, exactly as full_init_state would
-            from trainperf.models.build import materialize_model
+        with explain_materialize_oom(n_params, device, cfg):
+            if meta and full_sd is not None:
+                m.to_empty(device=device)
+                _load_full(m, full_sd)
+            elif meta:  # one process: initialize in place, exactly as full_init_state would
+                from trainperf.models.build import materialize_model
 
-            materialize_model(m, device, seed)
+                materialize_model(m, device, seed)
         if kind == "ddp":
             parts.append(apply_ddp(m, dims.mesh("dp_replicate"), counter=counter, compression=p.compression.type,
                                    powersgd_rank=p.compression.rank, powersgd_warmup=p.compression.warmup_steps,
