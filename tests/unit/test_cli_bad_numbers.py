@@ -47,6 +47,16 @@ def _run(capsys, argv) -> tuple[int, str]:
     (["launch", "configs/gpt-tiny.yaml", "--slurm", "--port", "70000", "--dry-run"], "--port=70000 must be a TCP port"),
     (["launch", "configs/gpt-tiny.yaml", "--slurm", "--cpus-per-task", "0", "--dry-run"],
      "--cpus-per-task=0 must be at least 1"),
+    # a typo's extra digits: these once searched for ever (plan: divisors of 10**20 GPUs), ran a trial for ever
+    # (tune --steps), or ended in a pydantic traceback (launch / tune: a world size past the config's bound)
+    (["plan", "--model", "gpt2-124m", "--gpus", "99999999999999999999"], "--gpus: 99999999999999999999 is above"),
+    (["plan", "--model", "gpt2-124m", "--global-batch", "99999999999999999999"], "--global-batch: 99999999999999999999 is above"),
+    (["plan", "--hidden", "99999999999", "--layers", "2", "--heads", "1"], "--hidden: 99999999999 is above 1048576"),
+    (["tune", "configs/gpt-tiny.yaml", "--steps", "99999999999999999999"], "--steps: 99999999999999999999 is above"),
+    (["tune", "configs/gpt-tiny.yaml", "--steps", "0"], "argument --steps: 0 is below 1"),
+    (["tune", "configs/gpt-tiny.yaml", "--nproc-per-node", "99999999999"], "--nproc-per-node: 99999999999 is above"),
+    (["launch", "configs/gpt-tiny.yaml", "--nnodes", "99999999999999", "--dry-run"],
+     "--nnodes x --nproc-per-node = 99999999999999 x 1 = 99999999999999 processes is above"),
 ])
 def test_bad_numbers_exit_2_naming_the_flag(capsys, argv, needle):
     rc, err = _run(capsys, argv)

@@ -6,10 +6,11 @@ import sys
 from typing import Any
 
 
-def whole(minimum: int = 1):
-    """An argparse ``type`` for a whole number of at least ``minimum``: ``--gpus 0`` is an error that
+def whole(minimum: int = 1, maximum: int = 2**53):
+    """An argparse ``type`` for a whole number in [``minimum``, ``maximum``]: ``--gpus 0`` is an error that
     names the flag, the value and the bound (argparse: exit 2, no traceback), never a silent default
-    or a division by zero further on."""
+    or a division by zero further on; ``--gpus 99999999999999999999`` (a typo) never a search that does
+    not end. The default maximum is where floats stop holding whole numbers exactly."""
     import argparse
 
     def parse(text: str) -> int:
@@ -19,9 +20,11 @@ def whole(minimum: int = 1):
             raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
         if value < minimum:
             raise argparse.ArgumentTypeError(f"{value} is below {minimum}: give a whole number >= {minimum}")
+        if value > maximum:
+            raise argparse.ArgumentTypeError(f"{value} is above {maximum}: give a whole number <= {maximum}")
         return value
 
-    parse.__name__ = f"whole number >= {minimum}"
+    parse.__name__ = f"whole number in [{minimum}, {maximum}]"
     return parse
 
 

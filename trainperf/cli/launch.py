@@ -64,8 +64,13 @@ def check_layout(args) -> None:
         raise ConfigError(f"--port={args.port} must be a TCP port, 1-65535 (default 29500)")
     if args.cpus_per_task is not None and args.cpus_per_task < 1:
         raise ConfigError(f"--cpus-per-task={args.cpus_per_task} must be at least 1 (CPUs per node task)")
-    cfg = load_config(args.config, args.overrides)
+    from trainperf.limits import MAX_DEGREE
+
     world = args.nproc_per_node * args.nnodes
+    if world > MAX_DEGREE:
+        raise ConfigError(f"--nnodes x --nproc-per-node = {args.nnodes} x {args.nproc_per_node} = {world} processes is "
+                          f"above {MAX_DEGREE}; give the node count and the processes per node (one per GPU)")
+    cfg = load_config(args.config, args.overrides)
     if args.slurm:  # the allocation's hardware is not this machine's: structural checks only
         cfg.parallelism.data = derive_data_degree(cfg, world)
         ParallelDims.from_config(cfg, world)

@@ -6,6 +6,7 @@ import time
 
 from trainperf.cli._common import add_json_flag, print_json, whole
 from trainperf.errors import UserError
+from trainperf.limits import MAX_BATCH, MAX_CONTEXT, MAX_DEGREE, MAX_HEADS, MAX_HIDDEN, MAX_LAYERS, MAX_VOCAB
 
 FLOP_CONVENTION = (
     "model FLOPs (trainperf.analytic): 6*(l*W_layer + V*h) + 12*l*a*d*s per token, full (non-causal) "
@@ -24,14 +25,14 @@ def register(subparsers) -> None:
     )
     m = p.add_argument_group("model (a preset or an explicit shape)")
     m.add_argument("--model", help="preset: gpt3-175b, gpt3-1t, gpt-530b, gpt-22b, llama-70b, gpt2-124m, ...")
-    m.add_argument("--hidden", type=whole(1), help="hidden size h")
-    m.add_argument("--layers", type=whole(1), help="transformer layers l")
-    m.add_argument("--heads", type=whole(1), help="attention heads a")
-    m.add_argument("--seq", type=whole(1), help="sequence length s (default: the preset's, else 2048)")
-    m.add_argument("--vocab", type=whole(1), help="vocabulary size V (default: the preset's, else 51200)")
-    m.add_argument("--ffn-hidden", type=whole(1), help="MLP width (default 4h); with --gated for SwiGLU")
+    m.add_argument("--hidden", type=whole(1, MAX_HIDDEN), help="hidden size h")
+    m.add_argument("--layers", type=whole(1, MAX_LAYERS), help="transformer layers l")
+    m.add_argument("--heads", type=whole(1, MAX_HEADS), help="attention heads a")
+    m.add_argument("--seq", type=whole(1, MAX_CONTEXT), help="sequence length s (default: the preset's, else 2048)")
+    m.add_argument("--vocab", type=whole(1, MAX_VOCAB), help="vocabulary size V (default: the preset's, else 51200)")
+    m.add_argument("--ffn-hidden", type=whole(1, 8 * MAX_HIDDEN), help="MLP width (default 4h); with --gated for SwiGLU")
     m.add_argument("--gated", action="store_true", help="SwiGLU MLP (three matrices)")
-    m.add_argument("--kv-heads", type=whole(1), help="key/value heads (GQA; default: as many as --heads)")
+    m.add_argument("--kv-heads", type=whole(1, MAX_HEADS), help="key/value heads (GQA; default: as many as --heads)")
     m.add_argument("--hf-config", metavar="PATH", help="a Hugging Face config.json (or its directory): Llama GQA, "
                    "SwiGLU, tied output, vocab; GPT-2 n_embd/n_layer/n_head/n_positions")
     m.add_argument("--attention", choices=["flash", "eager"], help="attention kernel (default flash: "
@@ -44,26 +45,26 @@ def register(subparsers) -> None:
                    help="position embedding: a learned table (GPT), rotary (Llama) or none (ALiBi); default learned")
     m.add_argument("--norm", choices=["layernorm", "rmsnorm"], help="normalization (default layernorm)")
     c = p.add_argument_group("cluster")
-    c.add_argument("--gpus", type=whole(1), default=8, help="number of GPUs (default 8)")
+    c.add_argument("--gpus", type=whole(1, MAX_DEGREE), default=8, help="number of GPUs (default 8)")
     c.add_argument("--gpu", default="a100-80gb", help="catalog key or NVML name (default a100-80gb)")
     c.add_argument("--catalog", metavar="FILE", help="YAML file extending the hardware catalog")
-    c.add_argument("--global-batch", type=whole(1), help="sequences per step (default: published for the preset, else ~4M tokens)")
+    c.add_argument("--global-batch", type=whole(1, MAX_BATCH), help="sequences per step (default: published for the preset, else ~4M tokens)")
     f = p.add_argument_group("fix parts of the layout (the rest is searched)")
-    f.add_argument("--tp", type=whole(1), help="tensor-parallel degree")
-    f.add_argument("--pp", type=whole(1), help="pipeline-parallel degree")
-    f.add_argument("--dp", type=whole(1), help="data-parallel degree")
-    f.add_argument("--microbatch", type=whole(1), help="micro-batch size (sequences)")
-    f.add_argument("--max-microbatch", type=whole(1), default=16, help="largest micro-batch searched (default 16)")
-    f.add_argument("--interleave", type=whole(1), help="virtual pipeline stages per GPU (interleaved 1F1B)")
+    f.add_argument("--tp", type=whole(1, MAX_DEGREE), help="tensor-parallel degree")
+    f.add_argument("--pp", type=whole(1, MAX_DEGREE), help="pipeline-parallel degree")
+    f.add_argument("--dp", type=whole(1, MAX_DEGREE), help="data-parallel degree")
+    f.add_argument("--microbatch", type=whole(1, MAX_BATCH), help="micro-batch size (sequences)")
+    f.add_argument("--max-microbatch", type=whole(1, MAX_BATCH), default=16, help="largest micro-batch searched (default 16)")
+    f.add_argument("--interleave", type=whole(1, MAX_LAYERS), help="virtual pipeline stages per GPU (interleaved 1F1B)")
     f.add_argument("--recompute", choices=["none", "selective", "full", "partial"],
                    help="activation recompute: full = every layer of every stage; partial = --recompute-layers "
                         "whole layers per stage (searched when not given); selective = Megatron's attention core")
-    f.add_argument("--recompute-layers", type=whole(0), metavar="N",
+    f.add_argument("--recompute-layers", type=whole(0, MAX_LAYERS), metavar="N",
                    help="with --recompute partial (implied): whole layers recomputed per pipeline stage")
     f.add_argument("--sequence-parallel", action=argparse_bool(), default=None, help="sequence parallelism (with TP)")
     f.add_argument("--zero", type=int, choices=[0, 1, 2, 3], help="ZeRO stage (3 = FSDP full shard)")
-    f.add_argument("--cp", type=whole(1), help="context-parallel degree (default 1)")
-    f.add_argument("--hsdp-shard", type=whole(1), metavar="N", help="HSDP: shard ZeRO states within groups of N "
+    f.add_argument("--cp", type=whole(1, MAX_DEGREE), help="context-parallel degree (default 1)")
+    f.add_argument("--hsdp-shard", type=whole(1, MAX_DEGREE), metavar="N", help="HSDP: shard ZeRO states within groups of N "
                    "data-parallel ranks, replicate across groups (e.g. 8: one node)")
     s = p.add_argument_group("training stack (a preset, and mechanisms that override it)")
     s.add_argument("--stack", metavar="PRESET", help="megatron-2021, megatron-core, fsdp, torchtitan (default: "

@@ -3,7 +3,7 @@ and printing (the search: :mod:`trainperf.tune.search`)."""
 
 from __future__ import annotations
 
-from trainperf.cli._common import add_config_args, add_json_flag, print_json
+from trainperf.cli._common import add_config_args, add_json_flag, print_json, whole
 
 
 def register(subparsers) -> None:
@@ -17,9 +17,9 @@ def register(subparsers) -> None:
     p.add_argument("--budget-min", type=float, default=10.0, metavar="N",
                    help="time budget in minutes, the final side-by-side included (default 10)")
     p.add_argument("--out", default=None, metavar="DIR", help="tune directory (default runs/tune-<config name>)")
-    p.add_argument("--steps", type=int, default=5, help="timed steps per trial (default 5)")
-    p.add_argument("--warmup", type=int, default=2, help="untimed steps per trial after the first (default 2)")
-    p.add_argument("--nproc-per-node", type=int, default=1, metavar="N", dest="nproc",
+    p.add_argument("--steps", type=whole(1, 10**5), default=5, help="timed steps per trial (default 5)")
+    p.add_argument("--warmup", type=whole(0, 10**5), default=2, help="untimed steps per trial after the first (default 2)")
+    p.add_argument("--nproc-per-node", type=whole(1, 1024), default=1, metavar="N", dest="nproc",
                    help="ranks per trial on this machine, launched as torchrun would (gloo on a CPU, NCCL on CUDA); "
                         "adds the planner's best layouts for N ranks to the search (default 1)")
     add_json_flag(p)
@@ -39,12 +39,9 @@ def run(args) -> int:
     import sys
 
     from trainperf.config import load_config
-    from trainperf.errors import UserError
     from trainperf.tune.result import render
     from trainperf.tune.search import Options, tune
 
-    if args.steps < 1 or args.warmup < 0:
-        raise UserError(f"--steps={args.steps} must be >= 1 and --warmup={args.warmup} >= 0")
     cfg = load_config(args.config, args.overrides)
     opts = Options(budget_s=args.budget_min * 60, steps=args.steps, warmup=args.warmup, nproc=args.nproc,
                    progress=not args.json and sys.stderr.isatty())

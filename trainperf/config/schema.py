@@ -15,15 +15,11 @@ from typing import Annotated, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from trainperf.limits import MAX_BATCH, MAX_CONTEXT, MAX_DEGREE, MAX_HEADS, MAX_HIDDEN, MAX_LAYERS, MAX_VOCAB
+
 Auto = Literal["auto"]
 # Numeric ranges, shared by the fields below (the loader names the range and the default in its errors).
 PosInt = Annotated[int, Field(ge=1)]
-# Upper bounds on sizes: far above any published run (GPT-3: 96 layers, 96 heads, hidden 12288; vocabularies of
-# 256k; contexts of 10M tokens; 100k-GPU clusters), low enough that a typo (an extra few digits) is refused at
-# load time instead of hanging a divisor search or allocating exabytes.
-MAX_LAYERS, MAX_HEADS, MAX_HIDDEN = 2**14, 2**14, 2**20
-MAX_CONTEXT, MAX_VOCAB = 2**26, 2**26
-MAX_BATCH, MAX_DEGREE = 2**30, 2**20
 NonNegInt = Annotated[int, Field(ge=0)]
 Fraction = Annotated[float, Field(ge=0, le=1)]
 
