@@ -136,3 +136,38 @@ def test_a_plan_on_a_part_no_published_run_used_says_its_interval_does_not_cover
     # a measured step on the part itself calibrates there: no such note
     assert main(["plan", *SMALL, "--gpu", "v100-32gb", "--measured", "1.0", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["interval_unvalidated_part"] is None
+
+
+# ---------------------------------------------------------------------------- held-out V100 check
+@pytest.fixture(scope="module")
+def v100_check():
+    from trainperf.planner.loso import generation_check
+
+    return generation_check()
+
+
+def test_v100_rows_are_cited_held_out_and_never_fitted():
+    from trainperf.planner import devset
+
+    rows = devset.generation_rows()
+    assert rows and {r.source for r in rows} == set(devset.GENERATION_CHECKS)
+    assert all("V100" in r.spec().name and r.spec().gpus_per_node == 4 for r in rows)
+    assert all(r.note.split(";")[0].split(":")[-1].isdigit() for r in rows)  # every row names its file and line
+    assert not set(devset.GENERATION_CHECKS) & set(devset.SOURCES)  # outside the fit and its LOSO
+    assert not any(r.source in devset.GENERATION_CHECKS for r in devset.load())
+    assert "bigscience-workshop/bigscience" in rows[0].citation
+
+
+def test_the_plan_note_on_a_v100_says_what_the_held_out_check_found(v100_check):
+    # the words printed by `trainperf plan --gpu v100-*` (interval.CHECKED_GENERATIONS) hold on a fresh check
+    from trainperf.planner.interval import CHECKED_GENERATIONS
+
+    text = CHECKED_GENERATIONS["V100"]
+    s = v100_check["summary"]
+    assert f"on {s['all']['rows']} published V100 runs" in text
+    # "without tensor parallelism: inside about as often as A100 / H100 runs" (85% pooled on the dev set)
+    assert s["TP = 1"]["coverage"] >= 0.7 and s["TP = 1"]["model_mean_abs_error"] < 0.08
+    assert s["TP = 1"]["model_mean_abs_error"] < s["TP = 1"]["baseline_mean_abs_error"]
+    # "every run with tensor parallelism (TP 2) was slower than its upper bound"
+    tp = [x for x in v100_check["rows"] if x["tp"] > 1]
+    assert tp and {x["tp"] for x in tp} == {2} and all(x["published_s"] > x["interval_s"][1] for x in tp)

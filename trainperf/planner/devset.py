@@ -82,6 +82,13 @@ MEGATRON_DS = Stack("megatron-deepspeed", dp_reduce="after", fused=True, attenti
                     distributed_optimizer=True, fsdp=False, grad_bytes=2.0)
 """BLOOM's Megatron-DeepSpeed: DeepSpeed's pipeline engine reduces after the backward; its BF16_Optimizer
 keeps bf16 gradients and shards the fp32 copy with the optimizer states (ZeRO-1 equivalent)."""
+# Jean Zay's V100 SXM2 nodes (BigScience's 2021 runs): 4 GPUs per node, two NVLink2 links between each pair
+# (2 x 25 GB/s each way = 100 GB/s both directions: what a 2- or 4-GPU ring gets), Omni-Path 100 Gb/s taken as
+# 2 links per node (6.25 GB/s per GPU). Approximate.
+JEAN_ZAY_V100 = {size: replace(get_gpu(f"v100-{size}"), key=f"v100-{size}-jean-zay", nvlink_gbps=100, internode_gbps=6.25,
+                               gpus_per_node=4, note="Jean Zay V100 SXM2: 4 GPUs per node, 2 NVLink2 links per pair, "
+                               "Omni-Path 100 Gb/s (2 links per node assumed)")
+                 for size in ("16gb", "32gb")}
 META_XFORMERS = Stack("meta-xformers", dp_reduce="overlap", fused=False, attention="flash")
 """LLaMA's training code: eager PyTorch layers with a hand-written backward and xformers' attention."""
 METASEQ = Stack("metaseq", dp_reduce="overlap", fused=True, attention="eager", distributed_optimizer=False, fsdp=True)
@@ -232,6 +239,33 @@ def _olmo_rows() -> list[Row]:
         rows.append(Row("olmo", label, model, "h100-sxm", gpus, B, B * s / (tps * gpus),
                         (1, 1, gpus, 1, mb, 1, "none", False, 3), approximate=True, stack=stack,
                         note=f"README.md:{line}; {src.OLMO_NOTE}"))
+    return rows
+
+
+GENERATION_CHECKS = ("bigscience-v100",)
+"""Held-out checks of GPU generations no development row is on: predicted with the shipped constants, never
+fitted on, outside leave-one-source-out (``trainperf.planner.loso`` reports them apart)."""
+CITATIONS["bigscience-v100"] = src.BIGSCIENCE_V100_CITE
+
+
+def _padded_vocab(vocab: int, tp: int, multiple: int = 128) -> int:
+    """Megatron pads the vocabulary to a multiple of 128 x TP (``--make-vocab-size-divisible-by``)."""
+    m = multiple * tp
+    return -(-vocab // m) * m
+
+
+def generation_rows() -> list[Row]:
+    """Published runs on V100 (BigScience's 2021 Megatron-DeepSpeed runs on Jean Zay): the held-out check of
+    a generation the development set does not hold. Same stack as BLOOM's (fp16 instead of bf16: a V100
+    has no BF16 tensor cores, which the kernels pick from the part)."""
+    rows = []
+    for label, l, h, a, gpu, tp, pp, dp, mb, B, sec, rc, approx, line in src.BIGSCIENCE_V100:
+        model = TransformerSpec(hidden=h, layers=l, heads=a, seq=2048, vocab=_padded_vocab(50257, tp), bias=True,
+                                tied=True, position="learned", attention="eager", name=f"bigscience-{label.split()[0]}")
+        spec = JEAN_ZAY_V100[gpu.removeprefix("v100-")]
+        rows.append(Row("bigscience-v100", label, model, spec.key, tp * pp * dp, B, float(sec),
+                        (tp, pp, dp, 1, mb, 1, rc, False, 1), approximate=approx, stack=MEGATRON_DS, gpu_spec=spec,
+                        note=f"{line}; {src.BIGSCIENCE_V100_NOTE}"))
     return rows
 
 

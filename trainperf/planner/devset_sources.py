@@ -144,3 +144,51 @@ OLMO = [
     ("OLMo2-13B bf16", "OLMo2-13B", 1, 2048, False, 4600, 60),
     ("OLMo2-13B fp8", "OLMo2-13B", 1, 2048, True, 5500, 61),
 ]
+
+# --------------------------------------------------------------------------- BigScience on V100 (held out)
+# Not part of the development set: a held-out check of another GPU generation (no development run is on a
+# V100). Nothing is fitted on these rows; trainperf.planner.loso predicts them with the shipped constants.
+BIGSCIENCE_V100_CITE = ("bigscience-workshop/bigscience @ 9e64edec: experiments/tr3m-1B3.md (1.3B benchmark on 2 "
+                        "Jean Zay nodes of 4 V100, 32GB and 16GB tables, 'Speed' = s/iteration at GBS 512; config "
+                        "train/tr3-1B3-baseline/tr3m-1B3-emb-norm-pile.slurm: 24 layers, h 2048, 16 heads, ffn 8192, "
+                        "seq 2048, fp16, ZeRO-1), train/tr1-13B-base (13B production: tr1-13B-round1.slurm TP 2, "
+                        "PP 4, MBS 1, GBS 1024, 40 layers, h 5120, 32 heads, fp16, full checkpointing, ZeRO-1; "
+                        "chronicles.md and README.md iteration logs)")
+BIGSCIENCE_V100_NOTE = ("Megatron-DeepSpeed 2021 on Jean Zay V100 SXM2 nodes (4 GPUs, NVLink2: two links between "
+                        "each pair, 100 GB/s both directions; Omni-Path 100 Gb/s, taken as 2 links per node = 6.25 "
+                        "GB/s per GPU, approximate); GPT-2 vocabulary padded to 128 x TP; the authors note Jean Zay's "
+                        "speed varied by up to 40% between allocations (experiments/gpt2.md l.11): each table is one "
+                        "allocation, and 'Speed' is rounded to whole seconds")
+# (label, layers, hidden, heads, gpu, tp, pp, dp, micro-batch, global batch, s/iteration, recompute, approx, line)
+BIGSCIENCE_V100 = [
+    ("1B3 32GB TP1 PP1 DP8 mb1 ckpt", 24, 2048, 16, "v100-32gb", 1, 1, 8, 1, 512, 29, "full", False, "tr3m-1B3.md:22"),
+    ("1B3 32GB TP1 PP1 DP8 mb2 ckpt", 24, 2048, 16, "v100-32gb", 1, 1, 8, 2, 512, 29, "full", False, "tr3m-1B3.md:23"),
+    ("1B3 32GB TP1 PP1 DP8 mb4 ckpt", 24, 2048, 16, "v100-32gb", 1, 1, 8, 4, 512, 28, "full", False, "tr3m-1B3.md:24"),
+    ("1B3 32GB TP1 PP1 DP8 mb8 ckpt", 24, 2048, 16, "v100-32gb", 1, 1, 8, 8, 512, 28, "full", False, "tr3m-1B3.md:25"),
+    ("1B3 32GB TP1 PP2 DP4 mb1 ckpt", 24, 2048, 16, "v100-32gb", 1, 2, 4, 1, 512, 30, "full", False, "tr3m-1B3.md:26"),
+    ("1B3 32GB TP1 PP2 DP4 mb2 ckpt", 24, 2048, 16, "v100-32gb", 1, 2, 4, 2, 512, 29, "full", False, "tr3m-1B3.md:27"),
+    ("1B3 32GB TP1 PP2 DP4 mb8 ckpt", 24, 2048, 16, "v100-32gb", 1, 2, 4, 8, 512, 29, "full", False, "tr3m-1B3.md:28"),
+    ("1B3 32GB TP1 PP4 DP2 mb1 ckpt", 24, 2048, 16, "v100-32gb", 1, 4, 2, 1, 512, 32, "full", False, "tr3m-1B3.md:30"),
+    ("1B3 32GB TP1 PP4 DP2 mb8 ckpt", 24, 2048, 16, "v100-32gb", 1, 4, 2, 8, 512, 32, "full", False, "tr3m-1B3.md:31"),
+    ("1B3 32GB TP2 PP1 DP4 mb1 ckpt", 24, 2048, 16, "v100-32gb", 2, 1, 4, 1, 512, 53, "full", False, "tr3m-1B3.md:32"),
+    ("1B3 32GB TP1 PP1 DP8 mb1", 24, 2048, 16, "v100-32gb", 1, 1, 8, 1, 512, 23, "none", False, "tr3m-1B3.md:44"),
+    ("1B3 32GB TP1 PP2 DP4 mb1", 24, 2048, 16, "v100-32gb", 1, 2, 4, 1, 512, 23, "none", False, "tr3m-1B3.md:45"),
+    ("1B3 32GB TP1 PP4 DP2 mb1", 24, 2048, 16, "v100-32gb", 1, 4, 2, 1, 512, 25, "none", False, "tr3m-1B3.md:46"),
+    ("1B3 32GB TP1 PP4 DP2 mb2", 24, 2048, 16, "v100-32gb", 1, 4, 2, 2, 512, 24, "none", False, "tr3m-1B3.md:47"),
+    ("1B3 32GB TP2 PP1 DP4 mb1", 24, 2048, 16, "v100-32gb", 2, 1, 4, 1, 512, 39, "none", False, "tr3m-1B3.md:48"),
+    ("1B3 16GB TP1 PP1 DP8 mb1 ckpt", 24, 2048, 16, "v100-16gb", 1, 1, 8, 1, 512, 29, "full", False, "tr3m-1B3.md:94"),
+    ("1B3 16GB TP1 PP2 DP4 mb1 ckpt", 24, 2048, 16, "v100-16gb", 1, 2, 4, 1, 512, 30, "full", False, "tr3m-1B3.md:95"),
+    ("1B3 16GB TP1 PP2 DP4 mb2 ckpt", 24, 2048, 16, "v100-16gb", 1, 2, 4, 2, 512, 29, "full", False, "tr3m-1B3.md:96"),
+    ("1B3 16GB TP1 PP2 DP4 mb4 ckpt", 24, 2048, 16, "v100-16gb", 1, 2, 4, 4, 512, 28, "full", False, "tr3m-1B3.md:97"),
+    ("1B3 16GB TP1 PP4 DP2 mb1 ckpt", 24, 2048, 16, "v100-16gb", 1, 4, 2, 1, 512, 32, "full", False, "tr3m-1B3.md:99"),
+    ("1B3 16GB TP1 PP4 DP2 mb4 ckpt", 24, 2048, 16, "v100-16gb", 1, 4, 2, 4, 512, 30, "full", False, "tr3m-1B3.md:100"),
+    ("1B3 16GB TP1 PP8 DP1 mb1 ckpt", 24, 2048, 16, "v100-16gb", 1, 8, 1, 1, 512, 37, "full", False, "tr3m-1B3.md:102"),
+    ("1B3 16GB TP1 PP8 DP1 mb4 ckpt", 24, 2048, 16, "v100-16gb", 1, 8, 1, 4, 512, 35, "full", False, "tr3m-1B3.md:103"),
+    # 32 nodes during the batch-size ramp: "784 samples in 32 seconds" (a rounded rate, GBS 784)
+    ("13B 128 GPUs TP2 PP4 DP16", 40, 5120, 32, "v100-32gb", 2, 4, 16, 1, 784, 32.0, "full", True,
+     "tr1-13B-base/chronicles.md:146"),
+    ("13B 256 GPUs TP2 PP4 DP32", 40, 5120, 32, "v100-32gb", 2, 4, 32, 1, 1024, 22.3066, "full", False,
+     "tr1-13B-base/chronicles.md:162"),
+    ("13B 512 GPUs TP2 PP4 DP64", 40, 5120, 32, "v100-32gb", 2, 4, 64, 1, 1024, 13.2482, "full", False,
+     "tr1-13B-base/README.md:600"),
+]

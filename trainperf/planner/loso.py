@@ -170,6 +170,62 @@ def loso(rows, base: Constants = DEFAULTS, *, nested: bool = True, progress=None
                                                scale=k_all, groups_by_source=groups).as_dict()}
 
 
+def _summarize(rs: list[dict]) -> dict:
+    errs = [x["error"] for x in rs if x["error"] is not None]
+    ins = [x["inside"] for x in rs if x["inside"] is not None]
+    return {"rows": len(rs), "model_mean_abs_error": round(sum(map(abs, errs)) / len(errs), 4) if errs else None,
+            "model_max_abs_error": round(max(map(abs, errs)), 4) if errs else None,
+            "model_mean_signed_error": round(sum(errs) / len(errs), 4) if errs else None,
+            "baseline_mean_abs_error": round(sum(abs(x["baseline_error"]) for x in rs) / len(rs), 4) if rs else None,
+            "coverage": round(sum(ins) / len(ins), 4) if ins else None, "not_fitting": len(rs) - len(errs)}
+
+
+def generation_check(rows=None, c: Constants = DEFAULTS, baseline_efficiency: float | None = None) -> dict:
+    """The held-out check of GPU generations no development row is on (:func:`devset.generation_rows`): each
+    row predicted by ``c`` (the shipped constants: fitted on every development source, none of these rows) with
+    the shipped 80% interval, and by the constant-efficiency baseline fitted on the development set. Summarized
+    over all rows and split by tensor parallelism (TP = 1 / TP > 1)."""
+    from trainperf.planner.interval import ACROSS
+
+    rows = devset.generation_rows() if rows is None else rows
+    e = fit_baseline(devset.load()) if baseline_efficiency is None else baseline_efficiency
+    per_row = []
+    for r, be in zip(rows, baseline_errors(rows, e)):
+        est = devset.predict(r, c)
+        pred = None if est is None else est.step_time_s
+        lo, hi = ACROSS.bounds_for(est) if pred else (None, None)
+        per_row.append({"source": r.source, "row": r.label, "gpu": r.gpu, "tp": r.fixed[0],
+                        "published_s": round(r.published_s, 4), "approximate": r.approximate,
+                        "predicted_s": None if pred is None else round(pred, 4),
+                        "interval_s": None if pred is None else [round(lo, 4), round(hi, 4)],
+                        "inside": None if pred is None else bool(lo <= r.published_s <= hi),
+                        "layout": None if est is None else est.layout.short(),
+                        "error": None if pred is None else round(pred / r.published_s - 1, 4),
+                        "baseline_error": round(be, 4)})
+    groups = {"all": per_row, "TP = 1": [x for x in per_row if x["tp"] == 1],
+              "TP > 1": [x for x in per_row if x["tp"] > 1]}
+    return {"rows": per_row, "baseline_efficiency": e,
+            "summary": {k: _summarize(v) for k, v in groups.items() if v}}
+
+
+def render_generation_check(g: dict) -> str:
+    lines = ["| V100 rows (held out, never fitted) | rows | model mean abs error | model max | mean signed "
+             "| constant-E baseline | 80% interval coverage |", "|---|---|---|---|---|---|---|"]
+    for k, v in g["summary"].items():
+        cov = "-" if v["coverage"] is None else f"{100 * v['coverage']:.0f}%"
+        lines.append(f"| {k} | {v['rows']} | {100 * v['model_mean_abs_error']:.1f}% | {100 * v['model_max_abs_error']:.1f}% "
+                     f"| {100 * v['model_mean_signed_error']:+.1f}% | {100 * v['baseline_mean_abs_error']:.1f}% | {cov} |")
+    lines += ["", "| row | GPU | published s | predicted s | error | 80% interval s | layout | baseline error |",
+              "|---|---|---|---|---|---|---|---|"]
+    for x in g["rows"]:
+        err = "no fit" if x["error"] is None else f"{100 * x['error']:+.1f}%"
+        mark = " (approx.)" if x["approximate"] else ""
+        iv = "-" if not x["interval_s"] else f"{x['interval_s'][0]:.3g}-{x['interval_s'][1]:.3g}{'' if x['inside'] else ' (out)'}"
+        lines.append(f"| {x['row']}{mark} | {x['gpu']} | {x['published_s']:.3f} | {x['predicted_s'] or '-'} | {err} | {iv} "
+                     f"| {x['layout'] or '-'} | {100 * x['baseline_error']:+.1f}% |")
+    return "\n".join(lines)
+
+
 def render_markdown(res: dict) -> str:
     lines = ["| held-out source | rows | model mean abs error | model max | mean signed | constant-E baseline "
              "| E = 0.5 baseline | 80% interval coverage | mean width | calibrated coverage (width) | not fitting |",
@@ -287,13 +343,15 @@ def report(data_dir=None, *, as_json=False, plot_path=None, nested=True, json_du
     res = loso(rows, nested=nested, progress=progress)
     if bar is not None:
         bar.close()
+    res["generation_check"] = generation_check(baseline_efficiency=res["baseline_all"])
     if plot_path:
         plot(res, plot_path)
     if as_json:
         from trainperf.runio import dumps_strict
 
         return dumps_strict(res)
-    return render_markdown(res)
+    return render_markdown(res) + "\n\n## Held-out check: another GPU generation (V100)\n\n" + render_generation_check(
+        res["generation_check"])
 
 
 if __name__ == "__main__":
