@@ -147,3 +147,29 @@ def test_a_mixture_of_experts_config_is_not_planned_as_a_dense_model(tmp_path, c
     path.write_text(json.dumps({**dense, "num_experts": 1}))  # one expert is a dense MLP
     assert main(["plan", "--hf-config", str(path), "--gpus", "8", "--top", "1"]) in (0, 2)
     assert "mixture-of-experts" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("key,value", [("num_hidden_layers", 10**20), ("hidden_size", 10**9), ("vocab_size", 10**12),
+                                       ("num_attention_heads", 10**6), ("intermediate_size", 10**15)])
+def test_a_config_with_a_typos_extra_digits_is_refused_at_once(tmp_path, capsys, key, value):
+    # num_hidden_layers = 10**20 once searched pipeline splits for ever; every size has a bound far above
+    # any published model (trainperf/limits.py), checked where the model's shape is built
+    cfg = json.loads(GOOD_HF)
+    cfg[key] = value
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    assert main(["plan", "--hf-config", str(path), "--gpus", "8"]) == 2
+    err = capsys.readouterr().err
+    assert str(path) in err and f"={value} is above" in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("value", ["3", "null", "true", "{a: 1}", "[[1]]"])
+def test_catalog_aliases_that_are_not_names_are_refused(tmp_path, capsys, value):
+    # aliases: 3 once ended in "TypeError: 'int' object is not iterable"
+    path = tmp_path / "cat.yaml"
+    path.write_text(f"gpus:\n  x:\n    base: a100-80gb\n    aliases: {value}\n")
+    assert main(["plan", "--model", "gpt2-124m", "--gpus", "16", "--gpu", "x", "--catalog", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "gpus.x.aliases=" in err and "a name or a list of names" in err and str(path) in err, err
+    path.write_text("gpus:\n  x:\n    base: a100-80gb\n    aliases: [My GPU, Other]\n")
+    assert main(["plan", "--model", "gpt2-124m", "--gpus", "16", "--gpu", "x", "--catalog", str(path), "--top", "1"]) == 0

@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 
 from trainperf.errors import UserError
+from trainperf.limits import MAX_CONTEXT, MAX_HEADS, MAX_HIDDEN, MAX_LAYERS, MAX_VOCAB
 
 ATTENTION_KERNELS = ("flash", "eager")
 """``flash``: FlashAttention / SDPA fused kernels (no s x s tensor kept, scores recomputed in
@@ -65,10 +66,19 @@ class TransformerSpec:
     name: str = "custom"
 
     def __post_init__(self):
-        for field_name in ("hidden", "layers", "heads", "seq", "vocab"):
+        bounds = {"hidden": MAX_HIDDEN, "layers": MAX_LAYERS, "heads": MAX_HEADS, "seq": MAX_CONTEXT, "vocab": MAX_VOCAB}
+        for field_name, top in bounds.items():
             val = getattr(self, field_name)
             if isinstance(val, bool) or not isinstance(val, int) or val < 1:
                 raise UserError(f"model {field_name}={val!r} must be a positive integer")
+            if val > top:  # a typo's extra digits: refused here, not a search that does not end
+                raise UserError(f"model {field_name}={val} is above {top}, far beyond any published model; "
+                                "check the value")
+        for field_name, top in (("kv_heads", MAX_HEADS), ("ffn_hidden", 8 * MAX_HIDDEN), ("max_positions", MAX_CONTEXT)):
+            val = getattr(self, field_name)
+            if isinstance(val, int) and not isinstance(val, bool) and val > top:
+                raise UserError(f"model {field_name}={val} is above {top}, far beyond any published model; "
+                                "check the value")
         if self.hidden % self.heads:
             raise UserError(
                 f"hidden size {self.hidden} is not divisible by heads={self.heads}; "

@@ -314,6 +314,10 @@ def _entry_from_yaml(key: str, entry, catalog: dict[str, GPUSpec], path: str) ->
         aliases = entry["aliases"]
         if isinstance(aliases, str):
             aliases = [aliases]
+        if not isinstance(aliases, list) or not all(isinstance(a, (str, int, float)) and not isinstance(a, bool)
+                                                    for a in aliases):
+            raise UserError(f"catalog file {path!r}: gpus.{key}.aliases={entry['aliases']!r} must be a name or a list of "
+                            "names (what NVML reports, e.g. [\"NVIDIA H100 80GB HBM3\"])")
         values["aliases"] = tuple(str(a) for a in aliases)
     for name in ("name", "note", "fabric"):
         if name in entry:
