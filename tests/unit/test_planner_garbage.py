@@ -86,6 +86,13 @@ def test_hf_config_garbage_exits_2(tmp_path, capsys, seed):
     (["--hsdp-shard", "3", "--dp", "4"], "--hsdp-shard 3 must divide --dp 4"),
     (["--set-constant", "hbm_fraction=nan"], "hbm_fraction=nan: must be a finite number"),  # was accepted
     (["--float8"], "pick an FP8 part (h100-sxm"),
+    # each once a ZeroDivisionError traceback: a rate scaled by 0
+    (["--set-constant", "hbm_fraction=0"], "hbm_fraction=0: must be above 0 (it scales a rate"),
+    (["--set-constant", "attention_efficiency=0"], "attention_efficiency=0: must be above 0"),
+    (["--set-constant", "stack_efficiency=0"], "stack_efficiency=0: must be above 0"),
+    (["--set-constant", "nvlink_fraction=0"], "nvlink_fraction=0: must be above 0"),
+    (["--set-constant", "internode_fraction=0"], "internode_fraction=0: must be above 0"),
+    (["--emit-config", "."], "--emit-config '.' is a directory; give a file name"),  # was IsADirectoryError
 ])
 def test_bad_numbers_on_the_plan_command_line_exit_2_naming_the_flag(capsys, argv, needle):
     try:

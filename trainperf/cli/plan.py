@@ -424,10 +424,15 @@ def _emit_config(plan, path: str) -> str:
     if L.zero in (1, 2):
         header += (f"# The plan used ZeRO-{L.zero}; trainperf expresses sharding as FSDP (data_shard), which shards "
                    "parameters too (less memory, more traffic than planned).\n")
+    from trainperf.runio import atomic_write_text
+
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
         raise UserError(f"--emit-config {path!r}: directory {parent} does not exist")
-    with open(path, "w", encoding="utf-8") as fh:
-        fh.write(header)
-        yaml.safe_dump(data, fh, sort_keys=False)
+    if os.path.isdir(path):
+        raise UserError(f"--emit-config {path!r} is a directory; give a file name, e.g. {os.path.join(path, 'plan.yaml')}")
+    try:  # atomic: an existing config is replaced whole or not at all
+        atomic_write_text(path, header + yaml.safe_dump(data, sort_keys=False))
+    except OSError as exc:
+        raise UserError(f"--emit-config {path!r}: cannot write it ({exc.strerror or exc}); choose a writable path") from None
     return path

@@ -21,6 +21,12 @@ from dataclasses import dataclass, fields, replace
 from trainperf.errors import UserError
 
 
+RATE_CONSTANTS = {"stack_efficiency": "the GEMM rate", "attention_efficiency": "the attention matmuls' rate",
+                  "hbm_fraction": "the HBM bandwidth", "nvlink_fraction": "the NVLink bandwidth",
+                  "internode_fraction": "the network bandwidth"}
+"""Constants that multiply a rate: 0 would make a step take forever (a division by zero)."""
+
+
 @dataclass(frozen=True)
 class Constants:
     # ------------------------------------------------------------- compute (3 fitted constants)
@@ -113,6 +119,9 @@ class Constants:
                 raise UserError(f"--set-constant {name}={raw!r}: the value must be a number") from None
             if not math.isfinite(value) or value < 0:
                 raise UserError(f"--set-constant {name}={raw}: must be a finite number >= 0")
+            if name in RATE_CONSTANTS and value == 0:
+                raise UserError(f"--set-constant {name}={raw}: must be above 0 (it scales a rate the step time is "
+                                f"divided by: {RATE_CONSTANTS[name]}); the default is {getattr(self, name):g}")
             if (name.endswith(("_fraction", "_overlap")) or name in ("attention_efficiency", "comm_contention", "wave_quantization")) and value > 1:
                 raise UserError(f"--set-constant {name}={value}: a fraction must be between 0 and 1")
             values[name] = value
