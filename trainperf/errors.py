@@ -25,3 +25,10 @@ class CheckpointError(UserError):
 
 class DataError(UserError):
     """A data path or sample is missing, unreadable or inconsistent."""
+
+
+class DivergedError(UserError, FloatingPointError):
+    """Training diverged: the loss became NaN or infinite. The CLI prints what to change and where the run's
+    records are, and exits with code 1 (the run failed; how it was invoked was valid)."""
+
+    exit_code = 1

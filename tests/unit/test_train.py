@@ -167,3 +167,23 @@ def test_corrupt_checkpoint_file_named_explicitly_exit_2(tiny_overrides, tmp_pat
     sets = sum((["--set", o] for o in tiny_overrides), [])
     assert main(["train", str(ROOT / "configs/gpt-tiny.yaml"), *sets, "--resume", str(bad)]) == 2
     assert "cannot be loaded as a checkpoint" in capsys.readouterr().err
+
+
+def test_a_diverged_run_ends_with_what_to_change_and_keeps_its_records(tiny_overrides, tmp_path, capsys):
+    # optimizer.lr=1e6 once ended in a FloatingPointError traceback (exit 1 all the same)
+    from trainperf.cli import main
+    from trainperf.errors import DivergedError
+
+    assert issubclass(DivergedError, FloatingPointError)  # a library caller catching FloatingPointError still does
+    run_dir = tmp_path / "run"
+    sets = sum((["--set", o] for o in tiny_overrides + ["run.steps=6", "run.log_every=1", "optimizer.lr=1e6",
+                                                         "train.grad_clip=0", "run.eval_every=0"]), [])
+    assert main(["train", str(ROOT / "configs/gpt-tiny.yaml"), *sets]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "training diverged (optimizer.lr=1e+06" in err, err
+    assert "lower optimizer.lr (e.g. 100000)" in err and "clip gradients (train.grad_clip: 1.0)" in err
+    assert f"trainperf diagnose {run_dir}" in err
+    steps = [r for r in map(__import__("json").loads, (run_dir / "metrics.jsonl").read_text().splitlines())
+             if "loss" in r]
+    assert steps  # the steps before the divergence reached the disk
+    assert main(["diagnose", str(run_dir)]) == 0  # and a diagnosis reads them

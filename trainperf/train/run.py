@@ -72,7 +72,7 @@ def fit(trainer: Trainer, *, resume: str = "auto", verbose: bool = True) -> dict
             # queued: on disk within monitor.flush_s; the loss follows when it reaches the host (no sync here)
             monitor.log_step(_step_record(trainer.step, res, ranks), loss=res.loss, grad_norm=res.grad_norm)
             if interval:
-                last_loss = _show(monitor.wait_values(), res, bar, say)  # host-device sync point: once per interval
+                last_loss = _show(monitor.wait_values(), res, bar, say, cfg, run_dir)  # sync point: once per interval
             if cfg.run.eval_every and trainer.step % cfg.run.eval_every == 0 and not done:
                 val_loss = trainer.evaluate()
                 say(f"step {trainer.step}: val loss {val_loss:.4f}")
@@ -120,6 +120,23 @@ def fit(trainer: Trainer, *, resume: str = "auto", verbose: bool = True) -> dict
     return summary
 
 
+def _diverged_message(loss: float, step: int, cfg, run_dir) -> str:
+    """What a diverged run says: the step, the settings that usually cause it and where its records are."""
+    if cfg is None:
+        return f"loss became {loss} at step {step}; lower optimizer.lr or use precision fp32/bf16"
+    lr, dtype, clip = cfg.optimizer.lr, cfg.precision.dtype, cfg.train.grad_clip
+    ways = [f"lower optimizer.lr (e.g. {lr / 10:g})"]
+    if not clip:
+        ways.append("clip gradients (train.grad_clip: 1.0)")
+    if dtype == "fp16":
+        ways.append("train in bf16 or fp32 (fp16 overflows where they do not)")
+    if cfg.schedule.warmup_steps < 10:
+        ways.append("warm the learning rate up over more steps (schedule.warmup_steps)")
+    where = f"; the steps before it are in {run_dir}/metrics.jsonl (trainperf diagnose {run_dir})" if run_dir else ""
+    return (f"the loss became {loss} at step {step}: training diverged (optimizer.lr={lr:g}, precision {dtype}, "
+            f"train.grad_clip={clip:g}); " + ", or ".join(ways) + where)
+
+
 def _step_record(step: int, res, ranks: dict | None) -> dict:
     """The step's host figures; its loss and grad_norm (device tensors) are the monitor's to bring over."""
     rec = {"step": step, "lr": res.lr, "step_time_s": res.step_time, "tokens_per_s": res.tokens / res.step_time,
@@ -130,12 +147,15 @@ def _step_record(step: int, res, ranks: dict | None) -> dict:
     return rec
 
 
-def _show(values: list, res, bar, say) -> float:
+def _show(values: list, res, bar, say, cfg=None, run_dir=None) -> float:
     """The window's losses (on the host now): stop on a non-finite one, show the last; returns it."""
     for step, v in values:
         loss = v.get("loss")
         if loss is not None and not math.isfinite(loss):
-            raise FloatingPointError(f"loss became {loss} at step {step}; lower optimizer.lr or use precision fp32/bf16")
+            from trainperf.errors import DivergedError
+
+            bar.close()
+            raise DivergedError(_diverged_message(loss, step, cfg, run_dir))
     if not values:
         return float("nan")
     step, last = values[-1]
