@@ -57,6 +57,11 @@ def _run(capsys, argv) -> tuple[int, str]:
     (["tune", "configs/gpt-tiny.yaml", "--nproc-per-node", "99999999999"], "--nproc-per-node: 99999999999 is above"),
     (["launch", "configs/gpt-tiny.yaml", "--nnodes", "99999999999999", "--dry-run"],
      "--nnodes x --nproc-per-node = 99999999999999 x 1 = 99999999999999 processes is above"),
+    (["diagnose", TRACE, "--top", "-1"], "argument --top: -1 is below 1"),  # was read as "all but the last"
+    (["report", TRACE, "--top", "0"], "argument --top: 0 is below 1"),
+    # an output path that cannot be written: was an IsADirectoryError / FileNotFoundError traceback
+    (["report", TRACE, "--out", "tests"], "--out 'tests' is a directory; give a file name"),
+    (["report", TRACE, "--out", "no/such/dir/r.html"], "directory"),
 ])
 def test_bad_numbers_exit_2_naming_the_flag(capsys, argv, needle):
     rc, err = _run(capsys, argv)

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import sys
 
-from trainperf.cli._common import add_json_flag
+from trainperf.cli._common import add_json_flag, whole
 
 
 def add_trace_args(p) -> None:
-    p.add_argument("--top", type=int, default=10, metavar="N", help="kernels to list per rank (default 10)")
+    p.add_argument("--top", type=whole(1, 10**6), default=10, metavar="N", help="kernels to list per rank (default 10)")
     p.add_argument("--comm-pattern", dest="comm_patterns", action="append", default=[], metavar="REGEX",
                    help="a kernel-name regex that is communication too (repeatable; added to the built-in "
                         "NCCL / all-to-all / NVSHMEM patterns)")

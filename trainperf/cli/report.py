@@ -24,9 +24,25 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
+def check_out(path: str | None, flag: str = "--out") -> None:
+    """An output file the user named: not a directory, in a directory that exists."""
+    import os
+
+    from trainperf.errors import UserError
+
+    if path is None:
+        return
+    if os.path.isdir(path):
+        raise UserError(f"{flag} {path!r} is a directory; give a file name, e.g. {os.path.join(path, 'report.html')}")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise UserError(f"{flag} {path!r}: directory {parent} does not exist; create it or choose another path")
+
+
 def run(args) -> int:
     from trainperf.runio import dumps_strict
 
+    check_out(args.out)
     if len(args.run_dirs) == 1:
         from trainperf.trace.ranks import discover
 

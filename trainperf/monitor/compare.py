@@ -275,5 +275,7 @@ def build_compare_report(run_dirs: list[str | Path], out: str | Path | None = No
             + f"<h2>Config differences</h2>{diff}"
             f"<h2>Charts</h2><div class=\"charts\">{''.join(figs)}</div>")
     out = Path(out) if out else first / "compare.html"
-    out.write_text(C.page("trainperf compare", body), encoding="utf-8")
+    from trainperf.runio import atomic_write_text
+
+    atomic_write_text(out, C.page("trainperf compare", body))  # replaced whole or not at all
     return {"html": str(out), "charts": paths, "skipped": skipped, **result}

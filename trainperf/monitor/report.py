@@ -210,7 +210,9 @@ def build_report(run_dir: str | Path, out: str | Path | None = None) -> dict[str
             f"<h2>Charts</h2><div class=\"charts\">{''.join(figs)}</div>{traces_html}"
             f"<h2>Not measured</h2><ul>{missing or '<li>nothing</li>'}</ul>")
     out = Path(out) if out else run_dir / "report.html"
-    out.write_text(C.page(f"trainperf report: {run_dir.name}", body), encoding="utf-8")
+    from trainperf.runio import atomic_write_text
+
+    atomic_write_text(out, C.page(f"trainperf report: {run_dir.name}", body))  # replaced whole or not at all
     return {"html": str(out), "charts": paths, "skipped": skipped, "findings": [f["id"] for f in result["findings"]],
             "known": result.get("known")}
 

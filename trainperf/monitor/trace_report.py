@@ -125,7 +125,9 @@ def build_trace_report(path: str | Path, out: str | Path | None = None, **kw) ->
             f"<h2>Per rank</h2>{table}<div class=\"charts\">{figs}</div><h2>Findings</h2>{findings_html(result)}"
             f"<h2>Not measured</h2><ul>{missing or '<li>nothing</li>'}</ul>")
     out = Path(out) if out else default_out(path)
-    out.write_text(C.page(f"trainperf report: {path.name}", body), encoding="utf-8")
+    from trainperf.runio import atomic_write_text
+
+    atomic_write_text(out, C.page(f"trainperf report: {path.name}", body))  # replaced whole or not at all
     return {"html": str(out), "charts": [n for n, s in drawn if s], "skipped": [n for n, s in drawn if not s],
             "findings": [f["id"] for f in result["findings"]]}
 
