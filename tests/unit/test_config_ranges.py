@@ -181,3 +181,19 @@ def test_impossible_batch_with_a_large_prime_global_batch_answers_at_once():
     with pytest.raises(ConfigError) as e:
         resolve(cfg, CPU, world_size=1)
     assert "lower train.micro_batch to 1 (any divisor of the per-replica batch 999999937: 1, 999999937)" in str(e.value)
+
+
+@pytest.mark.parametrize("sets,needle", [
+    # each once a ValueError from torch.distributed.pipelining on one rank, mid-launch
+    (["parallelism.microbatches=1"], "parallelism.microbatches=1 is below parallelism.pipeline=2: the 1f1b schedule"),
+    (["parallelism.microbatches=5", "parallelism.pipeline_schedule=interleaved_1f1b", "parallelism.interleave=2"],
+     "set parallelism.microbatches to 4 or 6"),
+])
+def test_pipeline_schedules_get_the_micro_batches_torch_requires(sets, needle):
+    cfg = load_config(None, ["parallelism.pipeline=2", "train.micro_batch=1", *sets])
+    with pytest.raises(ConfigError, match=needle.replace("(", r"\(")):
+        resolve(cfg, CPU, world_size=2)
+    for ok in (["parallelism.microbatches=1", "parallelism.pipeline_schedule=gpipe"],
+               ["parallelism.microbatches=3", "parallelism.pipeline_schedule=interleaved_1f1b", "parallelism.interleave=2"],
+               ["parallelism.microbatches=2"]):
+        resolve(load_config(None, ["parallelism.pipeline=2", "train.micro_batch=1", *ok]), CPU, world_size=2)

@@ -408,7 +408,9 @@ def _emit_config(plan, path: str) -> str:
             "pipeline": L.pp,
             "interleave": L.interleave,
             "microbatches": best.microbatches,
-            "pipeline_schedule": "interleaved_1f1b" if L.interleave > 1 else "1f1b",
+            # torch's 1F1B needs a micro-batch per stage; with fewer, GPipe (the same bubble then) runs it
+            "pipeline_schedule": ("interleaved_1f1b" if L.interleave > 1
+                                  else "1f1b" if best.microbatches >= L.pp else "gpipe"),
             "sequence_parallel": L.sequence_parallel,
         },
         "memory": {"checkpointing": {"mode": L.recompute}},

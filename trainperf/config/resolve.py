@@ -312,10 +312,34 @@ def _largest_divisor_at_most(n: int, cap: int) -> int:
     return max([d for d in divisor_list(n)[0] if d <= cap] or [1])
 
 
+def check_pipeline_schedule(cfg: Config) -> None:
+    """What torch.distributed.pipelining's schedules require of parallelism.microbatches (each raised a
+    ValueError on one rank mid-launch): 1F1B at least one micro-batch per stage; interleaved 1F1B a multiple
+    of its rounds (microbatches // pipeline, at least 1). GPipe takes any count."""
+    p = cfg.parallelism
+    if p.pipeline <= 1:
+        return
+    m, pp = p.microbatches, p.pipeline
+    if p.pipeline_schedule == "1f1b" and m < pp:
+        raise ConfigError(
+            f"parallelism.microbatches={m} is below parallelism.pipeline={pp}: the 1f1b schedule needs at least one "
+            f"micro-batch per stage (torch.distributed.pipelining); set parallelism.microbatches >= {pp} (more "
+            "also shrinks the pipeline bubble), or parallelism.pipeline_schedule: gpipe")
+    if p.pipeline_schedule == "interleaved_1f1b":
+        rounds = max(1, m // pp)
+        if m % rounds:
+            lower, upper = rounds * pp, (rounds + 1) * pp
+            raise ConfigError(
+                f"parallelism.microbatches={m} with parallelism.pipeline={pp}: interleaved 1F1B runs the micro-batches "
+                f"in rounds ({m} // {pp} = {rounds}) and needs a multiple of the rounds; set parallelism.microbatches "
+                f"to {lower} or {upper} (a multiple of the pipeline degree always works)")
+
+
 def check_batch(cfg: Config, micro_batch: int | None = None) -> None:
     """The global batch must split into micro_batch x data-parallel degree (and, when pipelining, each
     replica's batch into parallelism.microbatches). The error names every way out. ``micro_batch``: the
     micro-batch actually trained, when it differs from train.micro_batch (capped at a rank's share)."""
+    check_pipeline_schedule(cfg)
     t, p = cfg.train, cfg.parallelism
     if t.global_batch == "auto":
         resolve_global_batch(cfg)
