@@ -202,19 +202,31 @@ def generation_check(rows=None, c: Constants = DEFAULTS, baseline_efficiency: fl
                         "layout": None if est is None else est.layout.short(),
                         "error": None if pred is None else round(pred / r.published_s - 1, 4),
                         "baseline_error": round(be, 4)})
-    groups = {"all": per_row, "TP = 1": [x for x in per_row if x["tp"] == 1],
-              "TP > 1": [x for x in per_row if x["tp"] > 1]}
-    return {"rows": per_row, "baseline_efficiency": e,
-            "summary": {k: _summarize(v) for k, v in groups.items() if v}}
+    from trainperf.planner.interval import CALIBRATED, CALIBRATION_WEIGHT
+
+    groups = {"all": (per_row, rows), "TP = 1": ([x for x in per_row if x["tp"] == 1], [r for r in rows if r.fixed[0] == 1]),
+              "TP > 1": ([x for x in per_row if x["tp"] > 1], [r for r in rows if r.fixed[0] > 1])}
+    summary = {}
+    for k, (xs, rs) in groups.items():
+        if not xs:
+            continue
+        summary[k] = _summarize(xs)
+        # --measured on the part itself: up to 3 rows in turn calibrate, the same model's other rows are predicted
+        cov, width = _calibrated_coverage(rs, c, CALIBRATED, CALIBRATION_WEIGHT)
+        summary[k]["calibrated_coverage"] = None if cov is None else round(cov, 4)
+        summary[k]["calibrated_width"] = None if width is None else round(width, 4)
+    return {"rows": per_row, "baseline_efficiency": e, "summary": summary}
 
 
 def render_generation_check(g: dict) -> str:
     lines = ["| V100 rows (held out, never fitted) | rows | model mean abs error | model max | mean signed "
-             "| constant-E baseline | 80% interval coverage |", "|---|---|---|---|---|---|---|"]
+             "| constant-E baseline | 80% interval coverage | calibrated coverage (width) |", "|---|---|---|---|---|---|---|---|"]
     for k, v in g["summary"].items():
         cov = "-" if v["coverage"] is None else f"{100 * v['coverage']:.0f}%"
+        cal = ("-" if v.get("calibrated_coverage") is None
+               else f"{100 * v['calibrated_coverage']:.0f}% ({100 * v['calibrated_width']:.0f}%)")
         lines.append(f"| {k} | {v['rows']} | {100 * v['model_mean_abs_error']:.1f}% | {100 * v['model_max_abs_error']:.1f}% "
-                     f"| {100 * v['model_mean_signed_error']:+.1f}% | {100 * v['baseline_mean_abs_error']:.1f}% | {cov} |")
+                     f"| {100 * v['model_mean_signed_error']:+.1f}% | {100 * v['baseline_mean_abs_error']:.1f}% | {cov} | {cal} |")
     lines += ["", "| row | GPU | published s | predicted s | error | 80% interval s | layout | baseline error |",
               "|---|---|---|---|---|---|---|---|"]
     for x in g["rows"]:
