@@ -165,3 +165,33 @@ def read_jsonl(path: str | os.PathLike, *, what: str = "JSON-lines log") -> list
         raise UserError(f"{path}: none of its {bad} line(s) is a JSON object, not a {what}; "
                         "the file is corrupt or not the right one")
     return out
+
+
+MAX_YAML_VALUES = 200_000
+"""Values a YAML document may expand to (its aliases followed). A config or catalog holds hundreds."""
+
+
+def load_yaml(text: str, what: str, *, error: type[UserError] = UserError, max_values: int = MAX_YAML_VALUES) -> Any:
+    """``yaml.safe_load`` that refuses a document whose anchors and aliases expand it past ``max_values``
+    values (the "billion laughs" document: nine aliases of nine aliases... once hung the config loader as it
+    walked the expansion). The walk counts each alias each time it is reached and stops at the bound.
+    YAML errors propagate for the caller to word."""
+    import yaml
+
+    data = yaml.safe_load(text)
+    seen, stack = 0, [data]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            seen += len(node)
+            stack.extend(node.values())
+            stack.extend(k for k in node if isinstance(k, (list, dict, tuple)))
+        elif isinstance(node, (list, tuple)):
+            seen += len(node)
+            stack.extend(node)
+        if seen > max_values:
+            raise error(f"{what}: expands to more than {max_values:,} values (YAML anchors and aliases reused over "
+                        "and over, the 'billion laughs' pattern); a real file holds a few hundred: remove the nested "
+                        "aliases")
+    return data
+

@@ -327,3 +327,35 @@ def test_an_interrupt_inside_a_dcp_save_is_an_interrupt_not_a_checkpoint_failure
     with pytest.raises(CheckpointException):
         with interrupts_unwrapped():
             raise CheckpointException("write", {0: (OSError("disk full"), None)})
+
+
+def _laughs(levels: int = 9) -> str:
+    """The 'billion laughs' YAML: nine aliases of nine aliases of ... (9**levels values once expanded)."""
+    lines = ['l0: &l0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    lines += [f"l{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * 9) + "]" for i in range(1, levels + 1)]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("where", ["top", "inside a field"])
+def test_a_yaml_alias_bomb_is_refused_at_once(tmp_path, where):
+    # nested aliases inside model.hf.overrides once hung the config loader (it walked the expansion)
+    import time
+
+    from trainperf.config import load_config
+    from trainperf.hardware.catalog import load_catalog
+
+    text = _laughs().replace("l9: &l9", "model:\n  hf:\n    overrides: &l9") if where != "top" else _laughs()
+    cfg = tmp_path / "bomb.yaml"
+    cfg.write_text(text)
+    t0 = time.process_time()
+    with pytest.raises(ConfigError, match=r"bomb.yaml: expands to more than 200,000 values"):
+        load_config(str(cfg))
+    cat = tmp_path / "cat.yaml"
+    cat.write_text(_laughs() + "gpus: {x: {base: a100-80gb, aliases: *l9}}\n")
+    with pytest.raises(UserError, match=r"catalog file .*cat.yaml.* expands to more than"):
+        load_catalog(str(cat))
+    assert time.process_time() - t0 < 20  # bounded: the walk stops at the limit
+    # anchors and aliases as people use them still load
+    ok = tmp_path / "ok.yaml"
+    ok.write_text("train: &t {micro_batch: 4, global_batch: 8}\noptimizer: {lr: 1.0e-3}\n")
+    assert load_config(str(ok)).train.micro_batch == 4

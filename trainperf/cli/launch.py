@@ -49,7 +49,8 @@ def check_layout(args) -> None:
     runs elsewhere) the whole resolution against this machine's hardware. ConfigError: exit 2."""
     from trainperf.config import load_config
     from trainperf.config.resolve import (
-        DeviceFacts, check_batch, check_model_shape, derive_data_degree, resolve, resolve_global_batch,
+        DeviceFacts, check_batch, check_model_shape, check_pipeline_schedule, derive_data_degree, resolve,
+        resolve_global_batch,
     )
     from trainperf.distributed.parallel_dims import ParallelDims
     from trainperf.errors import ConfigError
@@ -77,6 +78,7 @@ def check_layout(args) -> None:
         resolve_global_batch(cfg)
         check_batch(cfg)
         check_model_shape(cfg)
+        check_pipeline_schedule(cfg)
         return
     facts = DeviceFacts.probe()
     facts.local_ranks = args.nproc_per_node

@@ -386,7 +386,7 @@ def _emit_config(plan, path: str) -> str:
     import yaml
 
     from trainperf.config.load import build_config
-    from trainperf.config.resolve import check_batch, check_model_shape
+    from trainperf.config.resolve import check_batch, check_model_shape, check_pipeline_schedule
     from trainperf.models.presets import PRESETS
 
     best = plan.best
@@ -418,6 +418,7 @@ def _emit_config(plan, path: str) -> str:
     cfg = build_config(data, source="trainperf plan --emit-config")
     check_batch(cfg)
     check_model_shape(cfg)
+    check_pipeline_schedule(cfg)
     header = (
         f"# Written by trainperf plan: {model.name} on {plan.gpus} x {plan.gpu.key}\n"
         f"# layout {L.short()}: estimated {best.step_time_s:.2f} s/step, {best.tflops_per_gpu:.0f} TFLOP/s per GPU "

@@ -28,8 +28,10 @@ def _read_yaml(path: str) -> dict:
     if not os.path.exists(path):
         raise ConfigError(f"config file {path!r} does not exist; pass the path of a YAML file (see configs/)")
     text = read_text(path, "YAML config (see configs/)", max_bytes=MAX_CONFIG_BYTES, error=ConfigError)
+    from trainperf.runio import load_yaml
+
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text, path, error=ConfigError)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -54,8 +56,10 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     key = key.strip()
     if not key or any(not part for part in key.split(".")):
         raise ConfigError(f"--set {item!r}: the key {key!r} is not a dotted field path like optimizer.lr")
+    from trainperf.runio import load_yaml
+
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = load_yaml(raw, f"--set {key}", error=ConfigError) if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
     return key.split("."), value

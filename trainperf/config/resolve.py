@@ -230,6 +230,7 @@ def resolve(cfg: Config, facts: DeviceFacts | None = None, world_size: int | Non
     else:
         check_batch(cfg)
     check_model_shape(cfg)
+    check_pipeline_schedule(cfg)
     check_layout(cfg, dims)
     _resolve_compile(cfg, dims, notes)
     if world_size > 1 and not xla:
@@ -339,7 +340,6 @@ def check_batch(cfg: Config, micro_batch: int | None = None) -> None:
     """The global batch must split into micro_batch x data-parallel degree (and, when pipelining, each
     replica's batch into parallelism.microbatches). The error names every way out. ``micro_batch``: the
     micro-batch actually trained, when it differs from train.micro_batch (capped at a rank's share)."""
-    check_pipeline_schedule(cfg)
     t, p = cfg.train, cfg.parallelism
     if t.global_batch == "auto":
         resolve_global_batch(cfg)

@@ -273,8 +273,10 @@ def read_yaml_mapping(path: str, what: str, expected: str) -> dict:
     from trainperf.runio import read_text
 
     text = read_text(path, f"{what} (a YAML file with {expected})", max_bytes=16 * 2**20)
+    from trainperf.runio import load_yaml
+
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text, f"{what} {path!r}")
     except yaml.YAMLError as exc:
         raise UserError(f"{what} {path!r} is not valid YAML (truncated or corrupt?): {str(exc)[:300]}") from None
     except (ValueError, TypeError, RecursionError, OverflowError) as exc:

@@ -47,9 +47,9 @@ def _read_yaml(path: Path) -> dict:
     if not path.is_file():
         return {}
     try:
-        import yaml
+        from trainperf.runio import load_yaml
 
-        obj = yaml.safe_load(_read_text(path))
+        obj = load_yaml(_read_text(path), str(path))
     except Exception:  # noqa: BLE001 - the config only adds context (fixes' wording, compare's diff)
         return {}
     return obj if isinstance(obj, dict) else {}

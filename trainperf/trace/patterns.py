@@ -215,9 +215,11 @@ def load(spec: Any = None) -> Patterns:
             if p.suffix.lower() == ".json":
                 d = json.loads(text)
             else:
-                import yaml
+                from trainperf.runio import load_yaml
 
-                d = yaml.safe_load(text)
+                d = load_yaml(text, f"pattern file {p}")
+        except UserError:
+            raise
         except Exception as exc:  # yaml.YAMLError, json.JSONDecodeError
             raise UserError(f"pattern file {p}: not valid {'JSON' if p.suffix.lower() == '.json' else 'YAML'} "
                             f"({exc})") from exc
