@@ -57,6 +57,12 @@ def _run(capsys, argv) -> tuple[int, str]:
     (["tune", "configs/gpt-tiny.yaml", "--nproc-per-node", "99999999999"], "--nproc-per-node: 99999999999 is above"),
     (["launch", "configs/gpt-tiny.yaml", "--nnodes", "99999999999999", "--dry-run"],
      "--nnodes x --nproc-per-node = 99999999999999 x 1 = 99999999999999 processes is above"),
+    # each once crashed the bench's ranks (exit codes [1, 1], the error buried in a rank's output)
+    (["bench", "balance", "--micro-steps", "0"], "argument --micro-steps: 0 is below 1"),
+    (["bench", "balance", "--dim", "0"], "argument --dim: 0 is below 1"),
+    (["bench", "balance", "--sync-every", "0"], "argument --sync-every: 0 is below 1"),
+    (["bench", "balance", "--target-ratio", "0"], "argument --target-ratio: 0 must be a finite number > 0"),
+    (["bench", "comm", "--steps", "0"], "argument --steps: 0 is below 1"),
     (["diagnose", TRACE, "--top", "-1"], "argument --top: -1 is below 1"),  # was read as "all but the last"
     (["report", TRACE, "--top", "0"], "argument --top: 0 is below 1"),
     # an output path that cannot be written: was an IsADirectoryError / FileNotFoundError traceback

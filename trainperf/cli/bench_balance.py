@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from trainperf.cli._common import add_json_flag, print_json
+from trainperf.cli._common import add_json_flag, finite, print_json, whole
 
 
 def register(subparsers) -> None:
@@ -20,34 +20,34 @@ def register(subparsers) -> None:
     p.add_argument("--rounds", type=int, default=1,
                    help="independent rounds (fresh ranks and balancer each): balanced / unbalanced per round and a "
                         "summary; with --control, a round without the straggler after each")
-    p.add_argument("--target-ratio", type=float, default=0.80,
+    p.add_argument("--target-ratio", type=finite(0.0), default=0.80,
                    help="with --rounds: count the rounds whose balanced / unbalanced step time is at or below this")
     p.add_argument("--steps", type=int, default=60, help="measured steps per arrangement (unbalanced, balanced)")
     p.add_argument("--block", type=int, default=5, help="steps per block when alternating the two arrangements")
     p.add_argument("--global-batch", type=int, default=64, help="samples per step over all ranks")
-    p.add_argument("--micro-steps", type=int, default=2, help="micro-steps per rank per step (uneven sizes)")
-    p.add_argument("--seq", type=int, default=256,
+    p.add_argument("--micro-steps", type=whole(1, 1024), default=2, help="micro-steps per rank per step (uneven sizes)")
+    p.add_argument("--seq", type=whole(1, 2**20), default=256,
                    help="tokens per sample (the default makes a step ~0.2 s, like a real training step, so the "
                         "gradient all-reduce is a few percent of it)")
-    p.add_argument("--dim", type=int, default=128, help="MLP width (the hidden layer is 4x)")
+    p.add_argument("--dim", type=whole(1, 2**16), default=128, help="MLP width (the hidden layer is 4x)")
     p.add_argument("--window", type=int, default=60, help="balancer window (measurements kept)")
     p.add_argument("--min-steps", type=int, default=30, help="balancer measurements before a judgement")
     p.add_argument("--threshold", type=float, default=0.2, help="balancer trigger: CV of per-rank step compute time")
-    p.add_argument("--min-gain", type=float, default=0.02,
+    p.add_argument("--min-gain", type=finite(0.0, strict=False), default=0.02,
                    help="balancer: smallest predicted cut of the step compute time worth a move")
-    p.add_argument("--sync-every", type=int, default=10,
+    p.add_argument("--sync-every", type=whole(1), default=10,
                    help="balancer: exchange the measurements (one all_gather) every this many steps")
-    p.add_argument("--settle-steps", type=int, default=300, help="at most this many steps for the balancer to settle")
+    p.add_argument("--settle-steps", type=whole(1), default=300, help="at most this many steps for the balancer to settle")
     p.add_argument("--verify", action=argparse.BooleanOptionalAction, default=True,
                    help="try each move against the old shares and keep it only if the step got faster (default)")
     p.add_argument("--verify-steps", type=int, default=15, help="balancer: measured steps per arm of a trial")
     p.add_argument("--verify-block", type=int, default=5,
                    help="balancer: steps per trial block (a block ends at an exchange: at least --sync-every)")
-    p.add_argument("--backoff-steps", type=int, default=100,
+    p.add_argument("--backoff-steps", type=whole(0), default=100,
                    help="balancer: steps before another move after a revert (doubled per consecutive revert)")
     p.add_argument("--control", action="store_true",
                    help="also measure the noise floor: the same run with equal speeds and equal shares")
-    p.add_argument("--timeout-s", type=float, default=300.0,
+    p.add_argument("--timeout-s", type=finite(0.0), default=300.0,
                    help="collective timeout: a rank that stops answering ends the bench with an error after this long")
     p.add_argument("--pin", action=argparse.BooleanOptionalAction, default=True,
                    help="pin each rank to its own CPU when there are at least --ranks usable CPUs (default; each "

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trainperf.cli._common import add_json_flag, print_json
+from trainperf.cli._common import add_json_flag, print_json, whole
 
 
 def register(subparsers) -> None:
@@ -11,7 +11,7 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("comm", help="bytes and time per step for each parallel layout and compression",
                               description=bench.__doc__)
     p.add_argument("--world", type=int, default=2, help="local gloo processes (default 2)")
-    p.add_argument("--steps", type=int, default=4, help="steps per row (PowerSGD compresses from step 3)")
+    p.add_argument("--steps", type=whole(1, 10**6), default=4, help="steps per row (PowerSGD compresses from step 3)")
     p.add_argument("--rows", default=None, help="comma-separated row names to run (default: all)")
     add_json_flag(p)
     p.set_defaults(func=run)
