@@ -180,3 +180,14 @@ def test_catalog_aliases_that_are_not_names_are_refused(tmp_path, capsys, value)
     assert "gpus.x.aliases=" in err and "a name or a list of names" in err and str(path) in err, err
     path.write_text("gpus:\n  x:\n    base: a100-80gb\n    aliases: [My GPU, Other]\n")
     assert main(["plan", "--model", "gpt2-124m", "--gpus", "16", "--gpu", "x", "--catalog", str(path), "--top", "1"]) == 0
+
+
+def test_calibrating_on_a_hand_written_config_with_an_auto_batch(tmp_path, capsys):
+    # config.yaml without train.global_batch (auto) once ended in "TypeError: unsupported operand type(s) for /"
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "summary.json").write_text(json.dumps({"tokens_per_s": 5000.0, "gpu_name": "NVIDIA A100-SXM4-80GB"}))
+    (run / "config.yaml").write_text("model:\n  preset: tiny\ntrain:\n  micro_batch: 4\n")
+    assert main(["plan", "--model", "gpt2-124m", "--gpus", "8", "--calibrate", str(run), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert "train.global_batch: auto in" in json.dumps(out) and "taken as 4" in json.dumps(out)

@@ -68,6 +68,12 @@ def _run_shape_and_layout(cfg: dict, source: str = "config.yaml") -> tuple[Model
         zero=3 if p.data_shard > 1 else 0,
     )
     note = "" if recompute == mode else f"checkpointing mode {mode!r} modelled as full recompute"
+    if config.train.global_batch == "auto":  # a hand-written config.yaml (train writes the resolved integer)
+        from trainperf.config.resolve import resolve_global_batch
+
+        resolve_global_batch(config)
+        note = "; ".join(x for x in (note, f"train.global_batch: auto in {source}, taken as "
+                                           f"{config.train.global_batch} (micro_batch x data degree)") if x)
     return model, layout, config.train.global_batch, note
 
 
