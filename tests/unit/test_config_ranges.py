@@ -197,3 +197,18 @@ def test_pipeline_schedules_get_the_micro_batches_torch_requires(sets, needle):
                ["parallelism.microbatches=3", "parallelism.pipeline_schedule=interleaved_1f1b", "parallelism.interleave=2"],
                ["parallelism.microbatches=2"]):
         resolve(load_config(None, ["parallelism.pipeline=2", "train.micro_batch=1", *ok]), CPU, world_size=2)
+
+
+@pytest.mark.parametrize("name", ["../../elsewhere", "a/b", "..", "x" * 300])
+def test_run_name_stays_one_directory_under_runs(name):
+    # run.name of 300 characters ended in "OSError: File name too long"; '../x' wrote outside runs/
+    with pytest.raises(ConfigError, match="run.name="):
+        load_config(None, [f"run.name={name}"])
+    cfg = load_config(None, ["run.name=llama3_8b-v2.1"])
+    assert cfg.run_dir() == "runs/llama3_8b-v2.1"
+
+
+def test_an_integer_written_in_exponent_form_says_how_to_write_it():
+    # YAML 1.1 reads 1e3 as text; the error says to write 1000
+    with pytest.raises(ConfigError, match=r"write it as 1000 \(YAML reads '1e3' as text"):
+        load_config(None, ["run.steps=1e3"])

@@ -212,9 +212,27 @@ def format_validation_error(exc: ValidationError, source: str) -> str:
         if "expected" in ctx and "expected" not in msg and "must be" not in msg:
             msg += f" (expected {ctx['expected']})"
         fix = _fix(path, err["_info"])
-        lines.append(f"{path}={_describe(err.get('input'))}: {msg}" + (f"; {fix}" if fix else ""))
+        raw = err.get("input")
+        if isinstance(raw, str) and err["type"].startswith(("int_", "float_")) and _looks_numeric(raw):
+            # YAML 1.1 reads 1e3 (no dot) as text: say how to write the number
+            fix = (f"write it as {_as_number_hint(raw)} (YAML reads {raw!r} as text; a number in exponent form "
+                   "needs a dot, e.g. 1.0e3)" + (f"; {fix}" if fix else ""))
+        lines.append(f"{path}={_describe(raw)}: {msg}" + (f"; {fix}" if fix else ""))
     head = f"invalid config ({source})" if source else "invalid config"
     return head + ":\n  " + "\n  ".join(lines)
+
+
+def _looks_numeric(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _as_number_hint(text: str) -> str:
+    value = float(text)
+    return str(int(value)) if value.is_integer() and abs(value) < 1e15 else repr(value)
 
 
 def build_config(data: dict, *, source: str = "") -> Config:

@@ -59,8 +59,18 @@ def _parse_bytes(value):
 
 # --------------------------------------------------------------------------- run
 class RunConfig(Section):
-    name: str = Field("run", min_length=1)
-    """Name of the run; used in the default run directory."""
+    name: str = Field("run", min_length=1, max_length=128)
+    """Name of the run; used in the default run directory (runs/<name>): one path component."""
+
+    @field_validator("name")
+    @classmethod
+    def _one_component(cls, v: str) -> str:
+        # runs/<name> must stay one directory inside runs/: no separators, no '..' (a name of '../x' wrote
+        # outside it), no control characters
+        if "/" in v or "\\" in v or v in (".", "..") or any(ord(ch) < 32 for ch in v):
+            raise ValueError("must be one directory name (no '/', '\\', '.' or '..', no control characters); "
+                             "to write elsewhere set run.dir")
+        return v
     dir: Optional[str] = None
     """Run directory (metrics, checkpoints, summary.json). Default: runs/<name>."""
     steps: int = Field(200, ge=1)
