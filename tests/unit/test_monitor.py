@@ -378,3 +378,20 @@ def test_prometheus_from_a_training_run(tmp_path):
         assert "trainperf_tokens_per_s" in body and "trainperf_ram_used_bytes" in body  # step + sampler
     finally:
         mon.close()
+
+
+def test_a_prometheus_port_in_use_is_a_config_error_naming_it():
+    # "OSError: [Errno 98] Address already in use" once ended `trainperf train` with a traceback
+    import socket
+
+    from trainperf.errors import ConfigError
+    from trainperf.monitor.sinks import PrometheusEndpoint
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        busy = s.getsockname()[1]
+        with pytest.raises(ConfigError, match=rf"rank 0 cannot serve on 127.0.0.1:{busy} .*choose a free port"):
+            PrometheusEndpoint(busy, "127.0.0.1")
+    with pytest.raises(ConfigError, match="rank 3 cannot serve on 127.0.0.1:65538"):
+        PrometheusEndpoint(65535 + 3, "127.0.0.1", rank=3)  # base port + rank past 65535

@@ -134,7 +134,15 @@ class PrometheusEndpoint:
             def log_message(self, *args):  # keep the training output clean
                 pass
 
-        self._server = ThreadingHTTPServer((host, port), Handler)
+        try:
+            self._server = ThreadingHTTPServer((host, port), Handler)
+        except (OSError, OverflowError) as exc:  # in use, no such address, a port past 65535 (base port + rank)
+            from trainperf.errors import ConfigError
+
+            raise ConfigError(
+                f"monitor.prometheus_port: rank {rank} cannot serve on {host}:{port} ({getattr(exc, 'strerror', None) or exc}); "
+                "choose a free port (rank r serves on the port + r) or 0 to let each rank pick one, and "
+                "monitor.prometheus_host an address of this machine") from None
         self._server.daemon_threads = True
         self.host, self.port = self._server.server_address[:2]
         self._thread = threading.Thread(target=self._server.serve_forever, name="trainperf-prometheus",
