@@ -187,3 +187,18 @@ def test_a_diverged_run_ends_with_what_to_change_and_keeps_its_records(tiny_over
              if "loss" in r]
     assert steps  # the steps before the divergence reached the disk
     assert main(["diagnose", str(run_dir)]) == 0  # and a diagnosis reads them
+
+
+@pytest.mark.parametrize("field", ["run.dir", "checkpoint.dir"])
+def test_a_run_directory_that_cannot_be_made_is_refused_before_the_model_is_built(tiny_overrides, tmp_path, capsys,
+                                                                                  field):
+    # a file where the directory goes once ended the run with FileExistsError / NotADirectoryError tracebacks
+    from trainperf.cli import main
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    for path, needle in ((blocker, "is a file, not a directory"), (blocker / "sub", "cannot be created")):
+        sets = sum((["--set", o] for o in tiny_overrides + ["run.steps=1", f"{field}={path}"]), [])
+        assert main(["train", str(ROOT / "configs/gpt-tiny.yaml"), *sets]) == 2
+        err = capsys.readouterr().err
+        assert f"{field}='{path}'" in err and needle in err and "Traceback" not in err, err

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 from trainperf.cli._common import add_config_args, add_json_flag, print_json
 
 
@@ -33,7 +36,6 @@ def _resume_after_restart(resume: str, cfg) -> str:
     continues from the newest complete checkpoint: ``--resume never`` meant the first attempt, and a
     ``--resume PATH`` yields to the run's own newer checkpoints once there are some."""
     import os
-    from pathlib import Path
 
     try:
         attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
@@ -61,6 +63,26 @@ def _launched_rank() -> int:
         return 0
 
 
+def _check_writable_dirs(cfg) -> None:
+    """The run directory (and a checkpoint directory set apart) can be created and written, checked before the
+    model is built: a path that is a file, or under one, or read-only, once ended the run with a traceback."""
+    from trainperf.errors import ConfigError
+
+    for field, path in (("run.dir", cfg.run_dir()), ("checkpoint.dir", cfg.checkpoint.dir)):
+        if not path:
+            continue
+        p = Path(path)
+        try:
+            p.mkdir(parents=True, exist_ok=True)
+        except FileExistsError:
+            raise ConfigError(f"{field}={path!r} is a file, not a directory; choose a directory path") from None
+        except OSError as exc:
+            raise ConfigError(f"{field}={path!r} cannot be created ({exc.strerror or exc}); choose a writable "
+                              "directory") from None
+        if not os.access(p, os.W_OK | os.X_OK):
+            raise ConfigError(f"{field}={path!r} is not writable by this user; choose a writable directory")
+
+
 def _train(args) -> int:
     import os
 
@@ -71,6 +93,7 @@ def _train(args) -> int:
 
     cfg = load_config(args.config, args.overrides)
     resolved = resolve(cfg)
+    _check_writable_dirs(resolved.cfg)
     args.resume = _resume_after_restart(args.resume, resolved.cfg)
     # test and benchmark knobs (a slowed rank, injected faults) come from the environment here, at the
     # edge, and are handed to the trainer as an object
