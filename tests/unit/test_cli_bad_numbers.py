@@ -81,3 +81,25 @@ def test_the_finite_guard_names_a_flag_whose_dest_differs():
     assert _option_for(parser, "budget_min") == "--budget-min"
     assert _option_for(parser, "nproc") == "--nproc-per-node"
     assert _option_for(parser, "no_such_dest") is None
+
+
+@pytest.mark.parametrize("argv", [
+    ["tune", "configs/gpt-tiny.yaml", "--out", "{blocker}"],
+    ["data", "prepare", "--src", "stdlib", "--out", "{blocker}"],
+    ["data", "prepare", "--src", "stdlib", "--out", "{blocker}/sub"],
+    ["data", "export", "--src", "{blocker}", "--out", "{blocker}", "--seq-len", "8"],
+])
+def test_an_output_directory_with_a_file_in_the_way_exits_2(tmp_path, capsys, argv):
+    # each once a FileExistsError / NotADirectoryError traceback
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    if argv[1] == "export":  # export reads --src first: give it prepared tokens
+        from trainperf.cli import main as _main
+
+        assert _main(["data", "prepare", "--src", "stdlib", "--out", str(tmp_path / "tok"), "--max-bytes", "200000"]) == 0
+        argv = list(argv)
+        argv[argv.index("--src") + 1] = str(tmp_path / "tok")
+        capsys.readouterr()
+    rc, err = _run(capsys, [a.replace("{blocker}", str(blocker)) for a in argv])
+    assert rc == 2 and "--out" in err and ("is a file, not a directory" in err or "cannot be created" in err), err
+    assert "Traceback" not in err

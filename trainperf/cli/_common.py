@@ -67,3 +67,26 @@ def print_json(obj: Any) -> None:
     from trainperf.runio import dumps_strict
 
     sys.stdout.write(dumps_strict(obj) + "\n")
+
+
+def ensure_dir(path, what: str) -> None:
+    """Create the output directory ``path`` (``what``: the flag or field naming it) or raise a UserError
+    that says why not: a file in the way, a file above it, no permission (never an OSError traceback)."""
+    import os
+    from pathlib import Path
+
+    from trainperf.errors import UserError
+
+    if path is None:
+        return
+    p = Path(path)
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise UserError(f"{what} {str(path)!r} is a file, not a directory; choose a directory path") from None
+    except OSError as exc:
+        raise UserError(f"{what} {str(path)!r} cannot be created ({exc.strerror or exc}); choose a writable "
+                        "directory") from None
+    if not os.access(p, os.W_OK | os.X_OK):
+        raise UserError(f"{what} {str(path)!r} is not writable by this user; choose a writable directory")
+

@@ -51,6 +51,9 @@ def register(subparsers) -> None:
 def prepare_command(args) -> int:
     from trainperf.data.prepare import prepare_tokens
 
+    from trainperf.cli._common import ensure_dir
+
+    ensure_dir(args.out, "--out")
     meta = prepare_tokens(args.src, args.out, max_bytes=args.max_bytes, val_fraction=args.val_fraction,
                           progress=not args.json and sys.stderr.isatty())
     if args.json:
@@ -75,6 +78,9 @@ def export_command(args) -> int:
         raise DataError(f"{args.src!r} holds no prepared tokens (no meta.json); run `trainperf data prepare` first")
     if args.seq_len < 1:
         raise DataError(f"--seq-len {args.seq_len} must be at least 1")
+    from trainperf.cli._common import ensure_dir
+
+    ensure_dir(args.out, "--out")
     out = Path(args.out)
     counts = {}
     for split in ("train", "val"):

@@ -66,21 +66,14 @@ def _launched_rank() -> int:
 def _check_writable_dirs(cfg) -> None:
     """The run directory (and a checkpoint directory set apart) can be created and written, checked before the
     model is built: a path that is a file, or under one, or read-only, once ended the run with a traceback."""
-    from trainperf.errors import ConfigError
+    from trainperf.cli._common import ensure_dir
+    from trainperf.errors import ConfigError, UserError
 
     for field, path in (("run.dir", cfg.run_dir()), ("checkpoint.dir", cfg.checkpoint.dir)):
-        if not path:
-            continue
-        p = Path(path)
         try:
-            p.mkdir(parents=True, exist_ok=True)
-        except FileExistsError:
-            raise ConfigError(f"{field}={path!r} is a file, not a directory; choose a directory path") from None
-        except OSError as exc:
-            raise ConfigError(f"{field}={path!r} cannot be created ({exc.strerror or exc}); choose a writable "
-                              "directory") from None
-        if not os.access(p, os.W_OK | os.X_OK):
-            raise ConfigError(f"{field}={path!r} is not writable by this user; choose a writable directory")
+            ensure_dir(path, field)
+        except UserError as exc:
+            raise ConfigError(str(exc).replace(f"{field} '", f"{field}='", 1)) from None
 
 
 def _train(args) -> int:
