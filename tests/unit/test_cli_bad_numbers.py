@@ -63,6 +63,13 @@ def _run(capsys, argv) -> tuple[int, str]:
     (["bench", "balance", "--sync-every", "0"], "argument --sync-every: 0 is below 1"),
     (["bench", "balance", "--target-ratio", "0"], "argument --target-ratio: 0 must be a finite number > 0"),
     (["bench", "comm", "--steps", "0"], "argument --steps: 0 is below 1"),
+    # launch values that went verbatim into the torchrun command or the sbatch script
+    (["launch", "configs/gpt-tiny.yaml", "--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint", "host:99999",
+      "--dry-run"], "--rdzv-endpoint 'host:99999': give HOST or HOST:PORT"),
+    (["launch", "configs/gpt-tiny.yaml", "--slurm", "--time", "abc", "--dry-run"], "--time 'abc': not a Slurm time"),
+    (["launch", "configs/gpt-tiny.yaml", "--slurm", "--job-name", "a;rm -rf x", "--dry-run"],
+     "--job-name 'a;rm -rf x': use letters"),
+    (["launch", "configs/gpt-tiny.yaml", "--slurm", "--output", "tests"], "--output 'tests' is a directory"),  # was a traceback
     (["diagnose", TRACE, "--top", "-1"], "argument --top: -1 is below 1"),  # was read as "all but the last"
     (["report", TRACE, "--top", "0"], "argument --top: 0 is below 1"),
     # an output path that cannot be written: was an IsADirectoryError / FileNotFoundError traceback

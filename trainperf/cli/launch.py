@@ -11,6 +11,7 @@ The layout is checked against the world size (nnodes x nproc-per-node) before an
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import sys
 
@@ -65,6 +66,7 @@ def check_layout(args) -> None:
         raise ConfigError(f"--port={args.port} must be a TCP port, 1-65535 (default 29500)")
     if args.cpus_per_task is not None and args.cpus_per_task < 1:
         raise ConfigError(f"--cpus-per-task={args.cpus_per_task} must be at least 1 (CPUs per node task)")
+    _check_text_flags(args)
     from trainperf.limits import MAX_DEGREE
 
     world = args.nproc_per_node * args.nnodes
@@ -148,13 +150,51 @@ def sbatch_script(args) -> str:
     return "\n".join(lines)
 
 
+_SLURM_TIME = re.compile(r"^(\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d{1,2}|\d+-\d{1,2}:\d{1,2}|\d+-\d{1,2}:\d{1,2}:\d{1,2}|"
+                         r"infinite|UNLIMITED)$")
+_SLURM_NAME = re.compile(r"^[A-Za-z0-9._+,@-]+$")
+
+
+def _check_text_flags(args) -> None:
+    """Values that go into the torchrun command or the sbatch script verbatim: a rendezvous endpoint torchrun
+    can parse, a time limit and names Slurm accepts (an '#SBATCH' line is split at spaces, so a job name with a
+    space or ';' became other options)."""
+    from trainperf.errors import ConfigError
+
+    ep = args.rdzv_endpoint
+    if ep is not None:
+        host, sep, port = ep.rpartition(":") if not ep.endswith("]") else (ep, "", "")
+        if not sep:
+            host, port = ep, ""
+        if not host.strip("[]") or (sep and not (port.isdigit() and 1 <= int(port) <= 65535)):
+            raise ConfigError(f"--rdzv-endpoint {ep!r}: give HOST or HOST:PORT with a port in 1-65535 (e.g. "
+                              "node001:29500)")
+    if args.slurm:
+        if not _SLURM_TIME.match(args.time):
+            raise ConfigError(f"--time {args.time!r}: not a Slurm time limit; use minutes, MM:SS, HH:MM:SS or "
+                              "D-HH:MM:SS (e.g. 04:00:00)")
+        for flag, value in (("--job-name", args.job_name), ("--partition", args.partition),
+                            ("--account", args.account)):
+            if value is not None and not _SLURM_NAME.match(value):
+                raise ConfigError(f"{flag} {value!r}: use letters, digits and . _ - + , @ only (it goes on an "
+                                  "#SBATCH line, which Slurm splits at spaces)")
+        if args.output:
+            out = os.path.abspath(args.output)
+            if os.path.isdir(out):
+                raise ConfigError(f"--output {args.output!r} is a directory; give a file name, e.g. "
+                                  f"{os.path.join(args.output, 'train.sbatch')}")
+            if not os.path.isdir(os.path.dirname(out)):
+                raise ConfigError(f"--output {args.output!r}: directory {os.path.dirname(out)} does not exist")
+
+
 def run(args) -> int:
     check_layout(args)
     if args.slurm:
         text = sbatch_script(args)
         if args.output:
-            with open(args.output, "w") as f:
-                f.write(text)
+            from trainperf.runio import atomic_write_text
+
+            atomic_write_text(args.output, text)  # a script is there whole or not at all
             os.chmod(args.output, 0o755)
             print(f"wrote {args.output}: submit with `sbatch {args.output}`")
         else:
