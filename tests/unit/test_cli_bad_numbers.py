@@ -70,6 +70,8 @@ def _run(capsys, argv) -> tuple[int, str]:
     (["launch", "configs/gpt-tiny.yaml", "--slurm", "--job-name", "a;rm -rf x", "--dry-run"],
      "--job-name 'a;rm -rf x': use letters"),
     (["launch", "configs/gpt-tiny.yaml", "--slurm", "--output", "tests"], "--output 'tests' is a directory"),  # was a traceback
+    (["diagnose", "/dev/null"], "/dev/null is not a regular file or a directory"),  # was NotADirectoryError
+    (["report", "/dev/null"], "/dev/null is not a regular file or a directory"),
     (["diagnose", TRACE, "--top", "-1"], "argument --top: -1 is below 1"),  # was read as "all but the last"
     (["report", TRACE, "--top", "0"], "argument --top: 0 is below 1"),
     # an output path that cannot be written: was an IsADirectoryError / FileNotFoundError traceback

@@ -77,6 +77,9 @@ def discover(path: str | Path) -> dict[str, Any]:
                             "run directory (a trace saved under another name: rename it to end in .json or "
                             ".json.gz)")
         return {"kind": "file", "path": p, "files": [p], "run_dir": None}
+    if not p.is_dir():  # a device, a FIFO, a socket: neither a file to read nor a directory to list
+        raise UserError(f"{p} is not a regular file or a directory; pass a run directory, a trace file (.json, "
+                        ".json.gz) or a directory of traces (one per rank)")
     if is_run_dir(p):
         prof = p / "profile"
         return {"kind": "run", "path": p, "files": _traces_in(prof) if prof.is_dir() else [], "run_dir": p}
