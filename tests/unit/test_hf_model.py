@@ -211,3 +211,19 @@ def test_memory_estimate_of_an_hf_model_matches_the_measurement():
     for row in rep["modes"]:
         est, got = row["estimate_bytes"]["activations"], row["measured_bytes"]["activations"]
         assert abs(est - got) <= 0.10 * got, (row["label"], est, got)
+
+
+@pytest.mark.parametrize("field,value,needle", [
+    ("num_attention_heads", 0, "num_attention_heads=0 must be a whole number in \\[1,"),  # was ZeroDivisionError
+    ("num_attention_heads", -1, "transformers refused it|num_attention_heads=-1 must be"),  # was a tensor error
+    ("num_key_value_heads", 0, "num_key_value_heads=0 must be a whole number"),
+    ("hidden_size", 10**12, "transformers refused it|hidden_size=1000000000000 must be"),  # was an allocator error
+    ("intermediate_size", -1, "intermediate_size=-1 must be a whole number"),  # was "negative dimension"
+    ("vocab_size", "abc", "transformers refused it"),              # StrictDataclassFieldValidationError
+    ("model_type", [1], "model.hf.config.model_type=\\[1\\]: needs a model type name"),  # TypeError: unhashable
+])
+def test_a_config_transformers_or_the_model_cannot_build_is_a_config_error(field, value, needle):
+    from trainperf.config.resolve import model_shape
+
+    with pytest.raises(ConfigError, match=needle):
+        model_shape(_cfg({"config": {**LLAMA, field: value}}))

@@ -65,23 +65,72 @@ def hf_config(hf) -> "object":
         if not (p / "config.json").is_file():
             raise ConfigError(f"model.hf.path={hf.path!r} has no config.json; point it at a directory written by "
                               "save_pretrained (nothing is downloaded)")
-        config = tr.AutoConfig.from_pretrained(str(p), local_files_only=True)
+        where = f"model.hf.path={hf.path!r} (its config.json)"
+        try:
+            config = tr.AutoConfig.from_pretrained(str(p), local_files_only=True)
+        except Exception as exc:  # noqa: BLE001 - transformers' own validation errors, JSON errors, unknown types
+            raise ConfigError(f"{where}: transformers could not read it: {_first_line(exc)}; fix that field") from None
     else:
+        where = "model.hf.config"
         d = dict(hf.config)
         model_type = d.pop("model_type", None)
-        if not model_type:
-            raise ConfigError("model.hf.config needs a model_type (e.g. llama, gpt2, mistral, qwen2)")
+        if not model_type or not isinstance(model_type, str):
+            raise ConfigError(f"model.hf.config.model_type={model_type!r}: needs a model type name (e.g. llama, "
+                              "gpt2, mistral, qwen2)")
         try:
             config = tr.AutoConfig.for_model(model_type, **d)
         except ValueError as exc:
-            raise ConfigError(f"model.hf.config.model_type={model_type!r}: {exc}") from None
+            if "Unrecognized model" in str(exc) or "model_type" in str(exc):
+                raise ConfigError(f"model.hf.config.model_type={model_type!r}: {_first_line(exc)}") from None
+            raise ConfigError(f"{where}: transformers refused it: {_first_line(exc)}; fix that field") from None
+        except Exception as exc:  # noqa: BLE001 - e.g. StrictDataclassFieldValidationError (a field's type)
+            raise ConfigError(f"{where}: transformers refused it: {_first_line(exc)}; fix that field") from None
     for k, v in (hf.overrides or {}).items():
-        setattr(config, k, v)
+        try:
+            setattr(config, k, v)
+        except Exception as exc:  # noqa: BLE001 - transformers validates some fields on assignment
+            raise ConfigError(f"model.hf.overrides.{k}={v!r}: transformers refused it: {_first_line(exc)}") from None
+    _check_shape(config, where if not hf.overrides else f"{where} with model.hf.overrides")
     if getattr(config, "is_encoder_decoder", False):
         raise ConfigError(f"model.hf: {type(config).__name__} is an encoder-decoder model; trainperf trains "
                           "decoder-only causal LMs (Llama, GPT-2, Mistral, Qwen, ...)")
     config.use_cache = False
     return config
+
+
+def _first_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return (text[:300] + "...") if len(text) > 300 else text or type(exc).__name__
+
+
+def _check_shape(config, where: str) -> None:
+    """The decoder shape a config gives is one a model can be built from: positive sizes within the bounds
+    of trainperf/limits.py, heads that divide the hidden size (unless head_dim is set) and KV heads that
+    divide the heads. (A head count of 0 was a ZeroDivisionError, a negative one "Trying to create tensor with
+    negative dimension", a size of 10**12 an allocator error.)"""
+    from trainperf.limits import MAX_HEADS, MAX_HIDDEN, MAX_LAYERS, MAX_VOCAB
+
+    s = hf_shape(config)
+    names = {"n_layer": "num_hidden_layers", "n_head": "num_attention_heads", "n_kv_head": "num_key_value_heads",
+             "n_embd": "hidden_size", "vocab_size": "vocab_size"}
+    tops = {"n_layer": MAX_LAYERS, "n_head": MAX_HEADS, "n_kv_head": MAX_HEADS, "n_embd": MAX_HIDDEN,
+            "vocab_size": MAX_VOCAB}
+    for key, top in tops.items():
+        v = s[key]
+        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= top:
+            raise ConfigError(f"{where}: {names[key]}={v!r} must be a whole number in [1, {top}]")
+    for attr, top in (("num_key_value_heads", MAX_HEADS), ("intermediate_size", 8 * MAX_HIDDEN), ("n_inner", 8 * MAX_HIDDEN),
+                      ("head_dim", MAX_HIDDEN)):
+        v = getattr(config, attr, None)  # optional fields: checked when the config sets them
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= top):
+            raise ConfigError(f"{where}: {attr}={v!r} must be a whole number in [1, {top}]")
+    explicit_head_dim = isinstance(getattr(config, "head_dim", None), int)
+    if not explicit_head_dim and s["n_embd"] % s["n_head"]:
+        raise ConfigError(f"{where}: hidden_size={s['n_embd']} is not divisible by num_attention_heads={s['n_head']}; "
+                          "choose a head count that divides it (or set head_dim)")
+    if s["n_head"] % s["n_kv_head"]:
+        raise ConfigError(f"{where}: num_key_value_heads={s['n_kv_head']} must divide num_attention_heads="
+                          f"{s['n_head']} (grouped-query attention)")
 
 
 def context_length(config) -> int | None:
