@@ -219,7 +219,8 @@ def test_memory_estimate_of_an_hf_model_matches_the_measurement():
     ("num_key_value_heads", 0, "num_key_value_heads=0 must be a whole number"),
     ("hidden_size", 10**12, "transformers refused it|hidden_size=1000000000000 must be"),  # was an allocator error
     ("intermediate_size", -1, "intermediate_size=-1 must be a whole number"),  # was "negative dimension"
-    ("vocab_size", "abc", "transformers refused it"),              # StrictDataclassFieldValidationError
+    ("vocab_size", "abc", "vocab_size='abc' must be a whole number"),  # was StrictDataclassFieldValidationError
+    ("rms_norm_eps", "abc", "transformers refused it"),           # a field trainperf does not check itself
     ("model_type", [1], "model.hf.config.model_type=\\[1\\]: needs a model type name"),  # TypeError: unhashable
 ])
 def test_a_config_transformers_or_the_model_cannot_build_is_a_config_error(field, value, needle):

@@ -77,6 +77,7 @@ def hf_config(hf) -> "object":
         if not model_type or not isinstance(model_type, str):
             raise ConfigError(f"model.hf.config.model_type={model_type!r}: needs a model type name (e.g. llama, "
                               "gpt2, mistral, qwen2)")
+        _check_sizes(d, where)  # before transformers divides by them
         try:
             config = tr.AutoConfig.for_model(model_type, **d)
         except ValueError as exc:
@@ -101,6 +102,23 @@ def hf_config(hf) -> "object":
 def _first_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split())
     return (text[:300] + "...") if len(text) > 300 else text or type(exc).__name__
+
+
+def _size_bounds() -> dict[str, int]:
+    from trainperf.limits import MAX_CONTEXT, MAX_HEADS, MAX_HIDDEN, MAX_LAYERS, MAX_VOCAB
+
+    return {"hidden_size": MAX_HIDDEN, "n_embd": MAX_HIDDEN, "num_hidden_layers": MAX_LAYERS, "n_layer": MAX_LAYERS,
+            "num_attention_heads": MAX_HEADS, "n_head": MAX_HEADS, "num_key_value_heads": MAX_HEADS,
+            "intermediate_size": 8 * MAX_HIDDEN, "n_inner": 8 * MAX_HIDDEN, "head_dim": MAX_HIDDEN,
+            "vocab_size": MAX_VOCAB, "max_position_embeddings": MAX_CONTEXT, "n_positions": MAX_CONTEXT}
+
+
+def _check_sizes(d: dict, where: str) -> None:
+    """The size fields a config dict sets are whole numbers in range (None: the model type's default)."""
+    for key, top in _size_bounds().items():
+        v = d.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= top):
+            raise ConfigError(f"{where}: {key}={v!r} must be a whole number in [1, {top}]")
 
 
 def _check_shape(config, where: str) -> None:
