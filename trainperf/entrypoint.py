@@ -11,6 +11,8 @@ def load_entrypoint(spec: str | None, what: str = "model.entrypoint", error: typ
     if not spec or ":" not in spec:
         raise error(f"{what}={spec!r}: write it as 'package.module:function'")
     mod_name, fn_name = spec.split(":", 1)
+    if not mod_name.strip() or not fn_name.strip() or ":" in fn_name:
+        raise error(f"{what}={spec!r}: write it as 'package.module:function' (one module, one function name)")
     try:
         module = importlib.import_module(mod_name)
     except ImportError as exc:

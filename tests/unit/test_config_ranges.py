@@ -212,3 +212,12 @@ def test_an_integer_written_in_exponent_form_says_how_to_write_it():
     # YAML 1.1 reads 1e3 as text; the error says to write 1000
     with pytest.raises(ConfigError, match=r"write it as 1000 \(YAML reads '1e3' as text"):
         load_config(None, ["run.steps=1e3"])
+
+
+@pytest.mark.parametrize("spec", [":", ":fn", "a.b:c:d", "x", ""])
+def test_an_entrypoint_that_is_not_module_colon_function_is_refused(spec):
+    # ':' once reached importlib ("ValueError: Empty module name", a traceback)
+    from trainperf.entrypoint import load_entrypoint
+
+    with pytest.raises(ConfigError, match="write it as 'package.module:function'"):
+        load_entrypoint(spec)
