@@ -202,3 +202,35 @@ def test_a_run_directory_that_cannot_be_made_is_refused_before_the_model_is_buil
         assert main(["train", str(ROOT / "configs/gpt-tiny.yaml"), *sets]) == 2
         err = capsys.readouterr().err
         assert f"{field}='{path}'" in err and needle in err and "Traceback" not in err, err
+
+
+def test_a_model_that_cannot_be_built_releases_the_loaders_already_started(tiny_overrides, monkeypatch):
+    # the loaders (worker processes, shared memory) were left running: "leaked shared_memory objects" at exit
+    import trainperf.data.loader as loader_mod
+    import trainperf.models.build as model_build
+    from trainperf.config import load_config
+    from trainperf.config.resolve import resolve
+    from trainperf.errors import ConfigError
+    from trainperf.train.build import build_trainer
+
+    closed, closable = [], []
+    real_build_data = loader_mod.build_data
+
+    def spying_build_data(*a, **k):
+        data = real_build_data(*a, **k)
+        for loader in (data.train, data.val):
+            if hasattr(loader, "close"):
+                closable.append(loader)
+                real_close = loader.close
+                loader.close = lambda real_close=real_close: (closed.append(1), real_close())
+        return data
+
+    def no_model(*a, **k):
+        raise ConfigError("model.entrypoint='os:getcwd' returned str, not an nn.Module")
+
+    monkeypatch.setattr(loader_mod, "build_data", spying_build_data)
+    monkeypatch.setattr(model_build, "build_model", no_model)
+    cfg = load_config(str(ROOT / "configs/gpt-tiny.yaml"), tiny_overrides + ["data.loader=hybrid"])
+    with pytest.raises(ConfigError, match="not an nn.Module"):
+        build_trainer(resolve(cfg), verbose=False)
+    assert closable and len(closed) == len(closable)  # every loader that holds workers or memory was closed

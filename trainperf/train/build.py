@@ -51,10 +51,14 @@ def build_trainer(resolved: Resolved, *, verbose: bool = True, knobs: Knobs | No
     is_main = rank == 0 and dp_rank == 0
     data = build_data(cfg, seq_len=seq_len, device=backend.data_device, dp_rank=dp_rank, dp_world=dp_world,
                       verbose=verbose and is_main)
-    data.train = backend.wrap_loader(data.train)
-    model = build_model(cfg, data_vocab=data.vocab_size, device=backend.build_device, materialize=False)
-    return assemble(cfg, dims, model, data, backend=backend, rank=rank, knobs=knobs, heartbeat=heartbeat,
-                    notes={**resolved.notes, **({"run.host_memory": host_note} if host_note else {})})
+    try:
+        data.train = backend.wrap_loader(data.train)
+        model = build_model(cfg, data_vocab=data.vocab_size, device=backend.build_device, materialize=False)
+        return assemble(cfg, dims, model, data, backend=backend, rank=rank, knobs=knobs, heartbeat=heartbeat,
+                        notes={**resolved.notes, **({"run.host_memory": host_note} if host_note else {})})
+    except BaseException:  # a model that cannot be built: the loaders' workers and shared memory go now
+        close_loaders(data)
+        raise
 
 
 def assemble(cfg, dims, model, data, *, backend=None, rank: int = 0, knobs: Knobs | None = None, heartbeat=None,
@@ -96,10 +100,15 @@ def make_checkpointer(cfg, dims, knobs: Knobs):
 def close_data(trainer) -> None:
     """Stop the trainer's loaders (threads, worker processes, shared memory); a second signal meanwhile
     waits (trainperf/interrupt.py)."""
+    close_loaders(trainer.data)
+
+
+def close_loaders(data) -> None:
+    """Stop the loaders of a :class:`~trainperf.data.loader.Data` (also before a trainer holds them)."""
     from trainperf import interrupt
 
     with interrupt.deferred():
-        for loader in (getattr(trainer.data, "train", None), getattr(trainer.data, "val", None)):
+        for loader in (getattr(data, "train", None), getattr(data, "val", None)):
             close = getattr(loader, "close", None)
             if close is not None:
                 with contextlib.suppress(Exception):
