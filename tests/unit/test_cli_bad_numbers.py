@@ -112,3 +112,14 @@ def test_an_output_directory_with_a_file_in_the_way_exits_2(tmp_path, capsys, ar
     rc, err = _run(capsys, [a.replace("{blocker}", str(blocker)) for a in argv])
     assert rc == 2 and "--out" in err and ("is a file, not a directory" in err or "cannot be created" in err), err
     assert "Traceback" not in err
+
+
+def test_a_split_left_with_a_single_token_is_refused_and_nothing_is_written(tmp_path, capsys):
+    # --val-fraction 1e-300 once prepared 1 validation token (an evaluation of nothing)
+    out = tmp_path / "tokens"
+    rc, err = _run(capsys, ["data", "prepare", "--src", "stdlib", "--out", str(out), "--val-fraction", "1e-300",
+                            "--max-bytes", "200000"])
+    assert rc == 2 and "leaves 0 validation and" in err and "use a fraction in [" in err, err
+    assert not out.exists()  # a refused command leaves no directory behind
+    rc, err = _run(capsys, ["data", "prepare", "--src", "stdlib", "--out", str(out), "--val-fraction", "2"])
+    assert rc == 2 and not out.exists()

@@ -70,8 +70,10 @@ def print_json(obj: Any) -> None:
 
 
 def ensure_dir(path, what: str) -> None:
-    """Create the output directory ``path`` (``what``: the flag or field naming it) or raise a UserError
-    that says why not: a file in the way, a file above it, no permission (never an OSError traceback)."""
+    """Check that the output directory ``path`` (``what``: the flag or field naming it) can be created and
+    written, without creating it (a command refused later for another reason leaves nothing behind); raise
+    a UserError that says why not: a file in the way, a file above it, no permission (never an OSError
+    traceback later)."""
     import os
     from pathlib import Path
 
@@ -79,14 +81,13 @@ def ensure_dir(path, what: str) -> None:
 
     if path is None:
         return
-    p = Path(path)
-    try:
-        p.mkdir(parents=True, exist_ok=True)
-    except FileExistsError:
-        raise UserError(f"{what} {str(path)!r} is a file, not a directory; choose a directory path") from None
-    except OSError as exc:
-        raise UserError(f"{what} {str(path)!r} cannot be created ({exc.strerror or exc}); choose a writable "
-                        "directory") from None
-    if not os.access(p, os.W_OK | os.X_OK):
-        raise UserError(f"{what} {str(path)!r} is not writable by this user; choose a writable directory")
-
+    p = Path(path).absolute()
+    if p.exists() and not p.is_dir():
+        raise UserError(f"{what} {str(path)!r} is a file, not a directory; choose a directory path")
+    probe = p
+    while not probe.exists():  # the nearest existing ancestor decides
+        probe = probe.parent
+    if not probe.is_dir():
+        raise UserError(f"{what} {str(path)!r} cannot be created ({probe} is a file); choose a directory path")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise UserError(f"{what} {str(path)!r} is not writable by this user ({probe}); choose a writable directory")

@@ -49,13 +49,17 @@ def register(subparsers) -> None:
 
 
 def prepare_command(args) -> int:
-    from trainperf.data.prepare import prepare_tokens
-
     from trainperf.cli._common import ensure_dir
+    from trainperf.data.prepare import prepare_tokens
+    from trainperf.errors import UserError
 
     ensure_dir(args.out, "--out")
-    meta = prepare_tokens(args.src, args.out, max_bytes=args.max_bytes, val_fraction=args.val_fraction,
-                          progress=not args.json and sys.stderr.isatty())
+    try:
+        meta = prepare_tokens(args.src, args.out, max_bytes=args.max_bytes, val_fraction=args.val_fraction,
+                              progress=not args.json and sys.stderr.isatty())
+    except OSError as exc:  # writing the output (unreadable source files are skipped while reading)
+        raise UserError(f"--out {args.out!r}: cannot write it ({exc.strerror or exc}); choose a writable "
+                        "directory") from None
     if args.json:
         print_json({"out": args.out, **meta})
     else:
@@ -83,6 +87,11 @@ def export_command(args) -> int:
     ensure_dir(args.out, "--out")
     out = Path(args.out)
     counts = {}
+    bar = None
+    if not args.json and sys.stderr.isatty():  # one atomic write (fsync) per file: long for many files
+        from tqdm import tqdm
+
+        bar = tqdm(desc="exporting", unit="file", leave=False)
     for split in ("train", "val"):
         src = TokenWindows(args.src, split, args.seq_len)
         n = len(src) if args.max_samples is None else min(len(src), args.max_samples)
@@ -91,6 +100,8 @@ def export_command(args) -> int:
         if args.layout == "sample":
             for i in range(n):
                 _atomic_write_bytes(d / f"{i:08d}.bin", src[i].astype(np.uint16).tobytes())
+                if bar:
+                    bar.update(1)
             counts[split] = {"samples": n, "files": n}
         else:
             shards = max(1, min(args.shards, n))
@@ -104,7 +115,11 @@ def export_command(args) -> int:
                 start, stop = lo * args.seq_len, (hi - 1) * args.seq_len + args.seq_len + 1
                 _atomic_write_bytes(d / f"shard-{s:05d}.bin", np.asarray(src.tokens[start:stop]).tobytes())
                 files += 1
+                if bar:
+                    bar.update(1)
             counts[split] = {"samples": n, "files": files}
+    if bar:
+        bar.close()
     info = {"vocab_size": meta["vocab_size"], "tokenizer": meta["tokenizer"], "dtype": "uint16",
             "layout": args.layout, "seq_len": args.seq_len, "source": os.path.abspath(args.src), "splits": counts}
     _atomic_write_bytes(out / "meta.json", json.dumps(info, indent=2).encode())

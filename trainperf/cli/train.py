@@ -74,6 +74,12 @@ def _check_writable_dirs(cfg) -> None:
             ensure_dir(path, field)
         except UserError as exc:
             raise ConfigError(str(exc).replace(f"{field} '", f"{field}='", 1)) from None
+        if path:
+            try:  # the run writes there anyway: made now, before the model is built
+                Path(path).mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise ConfigError(f"{field}={path!r} cannot be created ({exc.strerror or exc}); choose a writable "
+                                  "directory") from None
 
 
 def _train(args) -> int:

@@ -102,7 +102,13 @@ def prepare_tokens(src: str, out_dir: str, *, max_bytes: int = 16 * 10**6, val_f
     if total < 1000:
         raise DataError(f"{src!r} holds only {total} bytes of text; need at least 1000 to train and validate")
     tokens = encode(b"".join(chunks))
-    n_val = max(int(len(tokens) * val_fraction), 1)
+    n_val = int(len(tokens) * val_fraction)
+    if n_val < 2 or len(tokens) - n_val < 2:  # 1e-300 (or 0.99999) left one token on a side: nothing to learn from
+        need = 2 / len(tokens)
+        raise DataError(f"--val-fraction {val_fraction} of {len(tokens):,} tokens leaves {n_val:,} validation and "
+                        f"{len(tokens) - n_val:,} training tokens; each split needs at least an input and its target "
+                        f"(and thousands for a useful evaluation): use a fraction in [{need:.2g}, {1 - need:.6g}], "
+                        "e.g. 0.05")
     train, val = tokens[:-n_val], tokens[-n_val:]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
