@@ -116,6 +116,27 @@ def test_stack_presets_have_the_issue_names_and_set_mechanisms(capsys):
     assert all(c["zero"] == 1 for c in over["candidates"])
 
 
+def test_a_preset_searches_only_what_its_stack_had(capsys):
+    # Megatron-LM 2021 had neither sequence parallelism nor selective / block recompute (Korthikanti et al.
+    # 2022 brought both): its preset never chooses them; a pin beside it still wins and says so
+    m21 = _json(capsys, *SHAPE, "--stack", "megatron-2021")
+    assert any(c["tp"] > 1 for c in m21["candidates"])
+    assert not any(c["sequence_parallel"] for c in m21["candidates"])
+    assert {c["recompute"] for c in m21["candidates"]} <= {"none", "full"}
+    assert {c["recompute"] for c in m21["candidates"]} == {"none", "full"}  # both searched
+    assert m21["stack"]["mechanisms"]["sequence_parallel"] is False
+    assert m21["stack"]["source"]["sequence_parallel"] == "preset megatron-2021"
+    free = _json(capsys, *SHAPE, "--dp-reduce", "after", "--attention", "eager", "--zero", "0")
+    assert any(c["sequence_parallel"] for c in free["candidates"])  # the default stack searches it
+    over = _json(capsys, *SHAPE, "--stack", "megatron-2021", "--sequence-parallel", "--recompute", "selective")
+    assert over["candidates"] and all(c["sequence_parallel"] and c["recompute"] == "selective"
+                                      for c in over["candidates"])
+    assert over["stack"]["source"]["sequence_parallel"] == "flag" and over["stack"]["source"]["recompute"] == "flag"
+    # torchtitan's TP plan always shards the norms: every TP layout is sequence-parallel, TP 1 still searched
+    tt = _json(capsys, *SHAPE, "--stack", "torchtitan")["candidates"]
+    assert all(c["sequence_parallel"] == (c["tp"] > 1) for c in tt) and {c["tp"] > 1 for c in tt} == {True, False}
+
+
 def test_the_reduction_after_the_backward_costs_time(capsys):
     pin = ["--tp", "1", "--pp", "1", "--microbatch", "2", "--recompute", "none", "--zero", "0"]
     after = _json(capsys, *SHAPE, *pin, "--dp-reduce", "after")["best"]["step_time_s"]

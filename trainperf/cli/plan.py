@@ -119,6 +119,10 @@ def _stack_from_args(args):
     from trainperf.planner.stack import get_stack, provenance
 
     overrides = {k: getattr(args, k, None) for k in STACK_FLAGS}
+    # the layout pins that are also stack mechanisms: a pin overrides the preset's value (and says so)
+    overrides["sequence_parallel"] = getattr(args, "sequence_parallel", None)
+    rc = getattr(args, "recompute", None) or ("partial" if getattr(args, "recompute_layers", None) is not None else None)
+    overrides["recompute"] = (rc,) if rc else None
     stack = get_stack(args.stack, **overrides)
     return stack, provenance(args.stack, overrides)
 

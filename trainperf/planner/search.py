@@ -42,6 +42,10 @@ class Fixed:
     """HSDP: shard the ZeRO states within groups of this many data-parallel ranks (not searched)."""
     recompute_layers: int | None = None
     """With recompute partial: whole layers recomputed per stage (None: searched)."""
+    stack_sequence_parallel: bool | None = None
+    """From the stack, not a pin: False, it has no sequence parallelism; True, every TP layout uses it."""
+    stack_recompute: tuple[str, ...] | None = None
+    """From the stack, not a pin: the recompute kinds it implements (None: all)."""
 
     def pins(self) -> dict:
         """The parts the user fixed, by name (what --json echoes)."""
@@ -151,10 +155,7 @@ def search(
     split the user fixed): the estimate of the closest variant instead, marked as predicted not
     to fit, with the fix in ``notes``."""
     fx = fixed or Fixed()
-    if fx.zero is None and stack.zero_pin() is not None:
-        from dataclasses import replace as _replace
-
-        fx = _replace(fx, zero=stack.zero_pin())
+    fx = _with_stack(fx, stack)
     check_fixed(model, gpus, fx)
     if global_batch < 1:
         raise UserError(f"--global-batch {global_batch}: must be at least 1")
@@ -226,6 +227,20 @@ def search(
     return Plan(model, gpu, gpus, global_batch, candidates, rejected, evaluated, oom)
 
 
+def _with_stack(fx: Fixed, stack: Stack) -> Fixed:
+    """What the stack implies for the parts the user left open: its ZeRO stage, whether it has sequence
+    parallelism, which recompute kinds it offers. A pin always wins (it is never replaced)."""
+    from dataclasses import replace as _replace
+
+    if fx.zero is None and stack.zero_pin() is not None:
+        fx = _replace(fx, zero=stack.zero_pin())
+    if fx.sequence_parallel is None and stack.sequence_parallel is not None:
+        fx = _replace(fx, stack_sequence_parallel=stack.sequence_parallel)
+    if fx.recompute is None and stack.recompute is not None:
+        fx = _replace(fx, stack_recompute=tuple(stack.recompute))
+    return fx
+
+
 def _variants(model: ModelSpec, tp: int, pp: int, dp: int, global_batch: int, fx: Fixed, cp: int = 1):
     """Every layout with these degrees that honours every fixed part (a pin is never replaced)."""
     local = global_batch // dp
@@ -236,14 +251,17 @@ def _variants(model: ModelSpec, tp: int, pp: int, dp: int, global_batch: int, fx
         if fx.sequence_parallel and tp == 1:
             return  # sequence parallelism pinned: only layouts with tensor parallelism
         sps = [fx.sequence_parallel]
+    elif fx.stack_sequence_parallel is not None:
+        sps = [fx.stack_sequence_parallel and tp > 1]
     else:
         sps = [False, True] if tp > 1 else [False]
     layers_per_stage = model.layers // pp
     if fx.recompute:
         recomputes = [fx.recompute]
     else:
-        recomputes = ["none", "selective", "full", "partial"]
-        if model.attention == "flash":
+        recomputes = [k for k in ("none", "selective", "full", "partial")
+                      if fx.stack_recompute is None or k in fx.stack_recompute]
+        if model.attention == "flash" and "selective" in recomputes:
             recomputes.remove("selective")  # Megatron's selective re-runs the attention core: nothing kept to save
     rcs: list[tuple[str, int]] = []
     for rc in recomputes:
@@ -298,7 +316,7 @@ def _nothing_fits(model, gpu, gpus, global_batch, closest, rejected, fx: Fixed, 
     for mult in (2, 4, 8, 16, 32, 64, 128):
         more = gpus * mult
         try:
-            search(model, gpu, more, global_batch, _loosen(fx), c, explain_failure=False, stack=stack)
+            search(model, gpu, more, global_batch, _loosen(fx, stack), c, explain_failure=False, stack=stack)
         except UserError:
             continue
         fixes.append(f"--gpus {more} (the smallest power-of-two multiple of {gpus} that fits)")
@@ -309,14 +327,14 @@ def _nothing_fits(model, gpu, gpus, global_batch, closest, rejected, fx: Fixed, 
         if other.hbm_gib <= gpu.hbm_gib or other.key == "cpu":
             continue
         try:
-            search(model, other, gpus, global_batch, _loosen(fx), c, explain_failure=False, stack=stack)
+            search(model, other, gpus, global_batch, _loosen(fx, stack), c, explain_failure=False, stack=stack)
         except UserError:
             continue
         fixes.append(f"--gpu {other.key} ({other.hbm_gib:g} GiB)")
         break
     if any(v is not None for v in (fx.tp, fx.pp, fx.dp, fx.micro_batch, fx.recompute, fx.zero, fx.sequence_parallel)):
         try:
-            search(model, gpu, gpus, global_batch, _loosen(Fixed()), c, explain_failure=False, stack=stack)
+            search(model, gpu, gpus, global_batch, _loosen(Fixed(), stack), c, explain_failure=False, stack=stack)
             fixes.append("dropping the fixed layout choices (--tp/--pp/--dp/--microbatch/--recompute/--zero)")
         except UserError:
             pass
@@ -327,7 +345,7 @@ def _nothing_fits(model, gpu, gpus, global_batch, closest, rejected, fx: Fixed, 
     )
 
 
-def _loosen(fx: Fixed) -> Fixed:
+def _loosen(fx: Fixed, stack: Stack = DEFAULT_STACK) -> Fixed:
     """The user's GPU-count-independent choices, else the most memory-frugal ones (micro-batch 1,
     full recompute, sequence parallel, no interleaving): enough to learn whether anything fits."""
     return Fixed(
@@ -335,7 +353,9 @@ def _loosen(fx: Fixed) -> Fixed:
         interleave=fx.interleave or 1,
         recompute=fx.recompute or "full",
         recompute_layers=fx.recompute_layers,
-        sequence_parallel=True if fx.sequence_parallel is None else fx.sequence_parallel,
+        # sequence parallel saves memory, unless the stack has none
+        sequence_parallel=(fx.sequence_parallel if fx.sequence_parallel is not None
+                           else stack.sequence_parallel is not False),
         zero=fx.zero,
         max_micro_batch=1,
         cp=fx.cp,

@@ -23,6 +23,12 @@ A :class:`Stack` is a set of switches, each a physical mechanism with its own co
   dynamic scaling: each operand cast to FP8 in a memory-bound pass); attention stays BF16.
 * ``async_tp``: tensor-parallel collectives decomposed and overlapped with the matmuls they feed
   (torchtitan AsyncTP, TE comm overlap); otherwise on the critical path.
+* ``sequence_parallel``: whether the stack has sequence parallelism at all. False: tensor-parallel
+  layouts keep the norm / dropout / residual region's activations whole on every TP rank (Megatron-LM
+  before Korthikanti et al. 2022): more activation memory and elementwise time. None: searched.
+* ``recompute``: the activation-recompute kinds the stack implements (None: all). Megatron-LM 2021
+  checkpoints whole layers, every layer or none; selective (attention-core) and block (some layers
+  per stage) recompute came with Korthikanti et al. 2022.
 
 Presets (``trainperf plan --stack NAME``) set them; a flag given beside a preset overrides the
 preset's value. The default, ``default``, is the stack trainperf itself trains with: overlapped
@@ -36,6 +42,7 @@ from dataclasses import dataclass, fields, replace
 from trainperf.errors import UserError
 
 DP_REDUCE = ("overlap", "after")
+RECOMPUTE_KINDS = ("none", "selective", "full", "partial")
 
 
 @dataclass(frozen=True)
@@ -64,11 +71,22 @@ class Stack:
     8 + 2 x reduce bytes. FSDP1 and DeepSpeed ZeRO-3 gather straight into a flat parameter whose
     views are the weights, and reduce the flat gradient in place: 0."""
 
+    sequence_parallel: bool | None = None
+    """False: the stack has no sequence parallelism (TP layouts keep the replicated region whole); True:
+    every TP layout uses it; None: searched. ``--sequence-parallel`` / ``--no-sequence-parallel`` overrides it."""
+    recompute: tuple[str, ...] | None = None
+    """The recompute kinds the search may choose (of none, selective, full, partial); None: all of them.
+    ``--recompute`` overrides it."""
+
     def __post_init__(self):
         if self.dp_reduce not in DP_REDUCE:
             raise UserError(f"--dp-reduce {self.dp_reduce!r}: choose one of {', '.join(DP_REDUCE)}")
         if self.attention not in (None, "flash", "eager"):
             raise UserError(f"--attention {self.attention!r}: choose flash or eager")
+        bad = [k for k in self.recompute or () if k not in RECOMPUTE_KINDS]
+        if bad or (self.recompute is not None and not self.recompute):
+            raise UserError(f"stack {self.name!r}: recompute kinds {list(self.recompute)!r}: choose among "
+                            f"{', '.join(RECOMPUTE_KINDS)}")
 
     def mechanisms(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "name"}
@@ -90,10 +108,12 @@ PRESETS: dict[str, tuple[Stack, str]] = {
     "default": (DEFAULT, "trainperf's own stack: DP reduction overlapped with the backward, fused "
                          "elementwise kernels, the model's attention kernel, ZeRO stage searched"),
     "megatron-2021": (Stack("megatron-2021", dp_reduce="after", fused=True, attention="eager",
-                            distributed_optimizer=False, fsdp=False),
+                            distributed_optimizer=False, fsdp=False, sequence_parallel=False,
+                            recompute=("none", "full")),
                       "Megatron-LM 2021 (Narayanan et al.; MT-NLG): DP all-reduce after the backward, "
                       "eager attention (fused scale-mask-softmax), fused bias-GeLU / bias-dropout-add, "
-                      "no distributed optimizer (ZeRO-0)"),
+                      "no distributed optimizer (ZeRO-0), no sequence parallelism, whole-layer "
+                      "checkpointing of every layer or none (no selective or block recompute)"),
     "megatron-core": (Stack("megatron-core", dp_reduce="overlap", fused=True, attention="flash",
                             distributed_optimizer=True, fsdp=False),
                       "Megatron-Core with Transformer Engine: DP reduce-scatter overlapped with the "
@@ -104,10 +124,12 @@ PRESETS: dict[str, tuple[Stack, str]] = {
              "PyTorch FSDP (ZeRO-3) in eager mode: per-layer all-gather / reduce-scatter prefetched beside "
              "compute, SDPA FlashAttention, unfused elementwise ops (no torch.compile)"),
     "torchtitan": (Stack("torchtitan", dp_reduce="overlap", fused=False, attention="flash",
-                         distributed_optimizer=False, fsdp=True, fsdp_reduce_bytes=4.0, fsdp_copy_bytes=16.0),
+                         distributed_optimizer=False, fsdp=True, fsdp_reduce_bytes=4.0, fsdp_copy_bytes=16.0,
+                         sequence_parallel=True),
                    "torchtitan (FSDP2 + TP/PP/CP): FSDP2 per-layer collectives overlapped, SDPA "
                    "FlashAttention, gradients reduce-scattered in FP32, eager elementwise ops unless --fused "
-                   "(torch.compile); --float8 and --async-tp as the runs enable them"),
+                   "(torch.compile), sequence parallelism with every TP layout (its TP plan shards the norms); "
+                   "--float8 and --async-tp as the runs enable them"),
 }
 
 
