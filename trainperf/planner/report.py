@@ -55,7 +55,8 @@ def render(plan: Plan, *, batch_note: str, top: int, baseline, calibration, elap
         f"{plan.out_of_memory} out of memory, {len(plan.rejected)} degree combinations rejected",
     ]
     if stack is not None:
-        mech = ", ".join(f"{k}={v}" for k, v in stack.mechanisms().items() if v is not None)
+        mech = ", ".join(f"{k}={'|'.join(v) if isinstance(v, tuple) else v}"
+                         for k, v in stack.mechanisms().items() if v is not None)
         lines.append(f"stack: {stack.name} ({mech})")
     if pins:
         lines.append("pinned (held in every candidate): " + ", ".join(f"--{k} {v}" for k, v in pins.items()))
