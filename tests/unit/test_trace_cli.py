@@ -146,6 +146,23 @@ def test_bad_or_truncated_traces_exit_2_naming_the_file(rank_trace, tmp_path, ca
     assert "rank1.json" in capsys.readouterr().err
 
 
+def test_a_directory_whose_traces_are_further_down_names_where(rank_trace, tmp_path, capsys):
+    # tensorboard_trace_handler writes into the directory given, often a level or two below the one passed
+    top = tmp_path / "job"
+    for sub in ("tb/run1", "tb/run2"):
+        (top / sub).mkdir(parents=True)
+        (top / sub / "rank0.pt.trace.json.gz").write_bytes(rank_trace.read_bytes())
+    (top / "tb" / "loop").symlink_to(top, target_is_directory=True)
+    for cmd in ("diagnose", "report"):
+        assert main([cmd, str(top)]) == 2
+        err = capsys.readouterr().err
+        assert f"traces are in {top / 'tb' / 'run1'}, {top / 'tb' / 'run2'}" in err and "Traceback" not in err
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["diagnose", str(empty)]) == 2
+    assert "traces are in" not in capsys.readouterr().err
+
+
 def test_other_json_next_to_the_traces_is_skipped_and_named(rank_trace, tmp_path, capsys):
     """An execution trace (ExecutionTraceObserver, kept next to the profiler traces for HTA's critical path)
     or a config in a directory of traces is not a rank: it is skipped, and the output says so; alone, or

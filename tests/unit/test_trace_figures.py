@@ -297,6 +297,38 @@ def test_times_beyond_float_range_give_no_warning_and_strict_json(tmp_path):
     assert r["steps"] == 1 and r["step_time_us"] == 100
 
 
+def test_repair_turns_bare_non_finite_numbers_into_null():
+    # Python's json.dump writes NaN / Infinity, C's printf nan / inf: neither is JSON
+    fixed = repair(b'{"a": NaN, "b": [Infinity, -Infinity], "c": nan, "d": -inf, "e": "NaN", "f": "inf"}')
+    assert json.loads(fixed) == {"a": None, "b": [None, None], "c": None, "d": None, "e": "NaN", "f": "inf"}
+
+
+def test_corrupt_times_and_ids_are_left_out_and_said(tmp_path, capsys):
+    """A trace hand-edited or written by another tool: start times and durations that are not numbers, stream
+    and device ids beyond int64 (once an OverflowError). The figures come from the rest, and say so."""
+    from trainperf.cli import main
+
+    ev = [{"ph": "X", "cat": "cpu_op", "name": "ProfilerStep#1", "pid": 1, "tid": 1, "ts": 0, "dur": 100},
+          {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 10, "dur": 50, "args": {"stream": 7}},
+          {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": float("nan"), "dur": 5},
+          {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": "soon", "dur": 5},
+          {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 70, "dur": float("nan")},
+          {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 80, "dur": -3},
+          {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 90, "dur": 5,
+           "args": {"stream": 10**30, "device": 1e300}}]
+    p = tmp_path / "corrupt.json"
+    p.write_text(json.dumps({"traceEvents": ev}))  # NaN written bare, as json.dump does
+    assert b"NaN" in p.read_bytes()
+    r = analyze_file(p)
+    json.dumps(r, allow_nan=False)
+    assert r["steps"] == 1 and r["step_time_us"] == 100
+    notes = " ".join(r["notes"])
+    assert "2 GPU event(s) or runtime call(s) had a start time that is not a number" in notes
+    assert "2 GPU event(s) or runtime call(s) had a duration that is negative or not a number" in notes
+    assert main(["diagnose", str(p)]) == 0
+    assert "note: 2 GPU event(s)" in capsys.readouterr().out
+
+
 def test_read_all_sees_every_event_of_both_eras():
     for name in ("v100_18_gen_single_us.json", "a100_ddp_gen_lines_ns.json.gz"):
         meta, evs = read_all(TRACES / name)

@@ -43,6 +43,7 @@ def rank_lines(t: dict) -> list[str]:
         lines.append("    top kernels: " + "; ".join(
             f"{str(k.get('name'))[:48]} [{k.get('kind', k.get('group', '?'))}] {_ms(k.get('us', k.get('total_us')))}"
             for k in top[:3]))
+    lines += [f"    note: {n}" for n in t.get("notes") or []]
     return lines
 
 

@@ -71,6 +71,12 @@ def analyze_timeline(tl: Timeline, *, path: str = "", rank: int | None = None, p
     has_gpu = tl.g_ts.size > 0
     if not has_gpu:
         notes.append("no GPU events (a CPU-only trace): the GPU figures are None")
+    if tl.untimed:
+        notes.append(f"{tl.untimed} GPU event(s) or runtime call(s) had a start time that is not a number (a corrupt "
+                     "or hand-edited trace): left out of every figure")
+    if tl.bad_durations:
+        notes.append(f"{tl.bad_durations} GPU event(s) or runtime call(s) had a duration that is negative or not a "
+                     "number (a corrupt or hand-edited trace): timed as 0")
     cm = fg.comm(tl, cls, lo, hi) if nsteps else None
     syncs, sync_sum = fg.host_syncs(tl, lo, hi)
     dev = fg.device(tl, main)

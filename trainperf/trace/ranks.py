@@ -87,10 +87,34 @@ def discover(path: str | Path) -> dict[str, Any]:
     if not files and (p / "profile").is_dir():
         files = _traces_in(p / "profile")
     if not files:
+        below = _dirs_with_traces(p)
+        hint = (f"; traces are in {', '.join(str(d) for d in below[:3])}{' ...' if len(below) > 3 else ''}: pass "
+                "one of those" if below else "")
         raise UserError(f"{p} holds no trace (*.json, *.json.gz) and is not a run directory (no metrics.jsonl "
                         "or summary.json); pass a trace file, a directory with one trace per rank, or the "
-                        "run.dir of `trainperf train`")
+                        f"run.dir of `trainperf train`{hint}")
     return {"kind": "dir", "path": p, "files": files, "run_dir": None}
+
+
+def _dirs_with_traces(top: Path, depth: int = 3, budget: int = 2000) -> list[Path]:
+    """Directories below ``top`` (at most ``depth`` levels, ``budget`` entries looked at, links not followed)
+    that hold trace files: where a user who passed the parent most likely meant to point."""
+    found, queue, seen = [], [(top, 0)], 0
+    while queue and seen < budget:
+        d, level = queue.pop(0)
+        try:
+            entries = sorted(d.iterdir())
+        except OSError:
+            continue
+        for e in entries:
+            seen += 1
+            if e.is_symlink():
+                continue
+            if e.is_dir() and level < depth:
+                queue.append((e, level + 1))
+            elif d != top and e.is_file() and is_trace_name(e.name) and d not in found:
+                found.append(d)
+    return found
 
 
 # ---------------------------------------------------------------------------- ranks

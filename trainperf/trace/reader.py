@@ -20,8 +20,9 @@ Memory is the buffer (a few MB) plus one chunk's structs; time is the gzip infla
 
 What torch itself has written wrong is read as the TensorBoard plugin reads it (its ``_preprocess_file``):
 a run that does not decode is decoded again after :func:`repair` (raw control characters in strings, an
-unquoted ``N/A`` value, bytes that are not UTF-8); a UTF-8 byte-order mark at the start is skipped. The
-repair runs only on a piece that failed, so a well-formed trace never pays for it.
+unquoted ``N/A`` value, a bare ``NaN`` / ``Infinity`` / ``nan``, bytes that are not UTF-8); a UTF-8
+byte-order mark at the start is skipped. The repair runs only on a piece that failed, so a well-formed
+trace never pays for it.
 
 Any file that is not such a trace (not gzip nor JSON, cut off, no ``traceEvents``, binary) raises
 :class:`~trainperf.errors.UserError` naming the file and what to do; valid JSON that is some other document
@@ -82,14 +83,18 @@ class Event(msgspec.Struct):
 
 _CONTROL = bytes.maketrans(bytes(range(32)), b" " * 32)  # raw control bytes -> a space
 _NA = re.compile(rb'([:,\[]\s*)N/A(?=\s*[,}\]])')  # an unquoted N/A value (Kineto wrote some)
+# a non-finite number as Python's json.dump (NaN, Infinity) or C's printf (nan, inf) writes it: not JSON
+_NONFINITE = re.compile(rb'([:,\[]\s*)[-+]?(?:NaN|nan|Infinity|inf)(?=\s*[,}\]])')
 _BOM = b"\xef\xbb\xbf"
 
 
 def repair(data: bytes) -> bytes | None:
     """``data`` with what torch has written wrong made valid JSON (raw control characters in strings -> a
-    space, an unquoted ``N/A`` value -> ``"N/A"``, bytes that are not UTF-8 -> U+FFFD); None if nothing
-    changed. Only ever applied to a piece that did not decode."""
+    space, an unquoted ``N/A`` value -> ``"N/A"``, a non-finite number written bare (``NaN``, ``Infinity``,
+    ``nan``, ``-inf``: Python's json and C's printf write them) -> ``null``, bytes that are not UTF-8 ->
+    U+FFFD); None if nothing changed. Only ever applied to a piece that did not decode."""
     out = _NA.sub(rb'\1"N/A"', data.translate(_CONTROL))
+    out = _NONFINITE.sub(rb'\1null', out)
     try:
         out.decode("utf-8")
     except UnicodeDecodeError:

@@ -112,22 +112,27 @@ def _floats(values: list) -> np.ndarray:
         return out
 
 
+_I64_LIMIT = 2.0**63
+
+
 def _ints(values: list) -> np.ndarray:
     f = _floats([v if v is not None else np.nan for v in values])
-    f[~np.isfinite(f)] = -1
+    f[~np.isfinite(f) | (np.abs(f) >= _I64_LIMIT)] = -1  # a corrupt id beyond int64: none
     return f.astype(np.int64)
 
 
 def _stream_num(v: Any) -> int:
+    """A stream or device id (an int, an integral float, or text ending in digits); -1: none or corrupt
+    (also an id beyond int64, which no real trace has)."""
     if isinstance(v, bool):
         return -1
-    if isinstance(v, int):
-        return v
-    if isinstance(v, float) and v.is_integer():
-        return int(v)
-    if isinstance(v, str):
+    if isinstance(v, float) and v.is_integer() and abs(v) < _I64_LIMIT:
+        v = int(v)
+    elif isinstance(v, str):
         m = re.search(r"(\d+)\s*$", v)
-        return int(m.group(1)) if m else -1
+        v = int(m.group(1)) if m else -1
+    if isinstance(v, int):
+        return v if -_I64_LIMIT <= v < _I64_LIMIT else -1
     return -1
 
 
@@ -221,6 +226,11 @@ class Timeline:
     all_max: float = -np.inf
     events: int = 0
     cpu_events: int = 0
+    untimed: int = 0
+    """GPU events and runtime calls whose start time is not a finite number (a corrupt trace): left out
+    of every figure, counted here so the report can say so."""
+    bad_durations: int = 0
+    """GPU events and runtime calls whose duration is negative or not a number: timed as 0."""
 
 
 _DTYPES = {"ts": np.float64, "dur": np.float64, "kind": np.int8, "name": np.int32, "stream": np.int64,
@@ -301,11 +311,14 @@ class Collector:
         with np.errstate(over="ignore", invalid="ignore"):  # a corrupt time beyond float64: inf, dropped
             ts = _floats([e.ts for e in evs]) - self.base
             dur = _floats([e.dur for e in evs])
-            dur[~np.isfinite(dur) | (dur < 0)] = 0.0
+            bad = ~np.isfinite(dur) | (dur < 0)
+            dur[bad] = 0.0
             end = ts + dur
         ts[~np.isfinite(end)] = np.nan
         t = self.t
         ok = np.isfinite(ts)
+        t.untimed += int(ok.size - np.count_nonzero(ok))
+        t.bad_durations += int(np.count_nonzero(bad & ok))
         if ok.any():
             t.all_min = min(t.all_min, float(ts[ok].min()))
             t.all_max = max(t.all_max, float(end[ok].max()))
