@@ -137,6 +137,18 @@ def test_a_preset_searches_only_what_its_stack_had(capsys):
     assert all(c["sequence_parallel"] == (c["tp"] > 1) for c in tt) and {c["tp"] > 1 for c in tt} == {True, False}
 
 
+def test_stacks_lists_every_preset_and_what_it_sets(capsys):
+    assert main(["plan", "--stacks"]) == 0
+    text = capsys.readouterr().out
+    for name in PRESETS:
+        assert f"\n{name}\n" in f"\n{text}"
+    assert "sequence_parallel=False, recompute=none|full" in text
+    listed = _json(capsys, "--stacks")
+    assert set(listed) == set(PRESETS)
+    assert listed["megatron-2021"]["mechanisms"]["dp_reduce"] == "after"
+    assert listed["torchtitan"]["mechanisms"]["fsdp_reduce_bytes"] == 4.0
+
+
 def test_the_reduction_after_the_backward_costs_time(capsys):
     pin = ["--tp", "1", "--pp", "1", "--microbatch", "2", "--recompute", "none", "--zero", "0"]
     after = _json(capsys, *SHAPE, *pin, "--dp-reduce", "after")["best"]["step_time_s"]

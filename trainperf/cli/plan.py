@@ -68,7 +68,9 @@ def register(subparsers) -> None:
                    "data-parallel ranks, replicate across groups (e.g. 8: one node)")
     s = p.add_argument_group("training stack (a preset, and mechanisms that override it)")
     s.add_argument("--stack", metavar="PRESET", help="megatron-2021, megatron-core, fsdp, torchtitan (default: "
-                   "trainperf's own stack); see trainperf/planner/stack.py for what each sets")
+                   "trainperf's own stack); --stacks lists what each sets")
+    s.add_argument("--stacks", action="store_true", help="list the --stack presets and the mechanisms each sets, "
+                   "and exit")
     s.add_argument("--dp-reduce", choices=["overlap", "after"], help="data-parallel gradient reduction overlapped "
                    "with the backward (DDP, Megatron-Core, FSDP) or after it (Megatron-LM 2021)")
     s.add_argument("--fused", action=argparse_bool(), default=None, help="fused softmax / dropout / norm / "
@@ -195,6 +197,8 @@ def plan_command(args) -> int:
     constants = DEFAULTS.with_overrides(args.set_constant)
     if args.constants:
         return _print_constants(constants, args.json)
+    if args.stacks:
+        return _print_stacks(args.json)
     if args.devset_report:
         from trainperf.planner.loso import report
 
@@ -380,6 +384,21 @@ def _print_constants(constants, as_json: bool) -> int:
     width = max(len(n) for n, _, _ in rows)
     for name, value, doc in rows:
         print(f"{name:<{width}}  {value:<10g}  {doc}")
+    return 0
+
+
+def _print_stacks(as_json: bool) -> int:
+    from trainperf.planner.stack import PRESETS
+
+    if as_json:
+        print_json({name: {"description": doc, "mechanisms": stack.mechanisms()} for name, (stack, doc) in PRESETS.items()})
+        return 0
+    for name, (stack, doc) in PRESETS.items():
+        mech = ", ".join(f"{k}={'|'.join(v) if isinstance(v, tuple) else v}"
+                         for k, v in stack.mechanisms().items() if v is not None)
+        print(f"{name}\n  {doc}\n  sets: {mech}")
+    print("\nA flag given beside --stack (--dp-reduce, --fused, --attention, --distributed-optimizer, --float8, "
+          "--async-tp, --sequence-parallel, --recompute, --zero) overrides the preset's value.")
     return 0
 
 
