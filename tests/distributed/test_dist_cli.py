@@ -194,3 +194,19 @@ def test_launch_worker_refusal_is_one_message_and_exit_2(tmp_path):
     assert out.count("holds no prepared tokens") == 1, out
     assert "Traceback" not in out and "ChildFailedError" not in out, out
     assert "trainperf launch: stopped: the run was refused" in out
+
+
+def test_launch_names_a_divergence_and_suggests_no_restart(tmp_path):
+    """A rank whose loss diverges exits 1 like any failure; its error file (torchrun's, written as @record
+    does) tells launch it diverged, so launch says so and does not suggest --max-restarts (a restart from
+    the newest checkpoint would diverge again)."""
+    p = tmp_path / "c.yaml"
+    p.write_text(TINY.replace("run: {name: t,", f"run: {{dir: {tmp_path / 'run'}, name: t,")
+                 + "optimizer: {lr: 1.0e+6}\nprecision: {dtype: fp32}\n")
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    proc = subprocess.run([sys.executable, "-m", "trainperf", "launch", "--nproc-per-node", "2", str(p)],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out[-3000:]
+    assert "training diverged" in out and "trainperf launch: failed: the loss diverged on rank" in out, out[-3000:]
+    assert "--max-restarts N restarts" not in out and "Traceback" not in out, out[-3000:]

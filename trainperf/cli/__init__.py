@@ -92,6 +92,7 @@ def _main(argv: list[str] | None) -> int:
         if interrupt.received() is not None:
             return _interrupted(args.command, interrupt.exit_code())
         print(f"trainperf {args.command}: error: {exc}", file=sys.stderr)
+        _record_for_torchrun(exc)
         return exc.exit_code
     except BrokenPipeError:
         if interrupt.received() is not None:
@@ -102,6 +103,23 @@ def _main(argv: list[str] | None) -> int:
             return _interrupted(args.command, interrupt.exit_code())
         raise
     return int(rc or 0)
+
+
+def _record_for_torchrun(exc: BaseException) -> None:
+    """Under torchrun (``TORCHELASTIC_ERROR_FILE`` set), write why this rank failed into its error file, as
+    torch's ``@record`` does: ``trainperf launch`` reads it to tell a diverged run (which a restart from the
+    last checkpoint would repeat) from one a restart can fix. Only where torch is already loaded (a training
+    rank); never an error of its own."""
+    import os
+
+    if not os.environ.get("TORCHELASTIC_ERROR_FILE") or "torch" not in sys.modules:
+        return
+    try:
+        from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
+
+        ErrorHandler().record_exception(exc)
+    except Exception:  # noqa: BLE001 - the rank's own message is already printed
+        pass
 
 
 def _not_finite(parser, args) -> str | None:

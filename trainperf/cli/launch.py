@@ -238,6 +238,12 @@ def run_torchrun(torchrun_argv: list[str]) -> int:
             return 2
         rank, f = failures[0]
         how = f"signal {f.signal_name()}" if f.exitcode < 0 else f"exit code {f.exitcode}"
+        diverged = [r for r, x in failures if _failure_message(x).startswith("DivergedError")]
+        if diverged:
+            print(f"trainperf launch: failed: the loss diverged on rank {diverged[0]} (what to change is above); "
+                  "a restart from the newest checkpoint would diverge again, so none is suggested",
+                  file=sys.stderr)
+            return 1
         hint = "" if any(a.startswith("--max-restarts") for a in torchrun_argv) else \
             "; --max-restarts N restarts the job from its newest checkpoint"
         print(f"trainperf launch: failed: rank {rank} ended with {how} (its report is above{hint})", file=sys.stderr)
@@ -249,6 +255,14 @@ def run_torchrun(torchrun_argv: list[str]) -> int:
     finally:
         agent_log.removeFilter(quiet)
     return 0
+
+
+def _failure_message(failure) -> str:
+    """What a failed rank recorded in its torchrun error file ("Type: text"), or ''."""
+    m = getattr(failure, "message", "")
+    if isinstance(m, dict):
+        m = m.get("message", "")
+    return m if isinstance(m, str) else ""
 
 
 class _QuietRefusal:
