@@ -169,6 +169,42 @@ def test_hf_config_llama_and_gpt2(tmp_path):
         from_hf_config(str(bad))
 
 
+def test_hf_config_head_dim_set_apart_encoders_and_encoder_decoders(tmp_path):
+    def read(cfg):
+        p = tmp_path / "config.json"
+        p.write_text(json.dumps(cfg))
+        return from_hf_config(str(p))
+
+    # Gemma 7B: 16 heads of 256 on h = 3072 (Q and O are 4096 wide): 8.54B as published, not 8.19B
+    gemma = read({"model_type": "gemma", "hidden_size": 3072, "intermediate_size": 24576, "num_attention_heads": 16,
+                  "num_hidden_layers": 28, "num_key_value_heads": 16, "head_dim": 256, "vocab_size": 256000,
+                  "max_position_embeddings": 8192, "hidden_activation": "gelu_pytorch_tanh",
+                  "tie_word_embeddings": True})
+    assert (gemma.head_dim, gemma.q_dim, gemma.kv_dim) == (256, 4096, 4096)
+    assert 8.53e9 < gemma.params() < 8.55e9
+    assert gemma.attention_flops_fwd() == 4.0 * 4096 * gemma.seq
+    plain = gemma.with_(head_dim_size=None, hidden=4096)
+    assert plain.q_dim == 4096 and "head_dim=" not in plain.describe() and "head_dim=256" in gemma.describe()
+    # head_dim equal to hidden / heads is the usual shape: nothing set apart
+    assert read({"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 2, "num_attention_heads": 32,
+                 "head_dim": 128, "vocab_size": 1000}).head_dim_size is None
+    # an encoder's attention is bidirectional: every score block runs (causal models skip half)
+    bert = read({"architectures": ["BertForMaskedLM"], "model_type": "bert", "hidden_size": 768, "num_hidden_layers": 12,
+                 "num_attention_heads": 12, "intermediate_size": 3072, "vocab_size": 30522,
+                 "max_position_embeddings": 512})
+    assert (bert.causal_fraction, bert.seq, bert.bias, bert.position, bert.tied) == (1.0, 512, True, "learned", True)
+    gpu = get_gpu("a100-80gb")
+    lay = Layout(1, 1, 1, 8, 1, "none", False, 0, 1)
+    causal = estimate(bert.with_(causal_fraction=0.5), gpu, lay, 8).time["compute"]
+    assert estimate(bert, gpu, lay, 8).time["compute"] > causal
+    # T5 / BART: two stacks with cross-attention; read as one decoder they would be planned at half size
+    for cfg in ({"model_type": "t5", "d_model": 512, "num_heads": 8, "num_layers": 6, "vocab_size": 32128},
+                {"model_type": "custom", "hidden_size": 1024, "num_hidden_layers": 12, "num_attention_heads": 16,
+                 "vocab_size": 50265, "decoder_layers": 12}):
+        with pytest.raises(UserError, match="an encoder-decoder model"):
+            read(cfg)
+
+
 def test_plan_hf_config_cli(tmp_path):
     cfg = {"model_type": "llama", "hidden_size": 2048, "num_hidden_layers": 16, "num_attention_heads": 32,
            "num_key_value_heads": 8, "intermediate_size": 8192, "vocab_size": 128256, "tie_word_embeddings": True,

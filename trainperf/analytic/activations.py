@@ -65,7 +65,7 @@ def layer_terms(spec: TransformerSpec, b: int, s: int, prec: Precision = BF16, *
     projections as in trainperf's GPT, 1 for a fused QKV). ``device`` matters only for eager math
     attention, which the CPU takes whenever dropout is on.
     """
-    h, a, f, kvd = spec.hidden, spec.heads, spec.ffn, spec.kv_dim
+    h, a, f, kvd, q = spec.hidden, spec.heads, spec.ffn, spec.kv_dim, spec.q_dim
     e, r = prec.compute, prec.residual
     tok = b * s
     mask = prec.mask if dropout else 0
@@ -79,19 +79,19 @@ def layer_terms(spec: TransformerSpec, b: int, s: int, prec: Precision = BF16, *
     else:
         none_rep += 2 * r * tok * h                         # the two norm outputs
     none_rep += 2 * mask * tok * h                          # residual dropout masks
-    qkv = tok * (h + 2 * kvd)
+    qkv = tok * (q + 2 * kvd)
     scores = tok * a * s
     if eager:
         ea = prec.attention
         amask = (ea if device != "cuda" else prec.mask) if dropout else 0  # math attention's own mask dtype
         probs = ea * scores + ((amask + ea) * scores if dropout else 0)
-        attn = ea * qkv + probs + ea * tok * h
-        attn_sel = ea * scores + ea * tok * h               # bmm outputs: scores, probabilities @ V
+        attn = ea * qkv + probs + ea * tok * q
+        attn_sel = ea * scores + ea * tok * q               # bmm outputs: scores, probabilities @ V
         core = probs                                        # what Megatron's selective recompute drops
     else:
         lse = 4 * tok * a
-        attn = e * qkv + e * tok * h + lse                  # Q, K, V, the kernel's output and LSE
-        attn_sel = e * tok * h + lse
+        attn = e * qkv + e * tok * q + lse                  # Q, K, V, the kernel's output and LSE
+        attn_sel = e * tok * q + lse
         core = 0
     mlp = (4 if spec.gated else 2) * e * tok * f            # fc out + act out (gated: gate, up, act, product)
     none_tp = attn + mlp

@@ -4,7 +4,10 @@ Llama / Mistral / Qwen2 style (``hidden_size``, ``num_hidden_layers``, ``num_att
 ``num_key_value_heads`` for GQA, ``intermediate_size`` with a SwiGLU MLP, ``tie_word_embeddings``,
 ``vocab_size``, ``max_position_embeddings``, RoPE, RMSNorm); GPT-2 (``n_embd``, ``n_layer``,
 ``n_head``, ``n_positions``, ``n_inner``, learned positions, biases, tied output); GPT-NeoX,
-OPT, MPT, Falcon and Gemma keys are mapped where they name the same thing.
+OPT, MPT, Falcon and Gemma keys are mapped where they name the same thing; ``head_dim`` where it is set
+apart from hidden / heads (Gemma, Mistral-Nemo). Encoder-only models (BERT, RoBERTa, ELECTRA, DeBERTa)
+are read with bidirectional attention (every score block computed); an encoder-decoder (T5, BART,
+Whisper) and a mixture-of-experts model are refused with what to do instead.
 """
 
 from __future__ import annotations
@@ -57,6 +60,27 @@ def _refuse_moe(path: str, cfg: dict) -> None:
             )
 
 
+_ENCODER_DECODER = ("t5", "mt5", "umt5", "longt5", "switch_transformers", "bart", "mbart", "pegasus", "marian",
+                    "m2m_100", "nllb_moe", "whisper", "prophetnet", "led", "blenderbot", "plbart", "fsmt")
+_ENCODER_ONLY = ("bert", "roberta", "xlm-roberta", "camembert", "electra", "deberta", "deberta-v2", "ernie",
+                 "mpnet", "megatron-bert", "nezha", "roformer", "esm", "data2vec-text", "xlm-roberta-xl")
+
+
+def _refuse_encoder_decoder(path: str, cfg: dict, model_type: str) -> None:
+    """T5 / BART style configs name one stack's layers (``num_layers``) beside a second one
+    (``num_decoder_layers``, ``decoder_layers``) with cross-attention: read as one decoder they would be
+    planned at half their size or less."""
+    second = next((k for k in ("num_decoder_layers", "decoder_layers", "encoder_layers") if k in cfg), None)
+    if cfg.get("is_encoder_decoder") is True or model_type in _ENCODER_DECODER or second:
+        why = f"{second}={cfg[second]!r}" if second else (f"model_type={model_type!r}" if model_type else
+                                                              "is_encoder_decoder: true")
+        raise UserError(
+            f"{path}: an encoder-decoder model ({why}): the planner times one transformer stack (decoder-only, "
+            "or an encoder with --hf-config of an encoder-only model); an encoder plus a decoder with "
+            "cross-attention is not modeled. Plan each stack as its own shape (--hidden/--layers/--heads/"
+            "--ffn-hidden/--seq), knowing the cross-attention is left out")
+
+
 def read_json_object(path: str, what: str) -> dict:
     """A JSON file's top-level object; garbage (missing, binary, not UTF-8, empty, truncated, not
     an object) is a UserError naming the file (trainperf.runio)."""
@@ -83,7 +107,15 @@ def from_hf_config(path: str, *, seq: int | None = None, attention: str = "flash
         vals[field] = _int(path, key, value)
     h, heads = vals["hidden"], vals["heads"]
     model_type = str(cfg.get("model_type", "")).lower()
-    gpt2_like = "n_embd" in cfg or model_type in ("gpt2", "gpt_bigcode", "opt", "gptj", "gpt_neox", "mpt", "falcon")
+    _refuse_encoder_decoder(path, cfg, model_type)
+    archs = cfg.get("architectures") if isinstance(cfg.get("architectures"), list) else []
+    encoder = model_type in _ENCODER_ONLY or any(isinstance(a, str) and a.endswith("ForMaskedLM") for a in archs)
+    key, hd = _first(cfg, ("head_dim", "kv_channels"))
+    head_dim = _int(path, key, hd) if key else None
+    if head_dim is not None and head_dim * heads == h:
+        head_dim = None  # the usual hidden / heads: nothing set apart
+    gpt2_like = "n_embd" in cfg or encoder or model_type in ("gpt2", "gpt_bigcode", "opt", "gptj", "gpt_neox", "mpt",
+                                                              "falcon")
     key, kv = _first(cfg, ("num_key_value_heads", "n_head_kv", "num_kv_heads", "multi_query_group_num"))
     kv_heads = _int(path, key, kv) if key else None
     if cfg.get("multi_query") is True and kv_heads is None:
@@ -108,6 +140,7 @@ def from_hf_config(path: str, *, seq: int | None = None, attention: str = "flash
             hidden=h, layers=vals["layers"], heads=heads, seq=s, vocab=vals["vocab"], kv_heads=kv_heads,
             ffn_hidden=ffn, gated=gated, tied=bool(tied), position="learned" if learned else "rope",
             max_positions=max_pos if learned else None, bias=bias, norm=norm, attention=attention, name=name,
+            head_dim_size=head_dim, causal_fraction=1.0 if encoder else 0.5,
         )
     except UserError as exc:
         raise UserError(f"{path}: {exc}") from None

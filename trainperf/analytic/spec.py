@@ -62,8 +62,13 @@ class TransformerSpec:
     """Attention kernel, one of ATTENTION_KERNELS."""
     causal_fraction: float = 0.5
     """Fraction of the s x s score blocks a causal kernel executes (FlashAttention skips the
-    masked half). Counted FLOPs keep the full s x s by convention; time uses this fraction."""
+    masked half). Counted FLOPs keep the full s x s by convention; time uses this fraction; 1.0 for
+    an encoder's bidirectional attention."""
     name: str = "custom"
+    head_dim_size: int | None = None
+    """Width of one attention head where the model sets it apart from hidden / heads (Gemma: 16 heads of
+    256 on h = 3072; Mistral-Nemo, some Qwen3): Q and the attention output are heads x head_dim wide,
+    K and V kv_heads x head_dim. None: hidden / heads."""
 
     def __post_init__(self):
         bounds = {"hidden": MAX_HIDDEN, "layers": MAX_LAYERS, "heads": MAX_HEADS, "seq": MAX_CONTEXT, "vocab": MAX_VOCAB}
@@ -79,7 +84,10 @@ class TransformerSpec:
             if isinstance(val, int) and not isinstance(val, bool) and val > top:
                 raise UserError(f"model {field_name}={val} is above {top}, far beyond any published model; "
                                 "check the value")
-        if self.hidden % self.heads:
+        hd = self.head_dim_size
+        if hd is not None and (isinstance(hd, bool) or not isinstance(hd, int) or not 1 <= hd <= MAX_HIDDEN):
+            raise UserError(f"model head_dim={hd!r} must be a positive integer up to {MAX_HIDDEN}")
+        if hd is None and self.hidden % self.heads:
             raise UserError(
                 f"hidden size {self.hidden} is not divisible by heads={self.heads}; "
                 "choose a head count that divides the hidden size"
@@ -105,7 +113,12 @@ class TransformerSpec:
 
     @property
     def head_dim(self) -> int:
-        return self.hidden // self.heads
+        return self.head_dim_size or self.hidden // self.heads
+
+    @property
+    def q_dim(self) -> int:
+        """Width of Q and of the attention output: heads x head_dim (= hidden unless head_dim is set apart)."""
+        return self.heads * self.head_dim
 
     @property
     def kv_dim(self) -> int:
@@ -123,8 +136,8 @@ class TransformerSpec:
     # ------------------------------------------------------------------ parameters
     def layer_matmul_params(self) -> int:
         """Weights of one layer's matmuls: Q, K, V, O and the MLP."""
-        h = self.hidden
-        return h * h + 2 * h * self.kv_dim + h * h + h * self.ffn_in + self.ffn * h
+        h, q = self.hidden, self.q_dim
+        return h * q + 2 * h * self.kv_dim + q * h + h * self.ffn_in + self.ffn * h
 
     def norm_params(self) -> int:
         return self.hidden * (2 if self.bias and self.norm == "layernorm" else 1)
@@ -133,7 +146,7 @@ class TransformerSpec:
         """All parameters of one layer: matmul weights, their biases, two norms.
         12h^2 + 13h for a GPT layer with biases."""
         h = self.hidden
-        biases = (h + 2 * self.kv_dim + h + self.ffn_in + h) if self.bias else 0
+        biases = (self.q_dim + 2 * self.kv_dim + h + self.ffn_in + h) if self.bias else 0
         return self.layer_matmul_params() + biases + 2 * self.norm_params()
 
     def token_embedding_params(self) -> int:
@@ -193,6 +206,10 @@ class TransformerSpec:
         extra = []
         if self.kv != self.heads:
             extra.append(f"kv={self.kv}")
+        if self.q_dim != self.hidden:
+            extra.append(f"head_dim={self.head_dim}")
+        if self.causal_fraction >= 1.0:
+            extra.append("bidirectional (encoder)")
         if self.ffn_hidden or self.gated:
             extra.append(f"ffn={self.ffn}{' (SwiGLU)' if self.gated else ''}")
         extra.append(f"{'tied' if self.tied else 'untied'} output")

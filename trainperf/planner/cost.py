@@ -161,7 +161,8 @@ def layer_cost(model: TransformerSpec, gpu: GPUSpec, c: Constants, tp: int, b: i
     Xs = X / tp if sp else X              # what the replicated (norm / residual) region touches
     fp8 = stack.float8
     fwd = bwd = 0.0
-    for m_, n_, k_ in ((M, (h + 2 * model.kv_dim) / tp, h), (M, h, h / tp), (M, model.ffn_in / tp, h), (M, h, f / tp)):
+    q = model.q_dim
+    for m_, n_, k_ in ((M, (q + 2 * model.kv_dim) / tp, h), (M, h, q / tp), (M, model.ffn_in / tp, h), (M, h, f / tp)):
         tf, tb = k.gemm_fwd_bwd(m_, n_, k_, fp8=fp8)
         fwd += tf
         bwd += tb
@@ -183,7 +184,7 @@ def layer_cost(model: TransformerSpec, gpu: GPUSpec, c: Constants, tp: int, b: i
     stream, act, kernels = elementwise_bytes(model, stack.fused, dropout)
     elem = k.memory_bound(stream * Xs + act * M * f / tp, kernels)
     rb, rk = rope_bytes(model, stack.fused)
-    rope = k.memory_bound(rb * M * (h + model.kv_dim) / tp, rk) if rk else 0.0
+    rope = k.memory_bound(rb * M * (q + model.kv_dim) / tp, rk) if rk else 0.0
     fwd += core_fwd + elem + rope
     bwd += core_bwd + 2 * elem + rope
 
