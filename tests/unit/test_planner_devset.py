@@ -95,6 +95,18 @@ def test_loso_meets_the_issue_22_done_when_criteria(loso_fast):
         assert v["mean_relative_width"] <= 0.35, source
 
 
+def test_torchtitan_rows_validate_the_preset_users_plan_with():
+    # what leave-one-source-out measures for torchtitan is `trainperf plan --stack torchtitan` (with the run's
+    # --fused / --float8 / --async-tp), not a hand copy of it that could drift
+    from trainperf.planner.stack import get_stack
+
+    rows = [r for r in devset.load() if r.source == "torchtitan"]
+    assert rows
+    for r in rows:
+        s = r.stack
+        assert s == get_stack("torchtitan", fused=s.fused, float8=s.float8, async_tp=s.async_tp), r.label
+
+
 def test_table5_recompute_ordering_matches_the_paper():
     # Full recompute is ~30% slower than SP + selective in every row of Table 5 (eager attention).
     k = [r for r in ROWS if r.source == "korthikanti"]

@@ -37,7 +37,7 @@ from trainperf.planner import devset_sources as src
 from trainperf.planner.constants import DEFAULTS, Constants
 from trainperf.planner.cost import Estimate, Layout, estimate
 from trainperf.planner.stack import DEFAULT as DEFAULT_STACK
-from trainperf.planner.stack import Stack
+from trainperf.planner.stack import Stack, get_stack
 
 DEFAULT_DIR = "/work/shared/planner-dev"
 
@@ -214,9 +214,9 @@ def _torchtitan_rows() -> list[Row]:
         model = TransformerSpec(seq=s, vocab=128256, gated=True, tied=False, position="rope", norm="rmsnorm",
                                 attention="flash", bias=False, name=f"llama3.1-{size}", **src.LLAMA31[size])
         B = fsdp * local
-        stack = Stack("torchtitan", dp_reduce="overlap", fused=compiled, attention="flash", distributed_optimizer=False,
-                      fsdp=True, float8=fp8, async_tp=async_tp, fsdp_reduce_bytes=4.0,
-                      fsdp_copy_bytes=16.0)
+        # the --stack torchtitan preset itself, with the run's compile / Float8 / AsyncTP: what these rows
+        # validate is what a user planning with the preset gets
+        stack = get_stack("torchtitan", fused=compiled, float8=fp8, async_tp=async_tp)
         layers_stage = model.layers // pp if model.layers % pp == 0 else -(-model.layers // pp)
         recompute, k = ("partial", layers_stage // 2) if rc == "selective" else ("full", 0)
         rows.append(Row("torchtitan", label, model, GRAND_TETON.key, gpus, B, B * s / (tps * gpus),
