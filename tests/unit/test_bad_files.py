@@ -135,6 +135,28 @@ def test_diagnose_and_report_on_garbage_run_dir(tmp_path, capsys):
     assert "metrics.jsonl" in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize("value", [3.5, [1], {"a": 1}, True, None, 10**30])
+def test_a_summary_whose_text_fields_are_not_text_is_still_read(tmp_path, capsys, value):
+    """Valid JSON of the wrong kind where summary.json has text (peak_source, device, mfu_convention: once an
+    AttributeError in diagnose, report and compare), and steps that run backwards (a None loss formatted)."""
+    from trainperf.cli import main
+
+    runs = []
+    for name, steps in (("a", range(1, 8)), ("b", range(-7, 0))):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "metrics.jsonl").write_text("".join(json.dumps(
+            {"step": i, "loss": 3.0, "step_time_s": 0.1, "tokens_per_s": 100.0, "mfu": 0.1,
+             "phases_s": {"data": 0.01, "forward_backward": 0.09}}) + "\n" for i in steps))
+        (d / "summary.json").write_text(json.dumps({"steps": 7, "mfu": 0.1, "peak_source": value, "device": value,
+                                                    "mfu_convention": value}))
+        runs.append(str(d))
+    for argv in (["diagnose", runs[0]], ["diagnose", runs[0], "--json"], ["report", runs[0]],
+                 ["compare", *runs], ["compare", *runs, "--json"]):
+        assert main(argv) == 0, argv
+        assert "Traceback" not in capsys.readouterr().err
+
+
 # ---------------------------------------------------------------------------- single-file checkpoints
 def test_single_file_checkpoint_readers_on_garbage(tmp_path):
     from trainperf.train.checkpoint import CheckpointManager

@@ -136,7 +136,7 @@ def _aligned(loaded: list[dict]) -> tuple[list[str], list[list[str]]]:
     last_step = min((x["curve"][-1][0] for x in loaded if x["curve"]), default=None)
     if last_step is not None and all(x["curve"] for x in loaded):
         heads.append(f"loss at step {last_step} (mean of {LOSS_WINDOW} records to it)")
-        rows.append([f"{_loss_upto(x['curve'], last_step):.4f}" for x in loaded])
+        rows.append([_fmt_loss(_loss_upto(x["curve"], last_step)) for x in loaded])
     if all(x["curve"] and x["tokens_per_step"] for x in loaded):
         tokens = min(x["curve"][-1][0] * x["tokens_per_step"] for x in loaded)
         heads.append(f"loss at {tokens:,.0f} tokens (same)")

@@ -152,9 +152,9 @@ def compute_summary(run: dict) -> dict[str, Any]:
     s["hfu"] = s["hfu_run"]
     if step_mfu and s["mfu_run"] and s["hfu_run"]:
         s["hfu"] = s["mfu"] * s["hfu_run"] / s["mfu_run"]
-    s["peak_source"] = summ.get("peak_source")
-    s["mfu_convention"] = summ.get("mfu_convention")
-    s["device"] = summ.get("device") or _cfg(run, "run.device")
+    s["peak_source"] = _text(summ.get("peak_source"))
+    s["mfu_convention"] = _text(summ.get("mfu_convention"))
+    s["device"] = _text(summ.get("device")) or _text(_cfg(run, "run.device"))
     threads = _cfg(run, "run.threads")
     s["threads"] = threads if isinstance(threads, int) and not isinstance(threads, bool) and threads > 0 else None
     mem = [r.get("mem_peak_bytes") for r in main if _num(r.get("mem_peak_bytes"))]
@@ -319,6 +319,11 @@ def _memory_bound(s: dict) -> dict | None:
             "cause": "the batch is too small for the memory: kernels are small and the device is under-fed",
             "fix": "raise train.micro_batch (about x2 per halving of the unused memory; check with "
                    "`trainperf memory CONFIG`); turn memory.checkpointing off if it is on"}
+
+
+def _text(v: Any) -> str | None:
+    """A summary field that is text: a hand-edited or corrupt summary.json's number or list there is none."""
+    return v if isinstance(v, str) else None
 
 
 def _low_mfu(s: dict) -> dict | None:
