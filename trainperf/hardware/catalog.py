@@ -166,7 +166,7 @@ _BUILTIN = [
             note="MI300X (datasheet): 192 GB HBM3, 5.3 TB/s; Infinity Fabric 896 GB/s aggregate to 7 peers; "
                  "400 Gb/s per GPU; ROCm; gemm_fraction not measured", fp8_tflops=2615),
     GPUSpec("cpu", "CPU (generic server socket)", 2.0, 1.0, 1.0, 1.0, 256.0, 0.2, 100, 12.5, 1, 0, 0.8,
-            note="nominal figures for a 2-socket AVX-512 server; calibrate with --calibrate or a --catalog file"),
+            fabric="shared memory", note="nominal figures for a 2-socket AVX-512 server; calibrate with --calibrate or a --catalog file"),
 ]
 
 CATALOG: dict[str, GPUSpec] = {g.key: g for g in _BUILTIN}

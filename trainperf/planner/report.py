@@ -49,7 +49,8 @@ def render(plan: Plan, *, batch_note: str, top: int, baseline, calibration, elap
     lines = [
         f"trainperf plan: {model.describe()}",
         f"cluster: {plan.gpus} x {g.key} ({g.name}; {g.hbm_gib:g} GiB, dense {g.half_dtype.upper()} peak {g.half_tflops:g} TFLOP/s, "
-        f"{g.fabric} {g.nvlink_gbps:g} GB/s, network {g.internode_gbps:g} GB/s per GPU, {g.gpus_per_node} per node)",
+        f"{g.fabric} {g.nvlink_gbps:g} GB/s, network {g.internode_gbps:g} GB/s per {'device' if g.key == 'cpu' else 'GPU'}, "
+        f"{g.gpus_per_node} per node)",
         f"global batch: {plan.global_batch} sequences x {model.seq} tokens ({batch_note})",
         f"searched {plan.evaluated} layouts in {elapsed:.2f} s: {sum(e.fits for e in plan.candidates)} fit, "
         f"{plan.out_of_memory} out of memory, {len(plan.rejected)} degree combinations rejected",
