@@ -117,6 +117,24 @@ def test_calibrate_without_measurements_exits_2(tmp_path, capsys):
     assert "tokens_per_s" in err and "mfu" in err and "achieved_flops_per_s" in err
 
 
+def test_a_measurement_faster_than_the_peak_is_refused_not_calibrated_to(tmp_path, capsys):
+    # 1e300 tokens/s in a corrupt summary once calibrated silently to the 2.0 bound; a step of 1 ms for 22B on
+    # 8 A100s is the same mistake typed by hand: both imply far more model FLOP/s than the dense peak
+    fixed = ["--model", "gpt-22b", "--gpus", "8", "--tp", "8", "--pp", "1", "--microbatch", "4", "--recompute",
+             "selective", "--sequence-parallel", "--global-batch", "4"]
+    base = _json(capsys, *fixed)["best"]
+    assert main(["plan", *fixed, "--measured", "0.001"]) == 2
+    err = capsys.readouterr().err
+    assert "implies" in err and "dense BF16 peak" in err and "Traceback" not in err
+    # at the model's own MFU the same layout calibrates (the refusal is about the peak, not the model)
+    ok = _json(capsys, *fixed, "--measured", str(base["step_time_s"] * base["mfu"] / 0.95))
+    assert ok["calibration"]["stack_efficiency"]["calibrated"] > 0
+    run = _run_dir(tmp_path, {"tokens_per_s": 1e300, "gpu_name": "NVIDIA A100-SXM4-80GB"})
+    assert main(["plan", "--model", "gpt-22b", "--gpus", "8", "--calibrate", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert "tokens_per_s=1e+300" in err and "summary.json" in err and "implies" in err
+
+
 def test_plan_does_not_import_torch():
     code = (
         "import sys\n"

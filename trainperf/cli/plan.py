@@ -121,12 +121,15 @@ def _stack_from_args(args):
     from trainperf.planner.stack import get_stack, provenance
 
     overrides = {k: getattr(args, k, None) for k in STACK_FLAGS}
-    # the layout pins that are also stack mechanisms: a pin overrides the preset's value (and says so)
-    overrides["sequence_parallel"] = getattr(args, "sequence_parallel", None)
-    rc = getattr(args, "recompute", None) or ("partial" if getattr(args, "recompute_layers", None) is not None else None)
-    overrides["recompute"] = (rc,) if rc else None
     stack = get_stack(args.stack, **overrides)
-    return stack, provenance(args.stack, overrides)
+    # the layout pins that are also stack mechanisms (sequence parallelism, recompute) are held by the search's
+    # Fixed, not put in the stack (a search that frees the layout, as --measured's moves table does, must not
+    # keep them): they show in the stack as given, with "flag" as their source
+    pins = dict(sequence_parallel=getattr(args, "sequence_parallel", None))
+    rc = getattr(args, "recompute", None) or ("partial" if getattr(args, "recompute_layers", None) is not None else None)
+    pins["recompute"] = (rc,) if rc else None
+    shown = get_stack(args.stack, **overrides, **pins)
+    return stack, provenance(args.stack, {**overrides, **pins}), shown
 
 
 def _model_from_args(args):
@@ -204,7 +207,7 @@ def plan_command(args) -> int:
 
         print(report(as_json=args.json, nested=not args.fast_report))
         return 0
-    stack, stack_source = _stack_from_args(args)
+    stack, stack_source, shown_stack = _stack_from_args(args)
     args._stack_attention = stack.attention
     catalog = load_catalog(args.catalog)
     gpu = get_gpu(args.gpu, catalog)
@@ -268,7 +271,7 @@ def plan_command(args) -> int:
         out = _as_json(plan, gpu, batch, batch_note, args.top, baseline, constants, calibration, elapsed, emitted, spread)
         out["pins"] = pins
         out["notes"] = plan.notes
-        out["stack"] = {"name": stack.name, "mechanisms": stack.mechanisms(), "source": stack_source}
+        out["stack"] = {"name": stack.name, "mechanisms": shown_stack.mechanisms(), "source": stack_source}
         if moves is not None:
             out["measured_moves"] = moves
         print_json(out)
@@ -277,7 +280,7 @@ def plan_command(args) -> int:
 
         print(render(plan, batch_note=batch_note, top=args.top, baseline=baseline, calibration=calibration,
                      elapsed=elapsed, emitted=emitted, flop_convention=FLOP_CONVENTION, moves=moves,
-                     spread=spread, stack=stack, pins=pins))
+                     spread=spread, stack=shown_stack, pins=pins))
     return 0
 
 

@@ -128,7 +128,11 @@ def calibrate(run_dir: str, gpu: GPUSpec | None = None, catalog: dict | None = N
         target, what = global_batch * model.seq / tokens_per_s, "step_time_s"
     else:
         target, what = mfu, "mfu"
-    constants, clamped, matched = _fit_shrunk(model, run_gpu, layout, global_batch, target, base, what, stack)
+    try:
+        constants, clamped, matched = _fit_shrunk(model, run_gpu, layout, global_batch, target, base, what, stack)
+    except UserError as exc:
+        given = f"tokens_per_s={tokens_per_s:g}" if tokens_per_s is not None else f"mfu={mfu:g}"
+        raise UserError(f"--calibrate {run_dir}: its summary.json has {given}: {exc}") from None
     report = {
         "run_dir": run_dir,
         "measured": {"tokens_per_s": tokens_per_s, "mfu": mfu, "matched": what, "target": target, **matched},
@@ -176,12 +180,34 @@ def _fit_shrunk(model, gpu, layout, global_batch, measured: float, base: Constan
     from trainperf.planner.interval import CALIBRATION_WEIGHT, shrunk_target
     from trainperf.planner.stack import DEFAULT as _default_stack
 
-    est = estimate(model, gpu, layout, global_batch, base, stack=stack or _default_stack)
+    st = stack or _default_stack
+    est = estimate(model, gpu, layout, global_batch, base, stack=st)
     predicted = est.step_time_s if what == "step_time_s" else est.mfu
+    _check_possible(measured, what, est, gpu, st)
     target = shrunk_target(predicted, measured, CALIBRATION_WEIGHT)
     constants, clamped = fit_efficiency(model, gpu, layout, global_batch, target, base, what=what, stack=stack)
     return constants, clamped, {"predicted_before": round(predicted, 6), "calibration_weight": CALIBRATION_WEIGHT,
                                 "matched_value": round(target, 6)}
+
+
+def _check_possible(measured: float, what: str, est, gpu: GPUSpec, stack) -> None:
+    """A measurement no GPU can produce (more model FLOPs per second than the dense peak; with FP8 GEMMs, than
+    the FP8 peak) is a typo or a corrupt summary, not a level to calibrate to: refused, with the figure."""
+    implied = measured if what == "mfu" else (est.mfu * est.step_time_s / measured if measured > 0 else float("inf"))
+    fp8 = getattr(gpu, "fp8_tflops", 0.0) or 0.0
+    limit = fp8 / gpu.half_tflops if stack.float8 and fp8 else 1.0
+    if not implied <= limit:
+        shown = f"{what} {measured:.4g}" + ("" if what == "mfu" else " s")
+        raise UserError(
+            f"the measured {shown} implies {100 * implied:.3g}% of {gpu.key}'s dense "
+            f"{'FP8' if limit > 1 else gpu.half_dtype.upper()} peak in model FLOPs ({layout_text(est)}): no run does "
+            "that, so it is not a measurement of this layout on this GPU; check the figure, the GPU (--gpu), the "
+            "global batch and the layout the run used")
+
+
+def layout_text(est) -> str:
+    n = est.layout.gpus
+    return f"{est.layout.short()} on {n} GPU{'s' if n != 1 else ''}"
 
 
 def calibrate_measured(step_time_s: float, model: ModelSpec, gpu: GPUSpec, layout: Layout, global_batch: int,
