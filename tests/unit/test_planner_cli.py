@@ -201,3 +201,16 @@ def test_a_fully_fixed_layout_over_the_memory_budget_is_timed_and_flagged(capsys
     assert main(["plan", *fixed[:-2], "--gpu", "a100-40gb"]) == 0
     assert "WARNING: predicted NOT to fit" in capsys.readouterr().out
     assert main(["plan", "--model", "gpt3-175b", "--gpus", "8", "--gpu", "a100-40gb"]) == 2
+
+
+def test_measured_beside_a_preset_and_its_overriding_pins(capsys):
+    """--measured frees the layout for its table of how every layout moves; the pins that override the
+    preset's stack (--zero 3 beside megatron-2021's ZeRO-0, --no-sequence-parallel) must not make that search
+    find nothing and end the command (found by 150 random pin sets)."""
+    argv = ["--model", "llama-70b", "--gpus", "16", "--zero", "3", "--stack", "megatron-2021", "--attention", "eager",
+            "--no-sequence-parallel", "--fused", "--top", "50"]
+    t = _json(capsys, *argv)["best"]["step_time_s"]
+    out = _json(capsys, *argv, "--measured", str(1.3 * t))
+    assert out["calibration"]["stack_efficiency"]["calibrated"] < 1.0
+    assert all(c["zero"] == 3 and not c["sequence_parallel"] for c in out["candidates"])
+    assert out["measured_moves"] and all(m["layout"].endswith("zero3") for m in out["measured_moves"])

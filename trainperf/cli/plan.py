@@ -245,14 +245,22 @@ def plan_command(args) -> int:
                 f"the layout was not fully fixed: took the predicted best, {measured_layout.short()}, as the one "
                 "measured; fix --tp/--pp/--dp/--microbatch/--recompute/--zero to name the layout you ran")
         # every layout, before and after (the moves table); the plan itself keeps every pin
-        free = Fixed(max_micro_batch=args.max_microbatch, cp=args.cp, shard=args.hsdp_shard)
-        before = search(model, gpu, args.gpus, batch, free, constants, stack=stack)
-        constants = calibration.constants
+        # (a --zero given beside a preset that implies a ZeRO stage overrides the stack, so it stays)
+        free = Fixed(max_micro_batch=args.max_microbatch, cp=args.cp, shard=args.hsdp_shard,
+                     zero=fixed.zero if stack.zero_pin() is not None else None)
         t0 = time.perf_counter()
-        after = search(model, gpu, args.gpus, batch, free, constants, stack=stack)
+        try:
+            before = search(model, gpu, args.gpus, batch, free, constants, stack=stack, explain_failure=False)
+            after = search(model, gpu, args.gpus, batch, free, calibration.constants, stack=stack,
+                           explain_failure=False)
+            moves = _moves(before, after, args.top)
+        except UserError:
+            moves = []
+            calibration.report["notes"].append("no layout fits once the layout pins are dropped, so there is no "
+                                               "table of how the other layouts move")
+        constants = calibration.constants
         plan = search(model, gpu, args.gpus, batch, fixed, constants, stack=stack, keep_oom=_degrees_fixed(fixed))
         elapsed += time.perf_counter() - t0
-        moves = _moves(before, after, args.top)
 
     base_degrees, base_source = _baseline(args, model, args.gpus)
     baseline = None
