@@ -140,9 +140,29 @@ def test_catalog_yaml_extension(tmp_path):
     partial.write_text("gpus:\n  y:\n    bf16_tflops: 10\n")
     with pytest.raises(UserError, match="lacks"):
         load_catalog(str(partial))
+    # Hopper inherits its mma.sync limit through base:, a new part defaults to none, and the fraction is checked
+    assert cat["my-h100"].mma_sync_fraction == pytest.approx(2 / 3) and cat["mi-x"].mma_sync_fraction == 1.0
+    frac = tmp_path / "frac.yaml"
+    frac.write_text("gpus:\n  z:\n    base: a100-80gb\n    mma_sync_fraction: 1.5\n")
+    with pytest.raises(UserError, match=r"mma_sync_fraction=1.5 must be in \(0, 1\]"):
+        load_catalog(str(frac))
 
 
 def test_swiglu_model_counts_three_mlp_matrices():
     m = ModelSpec(hidden=8192, layers=80, heads=64, seq=4096, vocab=32000, ffn_hidden=28672, gated=True)
     assert m.layer_matmul_params() == 4 * 8192**2 + 3 * 8192 * 28672
     assert replace(m, gated=False).layer_matmul_params() < m.layer_matmul_params()
+
+
+def test_fp8_casts_of_activations_cost_less_when_a_fused_producer_took_their_amax():
+    # torchao under torch.compile (or TE's fused norm-cast) computes an activation's amax in the kernel that
+    # wrote it: 3 bytes per element instead of 5; the weight's cast is never fused. Only FP8 GEMMs pay casts.
+    from trainperf.planner.kernels import CAST_EAGER, CAST_FUSED, Kernels
+
+    k = Kernels(get_gpu("h100-sxm"), DEFAULTS)
+    m, n, kk = 8192.0, 4096.0, 4096.0
+    eager, fused = k.gemm_fwd_bwd(m, n, kk, fp8=True), k.gemm_fwd_bwd(m, n, kk, fp8=True, fused=True)
+    saved = (CAST_EAGER - CAST_FUSED) / k.hbm
+    assert eager[0] - fused[0] == pytest.approx(saved * m * kk)                  # X
+    assert eager[1] - fused[1] == pytest.approx(saved * (m * n + kk * m + m * n))  # dY (dgrad), X and dY (wgrad)
+    assert k.gemm_fwd_bwd(m, n, kk) == k.gemm_fwd_bwd(m, n, kk, fused=True)      # BF16: no casts at all

@@ -80,8 +80,8 @@ def test_shipped_intervals_are_the_fresh_cross_validated_ones(loso_fast):
     assert 0 < CALIBRATION_WEIGHT < 1  # one measured run sets the level only in part
 
 
-@pytest.mark.xfail(strict=True, reason="issue 22 Done-when not met yet: LLaMA 1/2 and torchtitan miss 8% (LLaMA 1 above the "
-                   "constant), pooled 6.5% > 5%, coverage outside 70-90% on 7 of 10 sources (docs/benchmarks/planner.md)")
+@pytest.mark.xfail(strict=True, reason="issue 22 Done-when not met yet: LLaMA 1/2 miss 8% (LLaMA 1 above the constant), "
+                   "pooled 6.1% > 5%, coverage outside 70-90% on most sources (docs/benchmarks/planner.md)")
 def test_loso_meets_the_issue_22_done_when_criteria(loso_fast):
     summary = loso_fast["summary"]
     for source, v in summary.items():
@@ -140,11 +140,11 @@ def test_baseline_is_one_constant_efficiency():
 
 def test_shipped_constants_are_the_fit_on_all_sources():
     # The shipped FITTED values are the fit on every dev row (what the LOSO report prints as "(all sources)"),
-    # to 3 significant digits. (The docs page that quotes them is the docs site's, kept by its owner.)
+    # shipped to 3 significant digits: within 0.3% of a refit (Nelder-Mead starts from the shipped values, so
+    # rounding them moves the refit's last digit). (The docs page that quotes them is the docs site's.)
     fresh = fit.fit_constants(ROWS)
     for name in fit.FITTED:
-        shipped, refit = (float(f"{getattr(c, name):.3g}") for c in (DEFAULTS, fresh))
-        assert shipped == pytest.approx(refit, rel=2e-3), name
+        assert getattr(DEFAULTS, name) == pytest.approx(getattr(fresh, name), rel=3e-3), name
 
 
 def test_spread_across_weights_sources_by_the_root_of_their_rows_and_within_uses_pairs_of_rows():

@@ -5,6 +5,7 @@ them, and the 80% interval on best and every candidate (narrower after --measure
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -202,3 +203,38 @@ def test_interval_on_best_and_every_candidate_and_narrower_after_measured(capsys
     assert main(["plan", *SHAPE, "--top", "3"]) == 0
     text = capsys.readouterr().out
     assert "80% interval s" in text
+
+
+def test_attention_kernel_is_a_mechanism_that_matters_only_where_the_hardware_says(capsys):
+    # FlashAttention-2's mma.sync gets 2/3 of Hopper's peak (FlashAttention-3 paper), the whole of Ampere's:
+    # --attention-kernel fa2 slows an H100 plan and leaves an A100 plan alone; presets set it, a flag wins
+    from trainperf.planner.kernels import Kernels
+    from trainperf.planner.constants import DEFAULTS
+    from trainperf.hardware.catalog import get_gpu
+
+    h100, a100 = Kernels(get_gpu("h100-sxm"), DEFAULTS), Kernels(get_gpu("a100-80gb"), DEFAULTS)
+    args = (4, 16, 8192, 8192, 128, 0.5)
+    for k, slower in ((h100, True), (a100, False)):
+        (f2, b2), (f3, b3) = k.flash(*args, kernel="fa2"), k.flash(*args, kernel="fa3")
+        assert (f2 > f3 and b2 > b3) if slower else (f2 == f3 and b2 == b3)
+    # the matmul part is exactly 1.5x (what is left is the softmax and launch cost, the same in both)
+    no_sm = replace(DEFAULTS, softmax_ops_per_score=0.0, kernel_overhead_s=0.0)
+    kh = Kernels(get_gpu("h100-sxm"), no_sm)
+    assert kh.flash(*args, kernel="fa2")[0] == pytest.approx(1.5 * kh.flash(*args, kernel="fa3")[0])
+
+    seq = SHAPE.index("--seq") + 1
+    long = SHAPE[:seq] + ["16384"] + SHAPE[seq + 1:] + ["--tp", "1", "--pp", "1", "--microbatch", "1",
+                                                            "--recompute", "full", "--zero", "3"]
+    fa2 = _json(capsys, *long, "--stack", "torchtitan")
+    assert fa2["stack"]["mechanisms"]["attention_kernel"] == "fa2"
+    assert fa2["stack"]["source"]["attention_kernel"] == "preset torchtitan"
+    fa3 = _json(capsys, *long, "--stack", "torchtitan", "--attention-kernel", "fa3")
+    assert fa3["pins"]["attention-kernel"] == "fa3" and fa3["stack"]["source"]["attention_kernel"] == "flag"
+    assert fa2["best"]["step_time_s"] > fa3["best"]["step_time_s"]
+    assert _json(capsys, *long, "--stack", "megatron-core")["stack"]["mechanisms"]["attention_kernel"] == "fa3"
+    a100_args = [a if a != "h100-sxm" else "a100-80gb" for a in long]
+    assert (_json(capsys, *a100_args, "--attention-kernel", "fa2")["best"]["step_time_s"]
+            == _json(capsys, *a100_args, "--attention-kernel", "fa3")["best"]["step_time_s"])
+    with pytest.raises(SystemExit) as e:
+        main(["plan", *SHAPE, "--attention-kernel", "fa4"])
+    assert e.value.code == 2 and "fa4" in capsys.readouterr().err

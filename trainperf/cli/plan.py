@@ -81,6 +81,9 @@ def register(subparsers) -> None:
                    "(torchao / Transformer Engine dynamic scaling; needs an FP8 peak in the catalog)")
     s.add_argument("--async-tp", action=argparse_bool(), default=None, help="tensor-parallel collectives "
                    "overlapped with the matmuls (torchtitan AsyncTP, TE comm overlap)")
+    s.add_argument("--attention-kernel", choices=["fa2", "fa3"], help="FlashAttention generation: fa2 (Ampere's "
+                   "mma.sync: FlashAttention-2, SDPA flash / memory-efficient, xformers; 2/3 of the rate on Hopper) "
+                   "or fa3 (the GPU's native instructions: FlashAttention-3, cuDNN / Transformer Engine)")
     o = p.add_argument_group("output and model")
     o.add_argument("--top", type=whole(1), default=10, help="candidates shown / in --json (default 10)")
     o.add_argument("--baseline", metavar="TP,PP,DP", help="show where this layout ranks and why the best beats it "
@@ -114,7 +117,7 @@ def argparse_suppress():
     return argparse.SUPPRESS
 
 
-STACK_FLAGS = ("dp_reduce", "fused", "attention", "distributed_optimizer", "float8", "async_tp")
+STACK_FLAGS = ("dp_reduce", "fused", "attention", "attention_kernel", "distributed_optimizer", "float8", "async_tp")
 
 
 def _stack_from_args(args):
@@ -408,7 +411,8 @@ def _print_stacks(as_json: bool) -> int:
         mech = ", ".join(f"{k}={'|'.join(v) if isinstance(v, tuple) else v}"
                          for k, v in stack.mechanisms().items() if v is not None)
         print(f"{name}\n  {doc}\n  sets: {mech}")
-    print("\nA flag given beside --stack (--dp-reduce, --fused, --attention, --distributed-optimizer, --float8, "
+    print("\nA flag given beside --stack (--dp-reduce, --fused, --attention, --attention-kernel, --distributed-optimizer, "
+          "--float8, "
           "--async-tp, --sequence-parallel, --recompute, --zero) overrides the preset's value.")
     return 0
 

@@ -73,6 +73,13 @@ class GPUSpec:
     """Dense FP8 tensor-core peak, TFLOP/s (0: no FP8 tensor cores; H100/H200 SXM: 1,979)."""
     fabric: str = "NVLink"
     """What carries ``nvlink_gbps`` between the GPUs of a node: NVLink, PCIe or Infinity Fabric."""
+    mma_sync_fraction: float = 1.0
+    """Fraction of the dense tensor-core peak that warp-level ``mma.sync`` instructions (what kernels
+    written for Ampere use) can reach: 1 where they are the native path (Volta, Ampere, Ada); 2/3 on
+    Hopper, whose peak needs the warpgroup ``wgmma`` instructions (Shah et al. 2024, FlashAttention-3,
+    arXiv 2407.08608, sect. 2: "mma.sync can only reach 2/3 of the peak throughput of the H100 Tensor
+    Cores"). FlashAttention-2, PyTorch SDPA's flash / memory-efficient backends and xformers run their
+    matmuls at this fraction on Hopper (the planner's ``--attention-kernel fa2``)."""
 
     def peak_tflops(self, dtype: str = "bf16") -> float:
         """Dense peak for a precision: bf16, fp16, tf32 or fp32. A precision the part has no tensor
@@ -115,12 +122,12 @@ _BUILTIN = [
     GPUSpec("a100-80gb", "NVIDIA A100-SXM4-80GB", 312, 312, 156, 19.5, 80.0, 2.039, 600, 25, 8, 108, 0.88,
             note="DGX A100, HDR 200 Gb/s per GPU"),
     GPUSpec("h100-sxm", "NVIDIA H100 80GB HBM3", 989, 989, 494, 67, 79.6, 3.35, 900, 50, 8, 132, 0.79,
-            note="DGX H100, NDR 400 Gb/s per GPU", fp8_tflops=1979),
+            note="DGX H100, NDR 400 Gb/s per GPU", fp8_tflops=1979, mma_sync_fraction=2 / 3),
     GPUSpec("h100-pcie", "NVIDIA H100 PCIe", 756, 756, 378, 51, 79.6, 2.0, 128, 25, 8, 114, 0.79,
             fabric="PCIe", note="no NVLink assumed: PCIe Gen5 x16 (128 GB/s both directions); one 200 Gb/s NIC per GPU",
-            fp8_tflops=1513),
+            fp8_tflops=1513, mma_sync_fraction=2 / 3),
     GPUSpec("h200", "NVIDIA H200", 989, 989, 494, 67, 140.4, 4.8, 900, 50, 8, 132, 0.79,
-            note="HGX H200 SXM 141 GB, NDR 400 Gb/s per GPU", fp8_tflops=1979),
+            note="HGX H200 SXM 141 GB, NDR 400 Gb/s per GPU", fp8_tflops=1979, mma_sync_fraction=2 / 3),
     # Other generations and variants. Datasheet figures (dense, never sparse); gemm_fraction where no
     # GEMM was measured stays the 0.80 default, and each note says what the interconnect assumes.
     GPUSpec("v100-16gb", "Tesla V100-SXM2-16GB", 0, 125, 0, 15.7, 15.8, 0.9, 300, 6.25, 8, 80,
@@ -145,7 +152,7 @@ _BUILTIN = [
     GPUSpec("h800", "NVIDIA H800", 989, 989, 494, 67, 79.6, 3.35, 400, 50, 8, 132, 0.79,
             aliases=("NVIDIA H800 80GB HBM3",),
             note="H800 SXM: an H100 SXM with NVLink cut to 400 GB/s (DeepSeek-V3 measured ~160 GB/s per "
-                 "direction); 400 Gb/s InfiniBand per GPU", fp8_tflops=1979),
+                 "direction); 400 Gb/s InfiniBand per GPU", fp8_tflops=1979, mma_sync_fraction=2 / 3),
     GPUSpec("b200", "NVIDIA B200", 2250, 2250, 1100, 75, 179.0, 8.0, 1800, 50, 8, 148,
             note="HGX B200 (datasheet, approximate: dense BF16 2.25 PF, FP8 4.5 PF, 180 GB HBM3e (179 GiB) at "
                  "8 TB/s, NVLink5 1.8 TB/s); 400 Gb/s per GPU; gemm_fraction not measured", fp8_tflops=4500),
@@ -306,8 +313,8 @@ def _entry_from_yaml(key: str, entry, catalog: dict[str, GPUSpec], path: str) ->
             val = entry[name]
             if isinstance(val, bool) or not isinstance(val, (int, float)) or not (0 <= val < float("inf")):
                 raise UserError(f"catalog file {path!r}: gpus.{key}.{name}={val!r} must be a non-negative number")
-            if name == "gemm_fraction" and not 0 < val <= 1:
-                raise UserError(f"catalog file {path!r}: gpus.{key}.gemm_fraction={val!r} must be in (0, 1]")
+            if name in ("gemm_fraction", "mma_sync_fraction") and not 0 < val <= 1:
+                raise UserError(f"catalog file {path!r}: gpus.{key}.{name}={val!r} must be in (0, 1]")
             if name in ("gpus_per_node", "sms") and (val != int(val) or (name == "gpus_per_node" and val < 1)):
                 raise UserError(f"catalog file {path!r}: gpus.{key}.{name}={val!r} must be a whole number"
                                 + (" >= 1" if name == "gpus_per_node" else ""))
@@ -326,7 +333,7 @@ def _entry_from_yaml(key: str, entry, catalog: dict[str, GPUSpec], path: str) ->
             values[name] = str(entry[name])
     if base_key is not None:
         return _usable(replace(catalog[base_key], key=key, **values), path)
-    missing = sorted(_NUMERIC - {"sms", "gemm_fraction", "fp8_tflops"} - set(values))
+    missing = sorted(_NUMERIC - {"sms", "gemm_fraction", "fp8_tflops", "mma_sync_fraction"} - set(values))
     if missing:
         raise UserError(
             f"catalog file {path!r}: new entry gpus.{key} lacks {', '.join(missing)}; give them or set 'base:' to an existing key"

@@ -163,7 +163,7 @@ def layer_cost(model: TransformerSpec, gpu: GPUSpec, c: Constants, tp: int, b: i
     fwd = bwd = 0.0
     q = model.q_dim
     for m_, n_, k_ in ((M, (q + 2 * model.kv_dim) / tp, h), (M, h, q / tp), (M, model.ffn_in / tp, h), (M, h, f / tp)):
-        tf, tb = k.gemm_fwd_bwd(m_, n_, k_, fp8=fp8)
+        tf, tb = k.gemm_fwd_bwd(m_, n_, k_, fp8=fp8, fused=stack.fused)
         fwd += tf
         bwd += tb
     heads = model.heads / tp
@@ -171,7 +171,7 @@ def layer_cost(model: TransformerSpec, gpu: GPUSpec, c: Constants, tp: int, b: i
     dropout = model.attention == "eager"
     if model.attention == "flash":
         # Causal: each rank's share of the s x s blocks (load-balanced under context parallel).
-        core_fwd, core_bwd = k.flash(b, heads, sl, s, d, model.causal_fraction)
+        core_fwd, core_bwd = k.flash(b, heads, sl, s, d, model.causal_fraction, stack.attention_kernel)
         core_recompute = 0.0
     else:
         A = b * heads * sl * s            # score elements per GPU

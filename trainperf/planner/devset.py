@@ -234,8 +234,10 @@ def _olmo_rows() -> list[Row]:
         model = TransformerSpec(hidden=h, layers=l, heads=a, kv_heads=kv, ffn_hidden=f, gated=True, seq=s,
                                 vocab=100352, tied=False, position="rope", norm="rmsnorm", attention="flash",
                                 bias=False, name=name.lower())
-        stack = Stack("olmo-core", dp_reduce="overlap", fused=True, attention="flash", distributed_optimizer=False,
-                      fsdp=True, float8=fp8, fsdp_reduce_bytes=4.0, fsdp_copy_bytes=16.0)
+        # torch 2.6 (OLMo-core's Makefile @ 7e58d128), SDPA (use_flash defaults to False): PyTorch's
+        # FlashAttention-2 code on H100, cuDNN attention being opt-in since pytorch#138522 (Oct 2024)
+        stack = Stack("olmo-core", dp_reduce="overlap", fused=True, attention="flash", attention_kernel="fa2",
+                      distributed_optimizer=False, fsdp=True, float8=fp8, fsdp_reduce_bytes=4.0, fsdp_copy_bytes=16.0)
         rows.append(Row("olmo", label, model, "h100-sxm", gpus, B, B * s / (tps * gpus),
                         (1, 1, gpus, 1, mb, 1, "none", False, 3), approximate=True, stack=stack,
                         note=f"README.md:{line}; {src.OLMO_NOTE}"))

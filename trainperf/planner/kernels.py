@@ -7,7 +7,8 @@ less), one tile per SM at a time, so a GEMM whose tiles fill 2.1 waves of SMs ru
 (``tiles / (ceil(tiles / SMs) x SMs)``; tiles that overhang the matrix edge are padded). This is
 what makes small hidden sizes, small micro-batches and wide tensor parallelism lose efficiency.
 FP8 GEMMs (``float8``) run at the FP8 peak and pay the dynamic-scaling casts of both operands
-(read BF16, amax, write FP8: 5 bytes per element) at HBM bandwidth.
+(read BF16 for the amax, read again and write FP8: 5 bytes per element; 3 for an activation whose
+amax a fused producer computed) at HBM bandwidth.
 Elementwise traffic (:func:`elementwise_bytes`) is counted per op, fused or unfused.
 """
 
@@ -19,6 +20,13 @@ from trainperf.hardware.catalog import GPUSpec
 from trainperf.planner.constants import Constants
 
 TILE = (256, 128)
+CAST_EAGER = 5.0
+"""HBM bytes per element of a dynamic-scaling FP8 cast done apart (torchao eager, any weight): read the
+BF16 tensor for its amax (2), read it again and write FP8 (2 + 1)."""
+CAST_FUSED = 3.0
+"""The same for an activation whose amax the producing kernel computed as it wrote it (torchao under
+``torch.compile``, which torchao names a requirement for FP8 speed; Transformer Engine's fused
+norm-cast): only the scaling cast's read and write remain."""
 
 
 def wave_efficiency(m: float, n: float, batch: float, sms: int) -> float:
@@ -55,27 +63,42 @@ class Kernels:
         self.per_node = max(1, gpu.gpus_per_node)
         self.sms = gpu.sms if c.wave_quantization else 0
 
-    def gemm(self, m: float, n: float, k: float, batch: float = 1.0, fp8: bool = False) -> float:
-        """Y[m,n] = X[m,k] W[k,n] (x batch): soft roofline with wave quantization (module doc)."""
+    def gemm(self, m: float, n: float, k: float, batch: float = 1.0, fp8: bool = False,
+             cast_bytes: tuple[float, float] = (CAST_EAGER, CAST_EAGER)) -> float:
+        """Y[m,n] = X[m,k] W[k,n] (x batch): soft roofline with wave quantization (module doc). FP8:
+        each operand's dynamic-scaling cast at ``cast_bytes`` HBM bytes per element (X's, W's)."""
         flops = 2.0 * m * n * k * batch
         eff = wave_efficiency(m, n, batch, self.sms)
         if fp8:
             nbytes = (m * k + k * n + 2 * m * n) * batch
-            cast = 5.0 * (m * k + k * n) * batch / self.hbm + 2 * self.c.kernel_overhead_s
+            cast = (cast_bytes[0] * m * k + cast_bytes[1] * k * n) * batch / self.hbm + 2 * self.c.kernel_overhead_s
             return flops / (self.rate8 * eff) + self.c.gemm_memory_weight * nbytes / self.hbm + cast + self.c.kernel_overhead_s
         nbytes = 2.0 * (m * k + k * n + m * n) * batch
         return flops / (self.rate * eff) + self.c.gemm_memory_weight * nbytes / self.hbm + self.c.kernel_overhead_s
 
-    def gemm_fwd_bwd(self, m: float, n: float, k: float, fp8: bool = False) -> tuple[float, float]:
-        """(forward, backward = data grad + weight grad) for Y[m,n] = X[m,k] W[k,n]."""
-        return self.gemm(m, n, k, fp8=fp8), self.gemm(m, k, n, fp8=fp8) + self.gemm(k, n, m, fp8=fp8)
+    def gemm_fwd_bwd(self, m: float, n: float, k: float, fp8: bool = False,
+                     fused: bool = False) -> tuple[float, float]:
+        """(forward, backward = data grad + weight grad) for Y[m,n] = X[m,k] W[k,n]. Under FP8 the
+        activations (X, and the output gradient in both backward GEMMs) cost :data:`CAST_FUSED` bytes
+        per element when the stack fuses their amax into the kernel that produced them
+        (``torch.compile`` / Transformer Engine), the weight :data:`CAST_EAGER` always."""
+        act = CAST_FUSED if fused else CAST_EAGER
+        fwd = self.gemm(m, n, k, fp8=fp8, cast_bytes=(act, CAST_EAGER))
+        dgrad = self.gemm(m, k, n, fp8=fp8, cast_bytes=(act, CAST_EAGER))
+        wgrad = self.gemm(k, n, m, fp8=fp8, cast_bytes=(act, act))
+        return fwd, dgrad + wgrad
 
-    def flash(self, b: float, heads: float, sq: float, skv: float, d: int, causal: float) -> tuple[float, float]:
+    def flash(self, b: float, heads: float, sq: float, skv: float, d: int, causal: float,
+              kernel: str = "fa2") -> tuple[float, float]:
         """FlashAttention forward and backward: matmul FLOPs of the executed (causal) blocks at
         attention_efficiency of the GEMM rate, plus the softmax at the vector peak. Backward runs
-        5 matmuls to the forward's 2 (it recomputes the scores) and twice the softmax work."""
+        5 matmuls to the forward's 2 (it recomputes the scores) and twice the softmax work. An
+        ``fa2`` kernel (Ampere's mma.sync) gets the GPU's ``mma_sync_fraction`` of that rate."""
         scores = b * heads * sq * skv * causal
-        mm = 4.0 * scores * d / (self.rate * self.c.attention_efficiency)
+        rate = self.rate * self.c.attention_efficiency
+        if kernel == "fa2":
+            rate *= getattr(self.gpu, "mma_sync_fraction", 1.0)
+        mm = 4.0 * scores * d / rate
         sm = self.c.softmax_ops_per_score * scores / self.vector
         return mm + sm + self.c.kernel_overhead_s, 2.5 * mm + 2 * sm + 2 * self.c.kernel_overhead_s
 

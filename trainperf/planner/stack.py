@@ -13,6 +13,12 @@ A :class:`Stack` is a set of switches, each a physical mechanism with its own co
   mean, rsqrt, mul; SwiGLU as silu then mul; bias add, dropout and residual add apart).
 * ``attention``: ``flash`` (FlashAttention / SDPA) or ``eager`` (scores and probabilities in HBM,
   batched GEMMs plus a memory-bound softmax); None keeps the model's own.
+* ``attention_kernel``: which generation of FlashAttention kernel runs the attention matmuls:
+  ``fa2`` (written for Ampere's ``mma.sync``: FlashAttention-2, PyTorch SDPA's flash and
+  memory-efficient backends, xformers) or ``fa3`` (the architecture's native instructions:
+  FlashAttention-3, cuDNN / Transformer Engine fused attention). On Hopper ``fa2`` runs at the GPU's
+  ``mma_sync_fraction`` (2/3, FlashAttention-3 paper) of the rate ``fa3`` gets; on Ampere and older
+  the two are the same.
 * ``distributed_optimizer``: optimizer states sharded over data parallel (ZeRO-1): gradients
   reduce-scattered, parameters all-gathered after the step (overlapped with the next forward when
   ``dp_reduce`` is ``overlap``, as Megatron-Core's ``--overlap-param-gather``). It pins ZeRO-1
@@ -32,7 +38,9 @@ A :class:`Stack` is a set of switches, each a physical mechanism with its own co
 
 Presets (``trainperf plan --stack NAME``) set them; a flag given beside a preset overrides the
 preset's value. The default, ``default``, is the stack trainperf itself trains with: overlapped
-DP reduction, fused elementwise kernels, FlashAttention, the ZeRO stage searched.
+DP reduction, fused elementwise kernels, FlashAttention through PyTorch SDPA, which on Hopper
+picks cuDNN's native attention in the torch trainperf ships with (``fa3``; torch 2.5.1-2.10 used the
+FlashAttention-2 code: ``--attention-kernel fa2``), the ZeRO stage searched.
 """
 
 from __future__ import annotations
@@ -43,6 +51,7 @@ from trainperf.errors import UserError
 
 DP_REDUCE = ("overlap", "after")
 RECOMPUTE_KINDS = ("none", "selective", "full", "partial")
+ATTENTION_KERNELS = ("fa2", "fa3")
 
 
 @dataclass(frozen=True)
@@ -51,6 +60,7 @@ class Stack:
     dp_reduce: str = "overlap"
     fused: bool = True
     attention: str | None = None
+    attention_kernel: str = "fa3"
     distributed_optimizer: bool | None = None
     fsdp: bool | None = None
     float8: bool = False
@@ -83,6 +93,8 @@ class Stack:
             raise UserError(f"--dp-reduce {self.dp_reduce!r}: choose one of {', '.join(DP_REDUCE)}")
         if self.attention not in (None, "flash", "eager"):
             raise UserError(f"--attention {self.attention!r}: choose flash or eager")
+        if self.attention_kernel not in ATTENTION_KERNELS:
+            raise UserError(f"--attention-kernel {self.attention_kernel!r}: choose one of {', '.join(ATTENTION_KERNELS)}")
         bad = [k for k in self.recompute or () if k not in RECOMPUTE_KINDS]
         if bad or (self.recompute is not None and not self.recompute):
             raise UserError(f"stack {self.name!r}: recompute kinds {list(self.recompute)!r}: choose among "
@@ -106,7 +118,8 @@ DEFAULT = Stack()
 
 PRESETS: dict[str, tuple[Stack, str]] = {
     "default": (DEFAULT, "trainperf's own stack: DP reduction overlapped with the backward, fused "
-                         "elementwise kernels, the model's attention kernel, ZeRO stage searched"),
+                         "elementwise kernels, the model's attention kernel through PyTorch SDPA (fa3: on Hopper, torch >= "
+                         "2.11 with cuDNN >= 9.15 prefers cuDNN attention), ZeRO stage searched"),
     "megatron-2021": (Stack("megatron-2021", dp_reduce="after", fused=True, attention="eager",
                             distributed_optimizer=False, fsdp=False, sequence_parallel=False,
                             recompute=("none", "full")),
@@ -115,19 +128,19 @@ PRESETS: dict[str, tuple[Stack, str]] = {
                       "no distributed optimizer (ZeRO-0), no sequence parallelism, whole-layer "
                       "checkpointing of every layer or none (no selective or block recompute)"),
     "megatron-core": (Stack("megatron-core", dp_reduce="overlap", fused=True, attention="flash",
-                            distributed_optimizer=True, fsdp=False),
+                            attention_kernel="fa3", distributed_optimizer=True, fsdp=False),
                       "Megatron-Core with Transformer Engine: DP reduce-scatter overlapped with the "
                       "backward and param all-gather with the forward (distributed optimizer, ZeRO-1), "
-                      "fused kernels, FlashAttention"),
-    "fsdp": (Stack("fsdp", dp_reduce="overlap", fused=False, attention="flash", distributed_optimizer=False,
-                   fsdp=True),
+                      "fused kernels, Transformer Engine's cuDNN fused attention (Hopper-native: fa3)"),
+    "fsdp": (Stack("fsdp", dp_reduce="overlap", fused=False, attention="flash", attention_kernel="fa2",
+                   distributed_optimizer=False, fsdp=True),
              "PyTorch FSDP (ZeRO-3) in eager mode: per-layer all-gather / reduce-scatter prefetched beside "
-             "compute, SDPA FlashAttention, unfused elementwise ops (no torch.compile)"),
-    "torchtitan": (Stack("torchtitan", dp_reduce="overlap", fused=False, attention="flash",
+             "compute, SDPA FlashAttention-2 (fa2), unfused elementwise ops (no torch.compile)"),
+    "torchtitan": (Stack("torchtitan", dp_reduce="overlap", fused=False, attention="flash", attention_kernel="fa2",
                          distributed_optimizer=False, fsdp=True, fsdp_reduce_bytes=4.0, fsdp_copy_bytes=16.0,
                          sequence_parallel=True),
                    "torchtitan (FSDP2 + TP/PP/CP): FSDP2 per-layer collectives overlapped, SDPA "
-                   "FlashAttention, gradients reduce-scattered in FP32, eager elementwise ops unless --fused "
+                   "FlashAttention-2 (fa2), gradients reduce-scattered in FP32, eager elementwise ops unless --fused "
                    "(torch.compile), sequence parallelism with every TP layout (its TP plan shards the norms); "
                    "--float8 and --async-tp as the runs enable them"),
 }
