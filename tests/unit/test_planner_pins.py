@@ -238,3 +238,9 @@ def test_attention_kernel_is_a_mechanism_that_matters_only_where_the_hardware_sa
     with pytest.raises(SystemExit) as e:
         main(["plan", *SHAPE, "--attention-kernel", "fa4"])
     assert e.value.code == 2 and "fa4" in capsys.readouterr().err
+    # a kernel generation for an attention that runs none is a contradiction, not a silent no-op
+    for extra in (["--attention", "eager"], ["--stack", "megatron-2021"]):
+        assert main(["plan", *SHAPE, *extra, "--attention-kernel", "fa2"]) == 2
+        assert "runs no FlashAttention kernel" in capsys.readouterr().err
+    assert main(["plan", *SHAPE, "--stack", "megatron-2021", "--attention", "flash", "--attention-kernel", "fa2"]) == 0
+    capsys.readouterr()

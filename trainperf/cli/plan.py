@@ -125,6 +125,11 @@ def _stack_from_args(args):
 
     overrides = {k: getattr(args, k, None) for k in STACK_FLAGS}
     stack = get_stack(args.stack, **overrides)
+    if overrides.get("attention_kernel") and stack.attention == "eager":
+        why = "--attention eager" if overrides.get("attention") else f"--stack {args.stack} (eager attention)"
+        raise UserError(f"--attention-kernel {overrides['attention_kernel']} times FlashAttention, but {why} keeps the "
+                        "s x s scores in memory and runs no FlashAttention kernel; drop --attention-kernel, or give "
+                        "--attention flash")
     # the layout pins that are also stack mechanisms (sequence parallelism, recompute) are held by the search's
     # Fixed, not put in the stack (a search that frees the layout, as --measured's moves table does, must not
     # keep them): they show in the stack as given, with "flag" as their source
