@@ -135,12 +135,13 @@ PRESETS: dict[str, tuple[Stack, str]] = {
     "fsdp": (Stack("fsdp", dp_reduce="overlap", fused=False, attention="flash", attention_kernel="fa2",
                    distributed_optimizer=False, fsdp=True),
              "PyTorch FSDP (ZeRO-3) in eager mode: per-layer all-gather / reduce-scatter prefetched beside "
-             "compute, SDPA FlashAttention-2 (fa2), unfused elementwise ops (no torch.compile)"),
+             "compute, SDPA FlashAttention-2 (fa2: torch before 2.11 on Hopper; --attention-kernel fa3 where SDPA "
+             "picks cuDNN), unfused elementwise ops (no torch.compile)"),
     "torchtitan": (Stack("torchtitan", dp_reduce="overlap", fused=False, attention="flash", attention_kernel="fa2",
                          distributed_optimizer=False, fsdp=True, fsdp_reduce_bytes=4.0, fsdp_copy_bytes=16.0,
                          sequence_parallel=True),
                    "torchtitan (FSDP2 + TP/PP/CP): FSDP2 per-layer collectives overlapped, SDPA "
-                   "FlashAttention-2 (fa2), gradients reduce-scattered in FP32, eager elementwise ops unless --fused "
+                   "FlashAttention-2 (fa2, as in its published runs: PyTorch's context parallel had no cuDNN attention path then), gradients reduce-scattered in FP32, eager elementwise ops unless --fused "
                    "(torch.compile), sequence parallelism with every TP layout (its TP plan shards the norms); "
                    "--float8 and --async-tp as the runs enable them"),
 }
