@@ -181,3 +181,22 @@ def test_interval_widens_with_the_non_compute_share_when_held_out_errors_do():
         shares[s] = [0.0, 0.0, 1.0, 1.0]
     assert fit_noncompute_scale(res, shares) >= 1.0
     assert fit_noncompute_scale(flat, shares) <= 0.5
+
+
+def test_a_calibration_moves_a_small_deviation_part_way_and_a_large_one_nearly_all_the_way():
+    # partial pooling by the fitted weight within the deviations the development set holds; beyond them the
+    # held-back part stops growing (the Laplace soft threshold derived from the same weight and spread)
+    import math
+
+    from trainperf.planner.interval import CALIBRATED, CALIBRATION_WEIGHT, shrink_cap, shrunk_target
+
+    w, cap = CALIBRATION_WEIGHT, shrink_cap(CALIBRATED, CALIBRATION_WEIGHT)
+    assert 0 < cap < CALIBRATED.high - CALIBRATED.low  # held back: less than the calibrated interval's width
+    small = 0.5 * cap / (1 - w)
+    assert math.log(shrunk_target(10.0, 10.0 * math.exp(small), w)) == pytest.approx(math.log(10.0) + w * small)
+    for big in (0.3, -0.3, 1.0):  # a cluster 30% off (a V100's TP all-reduces), or 2.7x
+        moved = math.log(shrunk_target(10.0, 10.0 * math.exp(big), w) / 10.0)
+        assert moved == pytest.approx(big - math.copysign(cap, big))
+    # an MFU is calibrated by the same rule (the ratio inverted): symmetric in log
+    assert shrunk_target(0.5, 0.4, w) == pytest.approx(0.5 * 0.4 / shrunk_target(0.4, 0.5, w))
+    assert shrink_cap(CALIBRATED, 1.0) == 0.0 and shrink_cap(CALIBRATED, 0.0) == math.inf

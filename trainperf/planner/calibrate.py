@@ -176,8 +176,9 @@ def fit_efficiency(model: ModelSpec, gpu: GPUSpec, layout: Layout, global_batch:
 
 def _fit_shrunk(model, gpu, layout, global_batch, measured: float, base: Constants, what: str, stack):
     """fit_efficiency to the measurement pulled toward the model's own prediction by the shipped
-    partial-pooling weight (:mod:`trainperf.planner.interval`): one run sets the level only in part."""
-    from trainperf.planner.interval import CALIBRATION_WEIGHT, shrunk_target
+    partial-pooling weight (:mod:`trainperf.planner.interval`): one run sets the level only in part, and
+    at most ``held_back_max_log`` of a large deviation is held back (:func:`~trainperf.planner.interval.shrink_cap`)."""
+    from trainperf.planner.interval import CALIBRATED, CALIBRATION_WEIGHT, shrink_cap, shrunk_target
     from trainperf.planner.stack import DEFAULT as _default_stack
 
     st = stack or _default_stack
@@ -187,6 +188,7 @@ def _fit_shrunk(model, gpu, layout, global_batch, measured: float, base: Constan
     target = shrunk_target(predicted, measured, CALIBRATION_WEIGHT)
     constants, clamped = fit_efficiency(model, gpu, layout, global_batch, target, base, what=what, stack=stack)
     return constants, clamped, {"predicted_before": round(predicted, 6), "calibration_weight": CALIBRATION_WEIGHT,
+                                "held_back_max_log": round(shrink_cap(CALIBRATED, CALIBRATION_WEIGHT), 6),
                                 "matched_value": round(target, 6)}
 
 

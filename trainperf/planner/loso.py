@@ -25,7 +25,7 @@ from trainperf.planner import devset
 from trainperf.planner.constants import DEFAULTS, Constants
 from trainperf.planner.fit import FITTED, baseline_errors, fit_baseline, fit_constants
 from trainperf.planner.interval import (Spread, calibration_weight, fit_noncompute_scale, log_ratio, noncompute_share,
-                                        shrunk_target, spread_from)
+                                        shrink_cap, shrunk_target, spread_from)
 
 FIXED_BASELINE = 0.5
 """The issue's peer: one constant efficiency of 0.5 of the dense peak, nothing fitted."""
@@ -69,7 +69,7 @@ def _calibrated_coverage(test, c: Constants, spread: Spread, weight: float) -> t
         est = devset.predict(ref, c)
         if est is None:
             continue
-        target = shrunk_target(est.step_time_s, ref.published_s, weight)
+        target = shrunk_target(est.step_time_s, ref.published_s, weight, shrink_cap(spread, weight))
         cal, _ = fit_efficiency(ref.model, ref.spec(), est.layout, ref.global_batch, target, c, stack=ref.stack)
         for j, r in enumerate(test):
             if j == i or _model_key(r) != _model_key(ref):

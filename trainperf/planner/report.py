@@ -112,13 +112,12 @@ def render(plan: Plan, *, batch_note: str, top: int, baseline, calibration, elap
             lines.append(f"  {deg}: {r['reason']}")
     if calibration:
         rep = calibration.report
+        m = rep["measured"]
         lines += ["", f"calibrated from {rep['run_dir']}: stack_efficiency "
                       f"{rep['stack_efficiency']['default']} -> {rep['stack_efficiency']['calibrated']} "
-                      f"(measured {rep['measured']['matched']} = {rep['measured']['target']:.4g}, model "
-                      f"{rep['measured'].get('predicted_before', float('nan')):.4g}: matched "
-                      f"{rep['measured'].get('matched_value', rep['measured']['target']):.4g}, moved "
-                      f"{rep['measured'].get('calibration_weight', 1.0):g} of the way in log, as the development set "
-                      "says one run sets the level)"]
+                      f"(measured {m['matched']} = {m['target']:.4g}, model "
+                      f"{m.get('predicted_before', float('nan')):.4g}: matched "
+                      f"{m.get('matched_value', m['target']):.4g}, {_moved(m)})"]
         lines += [f"  note: {n}" for n in rep["notes"]]
     if moves:
         lines += ["", "how the predictions moved with the calibration (step s, before -> after):"]
@@ -131,3 +130,20 @@ def render(plan: Plan, *, batch_note: str, top: int, baseline, calibration, elap
         lines += ["", f"wrote {emitted} (the best layout as a trainperf config)"]
     lines += ["", "model: trainperf/planner (analytical; constants: trainperf plan --constants). Estimates, not measurements."]
     return "\n".join(lines)
+
+
+def _moved(m: dict) -> str:
+    """How far (in log) the calibration moved the model toward the measurement, and why not all the way."""
+    import math
+
+    pred, target, matched = m.get("predicted_before"), m.get("target"), m.get("matched_value", m.get("target"))
+    w = m.get("calibration_weight", 1.0)
+    try:
+        frac = math.log(matched / pred) / math.log(target / pred)
+    except (TypeError, ValueError, ZeroDivisionError):
+        frac = w
+    cap = m.get("held_back_max_log")
+    why = (f"one run sets the level in part (weight {w:g}), holding back at most {100 * (math.exp(cap) - 1):.1f}% of a "
+           "deviation larger than the development set's" if isinstance(cap, (int, float)) else
+           "as the development set says one run sets the level")
+    return f"moved {frac:.2g} of the way in log: {why}"
