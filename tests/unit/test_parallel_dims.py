@@ -128,6 +128,45 @@ def test_failure_report_names_dead_and_hung_ranks():
     assert "distributed.timeout_s=20" in text
 
 
+def test_a_peer_killed_between_steps_is_reported_dead_not_behind(monkeypatch):
+    """Killed after its last collective of step 2, before it began step 3: at first it only looks behind;
+    the report waits for its sign of life to go stale and names it dead, with the step it was in."""
+    from trainperf.distributed import failure
+
+    monkeypatch.setattr(failure, "_DEAD_AFTER_S", 0.4)
+    monkeypatch.setattr(failure, "_ALIVE_EVERY_S", 0.1)
+    store = _Store()
+    now = time.time()
+    store.set("trainperf/heartbeat/1", f"2 {now - 0.2:.3f}")
+    store.set("trainperf/alive/1", f"{now:.3f}")  # fresh now, never refreshed again: it was killed
+    ff = failure.FailFast(0, 2, timeout_s=20, store=store, watchdog=False)
+    ff.step = 3
+    assert ff.suspects() == ["rank 1 is behind (still in step 2)"]
+    text = ff.report("RuntimeError: Connection reset by peer")
+    assert "Cause: rank 1 died (no sign of life for" in text and "it was in step 2)" in text
+    assert "behind" not in text
+
+
+def test_a_slow_peer_that_stays_alive_is_reported_behind(monkeypatch):
+    from trainperf.distributed import failure
+
+    monkeypatch.setattr(failure, "_DEAD_AFTER_S", 0.3)
+    monkeypatch.setattr(failure, "_ALIVE_EVERY_S", 0.1)
+
+    class _Live(_Store):
+        def get(self, k):  # a live rank keeps refreshing its sign of life
+            if k.startswith("trainperf/alive/"):
+                return f"{time.time():.3f}".encode()
+            return super().get(k)
+
+    store = _Live()
+    store.set("trainperf/heartbeat/1", f"2 {time.time():.3f}")
+    store.set("trainperf/alive/1", f"{time.time():.3f}")
+    ff = failure.FailFast(0, 2, timeout_s=20, store=store, watchdog=False)
+    ff.step = 3
+    assert "Cause: rank 1 is behind (still in step 2)." in ff.report("RuntimeError: boom")
+
+
 def test_comm_counter_ring_formula():
     import torch
 

@@ -44,6 +44,14 @@ def _store():
     return None
 
 
+_SETTLED = ("died", "hung", "never reported")
+
+
+def _settled(found: list[str]) -> bool:
+    """A verdict that waiting cannot change: some rank is dead, hung or never started."""
+    return any(word in s for s in found for word in _SETTLED)
+
+
 class FailFast:
     """Heartbeats, failure reports and a watchdog for one rank."""
 
@@ -124,10 +132,13 @@ class FailFast:
 
     def report(self, reason: str) -> str:
         try:
+            # A peer that just died still looks alive for _DEAD_AFTER_S, and one killed between its last
+            # collective and its next step looks merely "behind": wait for a settled verdict (died, hung,
+            # never reported) until the deadline, then say what is known.
             found = self.suspects()
             deadline = time.monotonic() + _DEAD_AFTER_S + 2 * _ALIVE_EVERY_S
-            while not found and time.monotonic() < deadline:  # a peer that just died still looks alive
-                time.sleep(0.5)
+            while not _settled(found) and time.monotonic() < deadline:
+                time.sleep(min(0.5, _ALIVE_EVERY_S))
                 found = self.suspects()
             who = ("; ".join(found)) if found else "no other rank looks dead or hung (see the other ranks' reports)"
         except ConnectionError:
@@ -167,7 +178,7 @@ class FailFast:
         deadline = time.monotonic() + _DEAD_AFTER_S + 2 * _ALIVE_EVERY_S  # a peer that just died still looks alive
         while True:
             try:
-                if any("died" in s or "never reported" in s for s in self.suspects()):
+                if any("died" in s or "never reported" in s for s in self.suspects()):  # not "hung": alive
                     return True
             except ConnectionError:
                 return True
