@@ -17,10 +17,10 @@ A100 = get_gpu("a100-80gb")
 def test_1t_on_3072_gpus_under_two_seconds():
     model = from_preset("gpt3-1t")
     batch, _ = default_global_batch(model, 3072)
-    t0 = time.perf_counter()
+    t0 = time.process_time()  # CPU seconds of this process: another job on the machine does not count
     plan = search(model, A100, 3072, batch)
-    elapsed = time.perf_counter() - t0
-    print(f"1T on 3072 A100: {plan.evaluated} layouts in {elapsed:.3f} s")
+    elapsed = time.process_time() - t0
+    print(f"1T on 3072 A100: {plan.evaluated} layouts in {elapsed:.3f} CPU s")
     assert elapsed < 2.0
     assert plan.evaluated > 1000 and plan.candidates
     for est in plan.candidates:
