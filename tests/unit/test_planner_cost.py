@@ -166,3 +166,34 @@ def test_fp8_casts_of_activations_cost_less_when_a_fused_producer_took_their_ama
     assert eager[0] - fused[0] == pytest.approx(saved * m * kk)                  # X
     assert eager[1] - fused[1] == pytest.approx(saved * (m * n + kk * m + m * n))  # dY (dgrad), X and dY (wgrad)
     assert k.gemm_fwd_bwd(m, n, kk) == k.gemm_fwd_bwd(m, n, kk, fused=True)      # BF16: no casts at all
+
+
+def test_sharded_optimizer_all_reducing_the_whole_gradient_doubles_its_traffic():
+    # DeepSpeed's BF16_Optimizer under the pipeline engine all-reduces the whole FP32 gradient buffer
+    # (each rank then steps its shard); Megatron's distributed optimizer reduce-scatters it: a ring all-reduce
+    # is a reduce-scatter plus an all-gather, so the gradient part of the DP time doubles; the parameter
+    # all-gather after the step is the same in both
+    from trainperf.planner.stack import Stack
+
+    model = from_preset("gpt3-13b")
+    lay = Layout(2, 1, 32, 4, zero=1)
+    rs_stack = Stack("rs", dp_reduce="after", distributed_optimizer=True)
+    ar_stack = replace(rs_stack, grad_reduce_op="all-reduce")
+    no_dp = replace(rs_stack, distributed_optimizer=True)
+    rs = estimate(model, A100, lay, 512, stack=rs_stack).time["dp_comm"]
+    ar = estimate(model, A100, lay, 512, stack=ar_stack).time["dp_comm"]
+    from trainperf.planner.kernels import Kernels
+
+    k = Kernels(A100, DEFAULTS)
+    dev_params = (model.layers * model.layer_params() + model.embedding_params()) / 2
+    gather = k.half_collective(dev_params * DEFAULTS.param_bytes, 32, k.bandwidth(32, 2))
+    assert ar - gather == pytest.approx(2 * (rs - gather), rel=1e-9)
+    assert ar > rs > gather > 0
+    # ZeRO-0 (DDP all-reduce) and FSDP are not touched by it
+    for zero in (0, 3):
+        z = Layout(2, 1, 32, 4, zero=zero)
+        assert (estimate(model, A100, z, 512, stack=replace(no_dp, distributed_optimizer=None)).step_time_s
+                == estimate(model, A100, z, 512, stack=replace(no_dp, distributed_optimizer=None,
+                                                               grad_reduce_op="all-reduce")).step_time_s)
+    with pytest.raises(UserError, match="grad-reduce-op"):
+        Stack("bad", grad_reduce_op="allreduce")

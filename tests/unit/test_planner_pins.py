@@ -244,3 +244,15 @@ def test_attention_kernel_is_a_mechanism_that_matters_only_where_the_hardware_sa
         assert "runs no FlashAttention kernel" in capsys.readouterr().err
     assert main(["plan", *SHAPE, "--stack", "megatron-2021", "--attention", "flash", "--attention-kernel", "fa2"]) == 0
     capsys.readouterr()
+
+
+def test_grad_reduce_op_flag_is_echoed_and_costs_a_zero1_layout_more(capsys):
+    zero1 = [*SHAPE, "--tp", "1", "--pp", "1", "--zero", "1", "--dp-reduce", "after"]
+    rs = _json(capsys, *zero1)
+    ar = _json(capsys, *zero1, "--grad-reduce-op", "all-reduce")
+    assert ar["pins"]["grad-reduce-op"] == "all-reduce" and ar["stack"]["source"]["grad_reduce_op"] == "flag"
+    assert rs["stack"]["mechanisms"]["grad_reduce_op"] == "reduce-scatter"
+    assert ar["best"]["step_time_s"] > rs["best"]["step_time_s"]
+    with pytest.raises(SystemExit) as e:
+        main(["plan", *SHAPE, "--grad-reduce-op", "allreduce"])
+    assert e.value.code == 2 and "allreduce" in capsys.readouterr().err

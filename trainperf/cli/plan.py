@@ -77,6 +77,10 @@ def register(subparsers) -> None:
                    "activation kernels (Megatron, torch.compile); --no-fused: one kernel per elementwise op (eager)")
     s.add_argument("--distributed-optimizer", action=argparse_bool(), default=None, help="shard the optimizer "
                    "states over data parallel (ZeRO-1: gradient reduce-scatter, parameter all-gather)")
+    s.add_argument("--grad-reduce-op", choices=["reduce-scatter", "all-reduce"], help="how a ZeRO-1/2 layout "
+                   "reduces the gradients: reduce-scatter (Megatron's distributed optimizer, DeepSpeed ZeRO) or "
+                   "all-reduce of the whole gradient before each rank steps its shard (DeepSpeed's BF16_Optimizer "
+                   "under its pipeline engine): twice the traffic")
     s.add_argument("--float8", action=argparse_bool(), default=None, help="FP8 GEMMs in the linear layers "
                    "(torchao / Transformer Engine dynamic scaling; needs an FP8 peak in the catalog)")
     s.add_argument("--async-tp", action=argparse_bool(), default=None, help="tensor-parallel collectives "
@@ -117,7 +121,8 @@ def argparse_suppress():
     return argparse.SUPPRESS
 
 
-STACK_FLAGS = ("dp_reduce", "fused", "attention", "attention_kernel", "distributed_optimizer", "float8", "async_tp")
+STACK_FLAGS = ("dp_reduce", "fused", "attention", "attention_kernel", "distributed_optimizer", "grad_reduce_op", "float8",
+               "async_tp")
 
 
 def _stack_from_args(args):
@@ -417,7 +422,7 @@ def _print_stacks(as_json: bool) -> int:
                          for k, v in stack.mechanisms().items() if v is not None)
         print(f"{name}\n  {doc}\n  sets: {mech}")
     print("\nA flag given beside --stack (--dp-reduce, --fused, --attention, --attention-kernel, --distributed-optimizer, "
-          "--float8, "
+          "--grad-reduce-op, --float8, "
           "--async-tp, --sequence-parallel, --recompute, --zero) overrides the preset's value.")
     return 0
 

@@ -371,9 +371,12 @@ def estimate(model: TransformerSpec, gpu: GPUSpec, layout: Layout, global_batch:
             comm = k.all_reduce(gbytes, n, bw)
         else:
             ag = k.half_collective(dev_params * c.param_bytes, n_shard, bw)
-            comm = k.half_collective(gbytes, n_shard, bw) + ag
-            if n_shard < n:  # HSDP-style replicas: all-reduce the shards across groups
-                comm += k.all_reduce(gbytes / n_shard, n // n_shard, k.bandwidth(n // n_shard, t * n_shard))
+            if stack.grad_reduce_op == "all-reduce":  # the whole gradient on every rank, each steps its shard
+                comm = k.all_reduce(gbytes, n, bw) + ag
+            else:
+                comm = k.half_collective(gbytes, n_shard, bw) + ag
+                if n_shard < n:  # HSDP-style replicas: all-reduce the shards across groups
+                    comm += k.all_reduce(gbytes / n_shard, n // n_shard, k.bandwidth(n // n_shard, t * n_shard))
         if stack.dp_reduce == "after":  # reduced once the backward is done: all of it exposed
             dp_time = comm
         # overlapped: the same contention as FSDP's per-layer collectives (NCCL takes SMs and HBM

@@ -79,9 +79,14 @@ GRAND_TETON = replace(get_gpu("h100-sxm"), key="h100-96gb-hbm2e", hbm_gib=94.0, 
                       fp16_tflops=912.0, fp8_tflops=1824.0,
                       note="Grand Teton H100 96GB HBM2e at 500 W (peak between SXM and NVL), 400 Gb/s RDMA per GPU")
 MEGATRON_DS = Stack("megatron-deepspeed", dp_reduce="after", fused=True, attention="eager",
-                    distributed_optimizer=True, fsdp=False, grad_bytes=2.0)
-"""BLOOM's Megatron-DeepSpeed: DeepSpeed's pipeline engine reduces after the backward; its BF16_Optimizer
-keeps bf16 gradients and shards the fp32 copy with the optimizer states (ZeRO-1 equivalent)."""
+                    distributed_optimizer=True, grad_reduce_op="all-reduce", fsdp=False, grad_bytes=2.0)
+"""BLOOM's Megatron-DeepSpeed (bf16): DeepSpeed's pipeline engine reduces after the backward; its BF16_Optimizer
+keeps bf16 gradients, shards the fp32 master copy with the optimizer states (ZeRO-1 equivalent), and all-reduces
+the whole FP32 gradient buffer (``PipelineEngine._bf16_reduce_grads`` on ``get_grads_for_reduction``), then
+all-gathers the bf16 parameters after each rank's step."""
+MEGATRON_DS_FP16 = replace(MEGATRON_DS, name="megatron-deepspeed-fp16", grad_reduce_op="reduce-scatter")
+"""BigScience's 2021 V100 runs: fp16, so DeepSpeed's ZeRO stage-1 optimizer instead of the BF16_Optimizer; it
+reduces each rank's gradient partition (``reduce_scatter``, on by default) rather than all-reducing the whole."""
 # Jean Zay's V100 SXM2 nodes (BigScience's 2021 runs): 4 GPUs per node, two NVLink2 links between each pair
 # (2 x 25 GB/s each way = 100 GB/s both directions: what a 2- or 4-GPU ring gets), Omni-Path 100 Gb/s taken as
 # 2 links per node (6.25 GB/s per GPU). Approximate.
@@ -266,7 +271,7 @@ def generation_rows() -> list[Row]:
                                 tied=True, position="learned", attention="eager", name=f"bigscience-{label.split()[0]}")
         spec = JEAN_ZAY_V100[gpu.removeprefix("v100-")]
         rows.append(Row("bigscience-v100", label, model, spec.key, tp * pp * dp, B, float(sec),
-                        (tp, pp, dp, 1, mb, 1, rc, False, 1), approximate=approx, stack=MEGATRON_DS, gpu_spec=spec,
+                        (tp, pp, dp, 1, mb, 1, rc, False, 1), approximate=approx, stack=MEGATRON_DS_FP16, gpu_spec=spec,
                         note=f"{line}; {src.BIGSCIENCE_V100_NOTE}"))
     return rows
 

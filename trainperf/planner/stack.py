@@ -23,6 +23,11 @@ A :class:`Stack` is a set of switches, each a physical mechanism with its own co
   reduce-scattered, parameters all-gathered after the step (overlapped with the next forward when
   ``dp_reduce`` is ``overlap``, as Megatron-Core's ``--overlap-param-gather``). It pins ZeRO-1
   for layouts that are not FSDP; None leaves the ZeRO stage to the layout or the search.
+* ``grad_reduce_op``: how a stack with sharded optimizer states (ZeRO-1/2, not FSDP) reduces the
+  gradients: ``reduce-scatter`` (Megatron's distributed optimizer, DeepSpeed ZeRO-2: each rank
+  receives only the shard it updates) or ``all-reduce`` (DeepSpeed's BF16_Optimizer under its pipeline
+  engine: the whole FP32 gradient buffer is all-reduced on every rank, ``get_grads_for_reduction``,
+  then each rank steps its shard and the BF16 parameters are all-gathered): twice the gradient traffic.
 * ``fsdp``: parameters sharded too (ZeRO-3 / FSDP), per-layer all-gather and reduce-scatter
   prefetched beside compute. True pins ZeRO-3, None leaves it to the search.
 * ``float8``: the linear layers' GEMMs at the FP8 dense peak (torchao / Transformer Engine
@@ -52,6 +57,7 @@ from trainperf.errors import UserError
 DP_REDUCE = ("overlap", "after")
 RECOMPUTE_KINDS = ("none", "selective", "full", "partial")
 ATTENTION_KERNELS = ("fa2", "fa3")
+GRAD_REDUCE_OPS = ("reduce-scatter", "all-reduce")
 
 
 @dataclass(frozen=True)
@@ -62,6 +68,7 @@ class Stack:
     attention: str | None = None
     attention_kernel: str = "fa3"
     distributed_optimizer: bool | None = None
+    grad_reduce_op: str = "reduce-scatter"
     fsdp: bool | None = None
     float8: bool = False
     async_tp: bool = False
@@ -95,6 +102,8 @@ class Stack:
             raise UserError(f"--attention {self.attention!r}: choose flash or eager")
         if self.attention_kernel not in ATTENTION_KERNELS:
             raise UserError(f"--attention-kernel {self.attention_kernel!r}: choose one of {', '.join(ATTENTION_KERNELS)}")
+        if self.grad_reduce_op not in GRAD_REDUCE_OPS:
+            raise UserError(f"--grad-reduce-op {self.grad_reduce_op!r}: choose one of {', '.join(GRAD_REDUCE_OPS)}")
         bad = [k for k in self.recompute or () if k not in RECOMPUTE_KINDS]
         if bad or (self.recompute is not None and not self.recompute):
             raise UserError(f"stack {self.name!r}: recompute kinds {list(self.recompute)!r}: choose among "
