@@ -111,9 +111,10 @@ def _balancer_run(rank):
 
 # seq 64: the per-sample compute well above the share-independent time (optimizer, data), so that the 3x rank
 # is worth a move by the policy's own cost model even when a busy machine inflates that fixed time (at seq 16
-# the policy once judged, rightly, that no move paid within the 30 settle steps)
+# the policy once judged, rightly, that no move paid within the 30 settle steps); 45 settle steps: a busy machine
+# delays the first decision
 BENCH_ARGS = dict(ranks=2, slow_rank=1, slowdown=3.0, steps=6, block=3, global_batch=24, micro_steps=2, seq=64, dim=64,
-                  window=10, min_steps=4, threshold=0.2, min_gain=0.02, sync_every=2, settle_steps=30, pin=False,
+                  window=10, min_steps=4, threshold=0.2, min_gain=0.02, sync_every=2, settle_steps=45, pin=False,
                   verify=True, verify_steps=3, verify_block=2, backoff_steps=100, timeout_s=COLLECTIVE_TIMEOUT_S)
 
 
@@ -240,11 +241,17 @@ def test_bench_worker_moves_samples_off_the_slow_rank(results):
     assert d["old_shares"] == [12, 12] and d["new_shares"][1] < d["new_shares"][0]  # a move off the slow rank
     # tried against the old shares: kept or reverted on the measured step time (a busy machine's noise over
     # 3 steps per arm may hide the gain; the rules are tested on scripted timings in test_balance_verify.py)
+    assert 0 < res["ideal_step_s"] <= min(res["unbalanced_step_s"], res["balanced_step_s"])
+    if not res["verdicts"]:
+        # a busy machine made the policy decide only after the settle steps, in the measured blocks (where it
+        # stays on, as in training): its trial was still running when they ended; never a trial cut short
+        # inside the settle phase, which runs on until a trial started there is judged
+        assert len(res["decisions"]) == 1 and d["step"] >= res["settle_steps"], (res["decisions"], res["settle_steps"])
+        return
     v = res["verdicts"][0]
     assert v["new_shares"] == d["new_shares"] and v["shares"] == (d["new_shares"] if v["verdict"] == "kept" else [12, 12])
     if len(res["decisions"]) == 1 and len(res["verdicts"]) == 1:
         assert res["shares"] == v["shares"]  # the verdict's shares are the ones that ran on
-    assert 0 < res["ideal_step_s"] <= min(res["unbalanced_step_s"], res["balanced_step_s"])
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--worker"]:
