@@ -47,9 +47,10 @@ class Spread:
     basis: str
     noncompute_scale: float = 0.0
     """How much wider the interval is per unit of the step's non-compute share (communication not hidden,
-    pipeline bubbles, the optimizer): the log bounds scale by ``1 + noncompute_scale x share``. Held-out
-    errors grow with that share (the model's collectives, contention and bubbles are less certain than its
-    GEMMs): FITTED with the bounds, by the interval score of the held-out rows (:func:`fit_noncompute_scale`)."""
+    pipeline bubbles, the optimizer): the log bounds scale by ``1 + noncompute_scale x share`` (the model's
+    collectives, contention and bubbles are less certain than its GEMMs). FITTED with the bounds, by the
+    interval score of the held-out rows (:func:`fit_noncompute_scale`); per-share error figures are in
+    docs/benchmarks/planner.md."""
 
     def bounds(self, step_time_s: float, noncompute: float = 0.0) -> tuple[float, float]:
         f = 1.0 + self.noncompute_scale * min(max(noncompute, 0.0), 1.0)
