@@ -16,6 +16,7 @@ import json
 import math
 import numbers
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +62,14 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     data = text.encode("utf-8")
+    try:
+        special = not stat.S_ISREG(os.stat(path).st_mode) and not stat.S_ISDIR(os.stat(path).st_mode)
+    except OSError:
+        special = False
+    if special:  # a device or a pipe (/dev/stdout, /dev/null): written through, never renamed over
+        with open(path, "wb") as f:
+            f.write(data)
+        return path
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
         with open(tmp, "wb") as f:

@@ -4,6 +4,8 @@ per rank), or the side-by-side comparison of `trainperf compare` as HTML (severa
 
 from __future__ import annotations
 
+import os
+
 from trainperf.cli._common import add_json_flag
 
 
@@ -24,25 +26,79 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def check_out(path: str | None, flag: str = "--out") -> None:
-    """An output file the user named: not a directory, in a directory that exists."""
+def _looks_like_html(path: str) -> bool:
+    try:
+        with open(path, "rb") as f:
+            head = f.read(512)
+    except OSError:
+        return False
+    head = head.lstrip(b"\xef\xbb\xbf \t\r\n").lower()
+    return head.startswith((b"<!doctype html", b"<html", b"<!--")) or not head
+
+
+def check_out(path: str | None, flag: str = "--out", inputs: list[str] = ()) -> None:
+    """An HTML file the user named: not a directory, in a directory that exists, not one of the inputs, and
+    never a file that is not an HTML page already (a trace or a config is not replaced by a report)."""
     import os
+    import stat
 
     from trainperf.errors import UserError
 
     if path is None:
         return
+    if not path.strip():
+        raise UserError(f"{flag} {path!r} is empty; give a file name, e.g. report.html")
     if os.path.isdir(path):
         raise UserError(f"{flag} {path!r} is a directory; give a file name, e.g. {os.path.join(path, 'report.html')}")
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
         raise UserError(f"{flag} {path!r}: directory {parent} does not exist; create it or choose another path")
+    if not os.path.exists(path):
+        return
+    for src in inputs:
+        try:
+            same = os.path.samefile(path, src)
+        except OSError:
+            same = False
+        if same:
+            raise UserError(f"{flag} {path!r} is the input being read ({src}); the report would replace it. "
+                            "Choose another path, e.g. report.html")
+    mode = os.stat(path).st_mode
+    if not stat.S_ISREG(mode):
+        raise UserError(f"{flag} {path!r} is not a regular file (a device, a pipe or a socket); give the path of "
+                        "an .html file")
+    if not _looks_like_html(path):
+        raise UserError(f"{flag} {path!r} exists and is not an HTML page (a trace, a config, data?); the report "
+                        "would replace it. Choose another path, or delete it first if it can go")
 
 
 def run(args) -> int:
     from trainperf.runio import dumps_strict
 
-    check_out(args.out)
+    check_out(args.out, inputs=args.run_dirs)
+    try:
+        result = _build(args)
+    except OSError as exc:  # the report's own file (the inputs' errors are UserErrors naming them)
+        from trainperf.errors import UserError
+
+        if args.out and exc.filename and os.path.dirname(os.path.abspath(str(exc.filename))) == \
+                os.path.dirname(os.path.abspath(args.out)):
+            raise UserError(f"--out {args.out!r} cannot be written ({exc.strerror or exc}); choose a writable "
+                            "path") from None
+        raise
+    if args.json:
+        print(dumps_strict(result))
+    else:
+        print(f"report: {result['html']} ({len(result['charts'])} charts"
+              + (f"; no data for {', '.join(result['skipped'])}" if result["skipped"] else "") + ")")
+        if result.get("known") is not None:  # a run killed before its first step record: what it left
+            from trainperf.monitor.diagnose import known_lines
+
+            print("\n".join(known_lines(result)))
+    return 0
+
+
+def _build(args) -> dict:
     if len(args.run_dirs) == 1:
         from trainperf.trace.ranks import discover
 
@@ -59,13 +115,4 @@ def run(args) -> int:
         from trainperf.monitor.compare import build_compare_report
 
         result = build_compare_report(args.run_dirs, args.out)
-    if args.json:
-        print(dumps_strict(result))
-    else:
-        print(f"report: {result['html']} ({len(result['charts'])} charts"
-              + (f"; no data for {', '.join(result['skipped'])}" if result["skipped"] else "") + ")")
-        if result.get("known") is not None:  # a run killed before its first step record: what it left
-            from trainperf.monitor.diagnose import known_lines
-
-            print("\n".join(known_lines(result)))
-    return 0
+    return result

@@ -46,6 +46,32 @@ def _pct(x: float | None) -> float | None:
     return None if x is None else 100.0 * x
 
 
+def timeline_notes(tl: Timeline) -> list[str]:
+    """What the reader left out or repaired in a corrupt or hand-edited trace, one line each."""
+    out = []
+    if tl.far_events:
+        out.append(f"{tl.far_events} GPU event(s) or runtime call(s) start or end implausibly far from the rest of "
+                   "the trace (minutes away: a corrupt ts or dur): left out of every figure")
+    if tl.duplicate_events:
+        out.append(f"{tl.duplicate_events} GPU event(s) appear twice (same start, duration, name, stream and "
+                   "correlation id: a merged or concatenated trace): counted once")
+    if tl.bad_occupancy:
+        out.append(f"{tl.bad_occupancy} kernel(s) had an achieved occupancy outside 0-100%: left out of the "
+                   "occupancy figures")
+    if tl.bad_steps:
+        out.append(f"{tl.bad_steps} ProfilerStep annotation(s) had a zero, negative or non-numeric duration: left out")
+    if tl.overlapping_steps:
+        out.append(f"{tl.overlapping_steps} ProfilerStep annotation(s) start inside an earlier step (nested or "
+                   "overlapping; torch writes them one after another): left out")
+    if tl.repeated_step_numbers:
+        out.append(f"{tl.repeated_step_numbers} ProfilerStep annotation(s) repeat an earlier step's number (a merged "
+                   "or hand-edited trace): each is still its own step")
+    if tl.empty_steps:
+        out.append(f"the {tl.empty_steps} ProfilerStep window(s) hold none of the trace's GPU events or runtime "
+                   "calls (steps timed apart from everything else): the trace span is used as one step")
+    return out
+
+
 def analyze_timeline(tl: Timeline, *, path: str = "", rank: int | None = None, patterns: Any = None,
                      top_n: int = 10) -> dict[str, Any]:
     pats = load_patterns(patterns)
@@ -77,6 +103,7 @@ def analyze_timeline(tl: Timeline, *, path: str = "", rank: int | None = None, p
     if tl.bad_durations:
         notes.append(f"{tl.bad_durations} GPU event(s) or runtime call(s) had a duration that is negative or not a "
                      "number (a corrupt or hand-edited trace): timed as 0")
+    notes += timeline_notes(tl)
     cm = fg.comm(tl, cls, lo, hi) if nsteps else None
     syncs, sync_sum = fg.host_syncs(tl, lo, hi)
     dev = fg.device(tl, main)

@@ -74,7 +74,9 @@ def steps(tl: Timeline, launch: np.ndarray) -> dict[str, Any]:
         if not np.isfinite(lo):
             return {"spans": [], "numbers": [], "host": [], "found": None, "notes": ["the trace has no timed events"]}
         host, numbers = [(lo, hi)], [None]
-        notes.append("no ProfilerStep#N in the trace: the whole trace (its CPU span) is one step")
+        what = ("no usable ProfilerStep#N (below)" if tl.bad_steps or tl.overlapping_steps or tl.empty_steps
+                else "no ProfilerStep#N in the trace")
+        notes.append(f"{what}: the whole trace (its CPU span) is one step")
     spans = list(host)
     g_end = tl.g_ts + tl.g_dur
     n = len(spans)

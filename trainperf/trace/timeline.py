@@ -45,7 +45,7 @@ CATEGORIES = {"kernel": (_GPU, GPU_KERNEL), "mtia_ccp_events": (_GPU, GPU_KERNEL
               "cuda_runtime": (_RT, 0), "runtime": (_RT, 0), "cuda_driver": (_RT, 1), "mtia_runtime": (_RT, 0),
               "hip_runtime": (_RT, 0), "cpu_op": (_OP, 0), "operator": (_OP, 0), "python": (_OP, 0),
               "user_annotation": (_ANNO, 0), "cuda_sync": (5, 0)}
-STEP_RE = re.compile(r"^ProfilerStep\s*#\s*(\d+)")
+STEP_RE = re.compile(r"^ProfilerStep\s*#\s*(\d{1,18})(?!\d)")  # a longer number is not a step (nor an int64)
 COMM_OPS = {"nccl:broadcast", "nccl:reduce", "nccl:all_reduce", "nccl:all_gather", "nccl:reduce_scatter",
             "gloo:broadcast", "gloo:reduce", "gloo:all_reduce", "gloo:all_gather", "gloo:reduce_scatter"}
 SYNC_OPS = {"aten::item", "aten::_local_scalar_dense"}
@@ -100,14 +100,15 @@ class _Names(dict):
 
 
 def _floats(values: list) -> np.ndarray:
+    """Numbers as float64; anything else (text, None, an integer beyond float64's range): NaN."""
     try:
         return np.array(values, dtype=np.float64)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         out = np.empty(len(values))
         for i, v in enumerate(values):
             try:
                 out[i] = float(v)
-            except (TypeError, ValueError):
+            except (TypeError, ValueError, OverflowError):
                 out[i] = np.nan
         return out
 
@@ -231,6 +232,23 @@ class Timeline:
     of every figure, counted here so the report can say so."""
     bad_durations: int = 0
     """GPU events and runtime calls whose duration is negative or not a number: timed as 0."""
+    far_events: int = 0
+    """GPU events and runtime calls that start or end implausibly far from the rest of the trace (more
+    than ``_FAR`` times its interquartile spread, at least ``_FAR`` s, from the median start): a corrupt
+    time, left out of every figure."""
+    duplicate_events: int = 0
+    """GPU events repeated exactly (start, duration, kind, name, stream and correlation id): counted once."""
+    bad_occupancy: int = 0
+    """Kernels whose achieved occupancy is outside 0-100%: left out of the occupancy figures."""
+    bad_steps: int = 0
+    """ProfilerStep annotations with a zero, negative or non-numeric duration: left out."""
+    overlapping_steps: int = 0
+    """ProfilerStep annotations that start inside an earlier step (nested or overlapping): left out."""
+    repeated_step_numbers: int = 0
+    """ProfilerStep annotations (distinct spans) that repeat an earlier step's number."""
+    empty_steps: int = 0
+    """ProfilerStep annotations dropped because none of their windows holds a GPU event or runtime call
+    of the trace (steps timed apart from everything else): the trace span is used instead."""
 
 
 _DTYPES = {"ts": np.float64, "dur": np.float64, "kind": np.int8, "name": np.int32, "stream": np.int64,
@@ -288,10 +306,10 @@ class Collector:
         t.events += len(evs)
         if not (gpu or rt or ops or annos or syncs):
             return
-        if self.base is None:
-            first = next(iter(gpu or rt or ops or annos or syncs))
-            b = _floats([first.ts])[0]
-            self.base = float(b) if np.isfinite(b) else 0.0
+        if self.base is None:  # one of the first chunk's own times (its median: a corrupt first event's is not)
+            b = _floats([e.ts for group in (gpu, rt, ops, annos, syncs) for e in group])
+            b = b[np.isfinite(b)]
+            self.base = float(np.percentile(b, 50, method="lower")) if b.size else 0.0
             t.base_us = self.base
         if gpu:
             self._gpu(gpu, gk)
@@ -307,7 +325,9 @@ class Collector:
             self.sy["dur"].add(dur[keep])
             self.sy["stream"].add(st[keep])
 
-    def _times(self, evs: list[Event]) -> tuple[np.ndarray, np.ndarray]:
+    def _times(self, evs: list[Event], count: bool = True) -> tuple[np.ndarray, np.ndarray]:
+        """Start (relative to the base) and duration of each event; ``count``: a GPU event or runtime call, whose
+        missing start or bad duration the report counts (CPU ones: the steps' are counted apart)."""
         with np.errstate(over="ignore", invalid="ignore"):  # a corrupt time beyond float64: inf, dropped
             ts = _floats([e.ts for e in evs]) - self.base
             dur = _floats([e.dur for e in evs])
@@ -317,8 +337,9 @@ class Collector:
         ts[~np.isfinite(end)] = np.nan
         t = self.t
         ok = np.isfinite(ts)
-        t.untimed += int(ok.size - np.count_nonzero(ok))
-        t.bad_durations += int(np.count_nonzero(bad & ok))
+        if count:
+            t.untimed += int(ok.size - np.count_nonzero(ok))
+            t.bad_durations += int(np.count_nonzero(bad & ok))
         if ok.any():
             t.all_min = min(t.all_min, float(ts[ok].min()))
             t.all_max = max(t.all_max, float(end[ok].max()))
@@ -337,7 +358,12 @@ class Collector:
         g["device"].add(np.array([_stream_num(a.device if a.device is not None else e.pid)
                                      for a, e in zip(A, evs)], dtype=np.int64))
         g["corr"].add(_ints([a.corr for a in A]))
-        g["occ"].add(_floats([a.occ if a.occ is not None else np.nan for a in A]).astype(np.float32))
+        occ = _floats([a.occ if a.occ is not None else np.nan for a in A])
+        with np.errstate(invalid="ignore"):
+            out = (occ < 0) | (occ > 100)
+        self.t.bad_occupancy += int(np.count_nonzero(out))
+        occ[out] = np.nan  # not a share of the SM: left out of the occupancy figures
+        g["occ"].add(occ.astype(np.float32))
         g["bps"].add(_floats([a.bps if a.bps is not None else np.nan for a in A]).astype(np.float32))
         g["bytes"].add(_floats([a.nbytes if a.nbytes is not None else np.nan for a in A]))
         g["coll"].add(np.array([names[a.coll] if a.coll is not None else -1 for a in A], dtype=np.int32))
@@ -360,7 +386,7 @@ class Collector:
         for group, is_op in ((ops, True), (annos, False)):
             if not group:
                 continue
-            ts, dur = self._times(group)
+            ts, dur = self._times(group, count=False)
             role = np.array([roles[e.name] for e in group], dtype=np.int8)
             # the ops whose launches the plugin's tensor-core share counts: operator nodes (not the
             # ProfilerStep, not DataParallel.forward / DistributedDataParallel.forward, not Optimizer.*)
@@ -402,11 +428,115 @@ class Collector:
                 for k in keys:
                     setattr(t, prefix + k, getattr(t, prefix + k)[ok])
         t.op_ext = np.unique(self.op_ext.array())
+        gk, rk = list(self.g), list(self.r)
         self.g, self.r, self.sy, self.op_ext = {}, {}, {}, None
-        t.steps.sort()
-        t.dataloader.sort()
+        _drop_far(t, gk, rk)
+        _drop_duplicates(t, gk)
         t.cpu_ops = self.ops.result()
+        t.steps = _clean_steps(t)
+        t.dataloader.sort()
         return t
+
+
+_FAR = 100.0
+"""How far from the rest of the trace a GPU event or runtime call may lie before its time is taken for
+corrupt: ``_FAR`` times the interquartile spread of the starts, and never less than ``_FAR`` seconds, from
+their median. A real trace is one profiling window: nothing in it is minutes away from the rest."""
+_STEP_TOLERANCE_US = 2.0  # integer-microsecond ts and dur, each rounded: consecutive steps may touch by this
+
+
+def _keep(t: Timeline, prefix: str, keys: list[str], ok: np.ndarray) -> None:
+    for k in keys:
+        setattr(t, prefix + k, getattr(t, prefix + k)[ok])
+
+
+def _drop_far(t: Timeline, gk: list[str], rk: list[str]) -> None:
+    """Leave out GPU events and runtime calls far outside the trace's window (a corrupt ts or dur: one such
+    kernel would otherwise stretch every step to its length)."""
+    starts = np.concatenate([t.g_ts, t.r_ts])
+    if starts.size == 0:
+        return
+    q25, q50, q75 = np.percentile(starts, [25, 50, 75])
+    reach = _FAR * max(float(q75 - q25), 1e6)
+    lo, hi = q50 - reach, q50 + reach
+    for prefix, keys in (("g_", gk), ("r_", rk)):
+        ts = getattr(t, prefix + "ts")
+        ok = (ts >= lo) & (ts + getattr(t, prefix + "dur") <= hi)
+        if not ok.all():
+            t.far_events += int(ok.size - np.count_nonzero(ok))
+            _keep(t, prefix, keys, ok)
+    if t.far_events:  # the trace's span without them
+        lows = [t.cpu_min] + [float(a.min()) for a in (t.g_ts, t.r_ts) if a.size]
+        highs = [t.cpu_max] + [float((a + d).max()) for a, d in ((t.g_ts, t.g_dur), (t.r_ts, t.r_dur)) if a.size]
+        t.all_min, t.all_max = min(lows), max(highs)
+
+
+def _drop_duplicates(t: Timeline, gk: list[str]) -> None:
+    """Count a GPU event repeated exactly (same start, duration, kind, name, stream and correlation id) once:
+    a merged or concatenated trace would otherwise count its kernels twice. Events without a correlation id
+    are left alone (two sub-microsecond copies on one stream may share an integer ts and a 0 dur)."""
+    n = t.g_ts.size
+    if n < 2:
+        return
+    keyed = np.flatnonzero(t.g_corr >= 0)
+    if keyed.size < 2:
+        return
+    rec = np.rec.fromarrays([t.g_corr[keyed], t.g_ts[keyed], t.g_dur[keyed], t.g_name[keyed],
+                             t.g_stream[keyed], t.g_kind[keyed]])
+    _, first = np.unique(rec, return_index=True)
+    if first.size == keyed.size:
+        return
+    ok = np.ones(n, dtype=bool)
+    ok[keyed] = False
+    ok[keyed[first]] = True
+    t.duplicate_events += int(n - np.count_nonzero(ok))
+    _keep(t, "g_", gk, ok)
+
+
+def _clean_steps(t: Timeline) -> list:
+    """The ProfilerStep spans the figures can use: sorted, with a positive duration, none starting inside an
+    earlier one, holding some of the trace's GPU work (else none: the trace span is used); exact repeats stay
+    for the readers, which drop them."""
+    steps = sorted(t.steps)
+    good = [s for s in steps if s[1] > 0]
+    t.bad_steps += len(steps) - len(good)
+    kept: list = []
+    end = -np.inf
+    for s in good:
+        if kept and s == kept[-1]:
+            kept.append(s)  # an exact repeat: tb.steps / hta.window drop it, as torch never writes one
+            continue
+        if s[0] < end - _STEP_TOLERANCE_US:
+            t.overlapping_steps += 1
+            continue
+        kept.append(s)
+        end = s[0] + s[1]
+    spans = sorted(set(kept))
+    nums = [n for _, _, n in spans]
+    t.repeated_step_numbers += len(nums) - len(set(nums))
+    if spans and (t.g_ts.size or t.r_ts.size):
+        lo = np.array([s[0] for s in spans])
+        hi = np.array([s[0] + s[1] for s in spans])
+        inside = 0
+        for ts in (t.g_ts, t.r_ts):
+            if ts.size:
+                k = np.searchsorted(lo, ts, side="right") - 1
+                ok = k >= 0
+                inside += int(np.count_nonzero(ts[ok] <= hi[k[ok]]))
+        if inside == 0:  # the steps' times are what is corrupt: the span falls back on the rest of the trace
+            t.empty_steps += len(spans)
+            op_lo, op_hi = t.cpu_ops
+            lows = [float(a.min()) for a in (t.g_ts, t.r_ts) if a.size]
+            highs = [float((a + d).max()) for a, d in ((t.g_ts, t.g_dur), (t.r_ts, t.r_dur)) if a.size]
+            if op_lo.size:
+                t.cpu_min, t.cpu_max = float(op_lo.min()), float(op_hi.max())
+                lows.append(t.cpu_min)
+                highs.append(t.cpu_max)
+            else:
+                t.cpu_min, t.cpu_max = min(lows), max(highs)
+            t.all_min, t.all_max = min(lows), max(highs)
+            return []
+    return kept
 
 
 __all__ = ["CATEGORIES", "Collector", "GPU_KERNEL", "GPU_MEMCPY", "GPU_MEMSET", "STEP_RE", "Timeline"]
