@@ -246,6 +246,7 @@ def plan_command(args) -> int:
     t0 = time.perf_counter()
     plan = search(model, gpu, args.gpus, batch, fixed, constants, stack=stack, keep_oom=_degrees_fixed(fixed))
     elapsed = time.perf_counter() - t0
+    _check_finite(plan, args)
     moves = None
     if args.measured is not None:
         from trainperf.planner.calibrate import calibrate_measured
@@ -282,7 +283,7 @@ def plan_command(args) -> int:
         baseline = {"degrees": base_degrees, "source": base_source, "rank": found[0] if found else None,
                     "estimate": found[1] if found else None,
                     "rejected": [r for r in plan.rejected if (r.get("tp"), r.get("pp"), r.get("dp")) == base_degrees]}
-    emitted = _emit_config(plan, args.emit_config) if args.emit_config else None
+    emitted = _emit_config(plan, args.emit_config) if args.emit_config is not None else None
     from trainperf.planner.interval import ACROSS, CALIBRATED
 
     spread = CALIBRATED if calibration else ACROSS
@@ -427,6 +428,20 @@ def _print_stacks(as_json: bool) -> int:
     return 0
 
 
+def _check_finite(plan, args) -> None:
+    """A step time that is not a finite positive number comes from a constant or a catalog value far outside
+    what a GPU is (a rate of 1e-300, a weight of 1e300): refused instead of ranked."""
+    import math
+
+    s = plan.best.step_time_s
+    if not (math.isfinite(s) and 0 < s < 1e9):
+        given = [f"--set-constant {c}" for c in (args.set_constant or [])] + ([f"--catalog {args.catalog}"]
+                                                                              if getattr(args, "catalog", None) else [])
+        raise UserError(f"the model gives a step time of {s!r} s for the best layout ({plan.best.layout.short()}): "
+                        f"not a plausible figure; check {', '.join(given) or 'the inputs'} (a rate, bandwidth or "
+                        "fraction far from any GPU's; `trainperf plan --constants` lists the defaults)")
+
+
 def _emit_config(plan, path: str) -> str:
     """Write the best layout as a config `trainperf train` accepts (validated before writing)."""
     import os
@@ -439,19 +454,31 @@ def _emit_config(plan, path: str) -> str:
 
     best = plan.best
     L, model = best.layout, plan.model
+    if not path.strip():
+        raise UserError(f"--emit-config {path!r} is empty; give a file name, e.g. plan.yaml")
+    if L.cp > 1:  # the config has no context parallelism: a config without it would be another layout
+        raise UserError(f"--emit-config: the best layout ({L.short()}) splits the sequence over {L.cp} ranks "
+                        "(context parallelism), which `trainperf train` does not run; pin --cp 1 to emit a "
+                        "config it can run")
     if model.name in PRESETS:
         model_cfg = {"preset": model.name}
     else:
         model_cfg = {"preset": "tiny", "n_layer": model.layers, "n_head": model.heads, "n_embd": model.hidden,
                      "block_size": model.seq, "vocab_size": model.vocab}
     fsdp = L.zero >= 1
+    group = L.shard if 0 < L.shard < L.dp else L.dp  # HSDP: sharded within groups, replicated across them
+    if L.recompute == "partial":  # whole layers per stage: the same share of blocks, spread evenly
+        layers_stage = -(-model.layers // L.pp)
+        ckpt = {"mode": "ratio", "ratio": round(L.recompute_layers / layers_stage, 6)}
+    else:
+        ckpt = {"mode": L.recompute}
     data = {
         "model": model_cfg,
         "train": {"global_batch": plan.global_batch, "micro_batch": L.micro_batch},
         "precision": {"dtype": "bf16"},
         "parallelism": {
-            "data": 1 if fsdp else L.dp,
-            "data_shard": L.dp if fsdp else 1,
+            "data": L.dp // group if fsdp else L.dp,
+            "data_shard": group if fsdp else 1,
             "tensor": L.tp,
             "pipeline": L.pp,
             "interleave": L.interleave,
@@ -461,7 +488,7 @@ def _emit_config(plan, path: str) -> str:
                                   else "1f1b" if best.microbatches >= L.pp else "gpipe"),
             "sequence_parallel": L.sequence_parallel,
         },
-        "memory": {"checkpointing": {"mode": L.recompute}},
+        "memory": {"checkpointing": ckpt},
     }
     cfg = build_config(data, source="trainperf plan --emit-config")
     check_batch(cfg)
@@ -472,6 +499,9 @@ def _emit_config(plan, path: str) -> str:
         f"# layout {L.short()}: estimated {best.step_time_s:.2f} s/step, {best.tflops_per_gpu:.0f} TFLOP/s per GPU "
         f"(model FLOPs), {best.memory_bytes / 2**30:.1f} GiB per GPU\n"
     )
+    if L.recompute == "partial":
+        header += (f"# The plan recomputes {L.recompute_layers} whole layer(s) of each stage's {-(-model.layers // L.pp)}: "
+                   "written as that share of the blocks (memory.checkpointing.mode ratio).\n")
     if L.zero in (1, 2):
         header += (f"# The plan used ZeRO-{L.zero}; trainperf expresses sharding as FSDP (data_shard), which shards "
                    "parameters too (less memory, more traffic than planned).\n")

@@ -347,11 +347,27 @@ _POSITIVE = {"hbm_gib": "device memory, GiB", "hbm_tbps": "memory bandwidth, TB/
              "fp32_tflops": "FP32 peak, TFLOP/s"}
 
 
+_PLAUSIBLE = {"bf16_tflops": (0.1, 1e5), "fp16_tflops": (0.1, 1e5), "tf32_tflops": (0.01, 1e5),
+              "fp32_tflops": (0.01, 1e5), "fp8_tflops": (0.1, 1e5), "hbm_gib": (0.1, 1e5), "hbm_tbps": (0.01, 1e3),
+              "nvlink_gbps": (0.1, 1e5), "internode_gbps": (0.01, 1e5), "gpus_per_node": (1, 4096),
+              "sms": (1, 1e5), "gemm_fraction": (0.05, 1.0), "mma_sync_fraction": (0.05, 1.0)}
+"""What any accelerator's entry can hold (a value of 0 means "none" where the field allows it): outside it a
+typo or a wrong unit (GB/s written as TB/s, bytes as GiB), and the planner's times would be nonsense."""
+
+
 def _usable(spec: GPUSpec, path: str) -> GPUSpec:
-    """An entry the planner can time: every rate it divides by above 0, and a 16-bit peak."""
+    """An entry the planner can time: every rate it divides by above 0, each value in a plausible range, and a
+    16-bit peak."""
     for name, what in _POSITIVE.items():
         if getattr(spec, name) <= 0:
             raise UserError(f"catalog file {path!r}: gpus.{spec.key}.{name}={getattr(spec, name)!r} must be > 0 ({what})")
+    for name, (lo, hi) in _PLAUSIBLE.items():
+        v = getattr(spec, name, None)
+        if v is None or (v == 0 and name not in _POSITIVE and name != "gpus_per_node"):
+            continue
+        if not lo <= v <= hi:
+            raise UserError(f"catalog file {path!r}: gpus.{spec.key}.{name}={v!r} is outside {lo:g}-{hi:g}, what any "
+                            f"accelerator has ({_POSITIVE.get(name, name.replace('_', ' '))}); check its unit")
     if not (spec.bf16_tflops or spec.fp16_tflops):
         raise UserError(f"catalog file {path!r}: gpus.{spec.key} needs a 16-bit tensor peak: bf16_tflops or fp16_tflops "
                         "> 0 (fp16 alone for a part without BF16, like a V100)")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import re
 from dataclasses import dataclass, fields, replace
 
 from trainperf.errors import UserError
@@ -25,6 +26,23 @@ RATE_CONSTANTS = {"stack_efficiency": "the GEMM rate", "attention_efficiency": "
                   "hbm_fraction": "the HBM bandwidth", "nvlink_fraction": "the NVLink bandwidth",
                   "internode_fraction": "the network bandwidth"}
 """Constants that multiply a rate: 0 would make a step take forever (a division by zero)."""
+
+
+_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+FRACTIONS = ("stack_efficiency", "attention_efficiency", "comm_contention", "wave_quantization")
+"""Constants that are a share of something (at most 1), besides the *_fraction / *_overlap ones."""
+MIN_RATE = 1e-3
+
+
+def _upper(name: str) -> float:
+    """The largest value a constant can take and still describe a GPU and a training stack."""
+    if name.endswith("_s"):
+        return 1.0  # a second per kernel launch or per collective
+    if name.endswith("_bytes") or name == "loss_bytes_per_logit":
+        return 1024.0
+    if name.endswith("_gib"):
+        return 1e4
+    return 1e3
 
 
 @dataclass(frozen=True)
@@ -119,13 +137,22 @@ class Constants:
                 value = float(raw)
             except ValueError:
                 raise UserError(f"--set-constant {name}={raw!r}: the value must be a number") from None
+            if math.isfinite(value) and not _NUMBER.fullmatch(raw):  # float() also reads "1_0" as 10
+                raise UserError(f"--set-constant {name}={raw!r}: the value must be a plain number, e.g. 0.7 or 2e-5")
             if not math.isfinite(value) or value < 0:
                 raise UserError(f"--set-constant {name}={raw}: must be a finite number >= 0")
             if name in RATE_CONSTANTS and value == 0:
                 raise UserError(f"--set-constant {name}={raw}: must be above 0 (it scales a rate the step time is "
                                 f"divided by: {RATE_CONSTANTS[name]}); the default is {getattr(self, name):g}")
-            if (name.endswith(("_fraction", "_overlap")) or name in ("attention_efficiency", "comm_contention", "wave_quantization")) and value > 1:
+            if (name.endswith(("_fraction", "_overlap")) or name in FRACTIONS) and value > 1:
                 raise UserError(f"--set-constant {name}={value}: a fraction must be between 0 and 1")
+            if name in RATE_CONSTANTS and value < MIN_RATE:
+                raise UserError(f"--set-constant {name}={raw}: below {MIN_RATE:g}, a GPU would run over a thousand "
+                                f"times slower than its catalog rates; the default is {getattr(self, name):g}")
+            hi = _upper(name)
+            if value > hi:
+                raise UserError(f"--set-constant {name}={raw}: above {hi:g}, no GPU or stack the model describes; "
+                                f"the default is {getattr(self, name):g}")
             values[name] = value
         return replace(self, **values)
 
