@@ -11,9 +11,10 @@ Precedence: ``--set`` overrides > YAML file > the defaults written here.
 from __future__ import annotations
 
 import math
-from typing import Annotated, Literal, Optional, Union
+import typing
+from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from trainperf.limits import MAX_BATCH, MAX_CONTEXT, MAX_DEGREE, MAX_HEADS, MAX_HIDDEN, MAX_LAYERS, MAX_VOCAB
 
@@ -32,6 +33,56 @@ class Section(BaseModel):
         protected_namespaces=(),
         allow_inf_nan=False,  # .nan / .inf are never a valid setting
     )
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        """Refuse true/false where a number is expected. Pydantic's lax mode reads True as 1 and False as 0,
+        and YAML 1.1 reads yes/no/on/off as booleans, so `steps: yes` silently meant a one-step run. Runs for
+        every field of every section (new fields included); fields whose type admits bool are left alone."""
+        if isinstance(value, bool):
+            kind = _number_kind(_field_annotation(cls, info.field_name))
+        elif isinstance(value, (list, tuple)) and any(isinstance(v, bool) for v in value):
+            kind = _number_kind(_field_annotation(cls, info.field_name), items=True)
+        else:
+            return value
+        if kind:
+            raise ValueError(f"a boolean where {kind} is expected (YAML reads yes/no/on/off/true/false as "
+                             "booleans); write a number")
+        return value
+
+
+def _field_annotation(model: type[BaseModel], name: str | None) -> Any:
+    info = model.model_fields.get(name) if name else None
+    return info.annotation if info is not None else None
+
+
+def _number_kind(annotation: Any, *, items: bool = False) -> str:
+    """"a whole number" / "a number" when ``annotation`` (through Optional, Union, Annotated) takes an int or a
+    float but not a bool, else "". ``items``: look at the element types of a tuple/list annotation instead."""
+    kinds: set[type] = set()
+
+    def walk(ann: Any, inside: bool) -> None:
+        origin, args = typing.get_origin(ann), typing.get_args(ann)
+        if origin is Annotated:
+            walk(args[0], inside)
+        elif origin is Literal:
+            return
+        elif origin in (tuple, list):
+            if inside:
+                for a in args:
+                    if a is not Ellipsis:
+                        walk(a, False)
+        elif args:  # Union / Optional
+            for a in args:
+                walk(a, inside)
+        elif ann in (int, float, bool) and not inside:
+            kinds.add(ann)
+
+    walk(annotation, items)
+    if bool in kinds or not kinds:
+        return ""
+    return "a whole number" if kinds == {int} else "a number"
 
 
 def _parse_bytes(value):
