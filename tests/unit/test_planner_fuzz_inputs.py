@@ -59,3 +59,45 @@ def test_emit_config_writes_partial_recompute_and_hsdp_as_planned(tmp_path, caps
             says="context parallelism")
     assert not (tmp_path / "cp.yaml").exists()
     refused(capsys, "--emit-config", "", says="--emit-config '' is empty")
+
+
+@pytest.mark.parametrize("change,says", [
+    ({"tie_word_embeddings": "no"}, "tie_word_embeddings='no' must be true or false"),  # was read as tied
+    ({"max_position_embeddings": 0}, "max_position_embeddings=0 must be a positive integer"),  # was ignored
+    ({"max_position_embeddings": -5}, "max_position_embeddings=-5 must be a positive integer"),
+    ({"hidden_size": None}, "hidden_size is null, NaN or Infinity"),  # was "no hidden_size key"
+])
+def test_hf_config_odd_values_are_refused_naming_them(tmp_path, capsys, change, says):
+    import json
+
+    cfg = {"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 2, "num_attention_heads": 32,
+           "vocab_size": 32000, "intermediate_size": 11008, "max_position_embeddings": 4096}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**cfg, **change}))
+    rc = main(["plan", "--hf-config", str(path), "--gpus", "8", "--top", "1"])
+    err = capsys.readouterr().err
+    assert rc == 2 and says in err, err
+    path.write_text(json.dumps(cfg))
+    assert main(["plan", "--hf-config", str(path), "--gpus", "8", "--top", "1"]) == 0
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize("argv,says", [
+    (["--baseline", "0,1,8"], "each degree must be at least 1"),           # was exit 0, "not a valid split"
+    (["--baseline", "3,1,8"], "= 24 GPUs, but --gpus is 8"),
+    (["--baseline", "1,1,8", "--tp", "2"], "but --tp 2 is pinned"),
+    (["--baseline="], "expected TP,PP,DP"),                                 # was silently ignored
+    (["--zero", "0", "--distributed-optimizer"], "ZeRO-0 keeps the optimizer whole"),
+    (["--zero", "1", "--no-distributed-optimizer"], "ZeRO-1 shards the optimizer"),
+])
+def test_baselines_and_pins_that_cannot_hold_are_refused(capsys, argv, says):
+    refused(capsys, *argv, says=says)
+
+
+def test_a_zero_pin_beside_a_preset_shows_the_sharding_it_runs(capsys):
+    assert main([*BASE, "--zero", "3", "--stack", "megatron-2021", "--json"]) == 0
+    import json
+
+    out = json.loads(capsys.readouterr().out)
+    assert out["best"]["layout"]["zero"] == 3 if isinstance(out["best"].get("layout"), dict) else True
+    assert out["stack"]["mechanisms"]["fsdp"] is True and out["stack"]["mechanisms"]["distributed_optimizer"] is False

@@ -103,6 +103,10 @@ def from_hf_config(path: str, *, seq: int | None = None, attention: str = "flash
     for field, names in _KEYS.items():
         key, value = _first(cfg, names)
         if key is None:
+            present = next((n for n in names if n in cfg), None)
+            if present is not None:  # there, but null (or NaN / Infinity, which the reader reads as null)
+                raise UserError(f"{path}: {present} is null, NaN or Infinity in the file; it must be a positive "
+                                "integer")
             raise UserError(f"{path}: no {' / '.join(names)} key; is this a decoder-only transformer's config.json?")
         vals[field] = _int(path, key, value)
     h, heads = vals["hidden"], vals["heads"]
@@ -126,11 +130,13 @@ def from_hf_config(path: str, *, seq: int | None = None, attention: str = "flash
     gated = (not gpt2_like) and (act in _GATED_ACTS or model_type in ("llama", "mistral", "mixtral", "qwen2", "gemma",
                                                                        "gemma2", "qwen3", "olmo", "phi3"))
     tied = cfg.get("tie_word_embeddings")
+    if tied is not None and not isinstance(tied, bool):
+        raise UserError(f"{path}: tie_word_embeddings={tied!r} must be true or false (a JSON boolean)")
     if tied is None:
         tied = gpt2_like  # GPT-2 and friends tie; Llama's config says so explicitly
     learned = gpt2_like and model_type not in ("gpt_neox", "gptj", "falcon", "mpt")
-    _, max_pos = _first(cfg, ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "n_ctx"))
-    max_pos = max_pos if isinstance(max_pos, int) and max_pos > 0 else None
+    key, max_pos = _first(cfg, ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "n_ctx"))
+    max_pos = _int(path, key, max_pos) if key else None
     s = seq or (min(max_pos, 4096) if max_pos else 2048)
     bias = bool(cfg.get("attention_bias", False)) or (gpt2_like and model_type not in ("mpt",) and not cfg.get("no_bias"))
     norm = "layernorm" if gpt2_like else "rmsnorm"

@@ -138,10 +138,18 @@ def _stack_from_args(args):
     # the layout pins that are also stack mechanisms (sequence parallelism, recompute) are held by the search's
     # Fixed, not put in the stack (a search that frees the layout, as --measured's moves table does, must not
     # keep them): they show in the stack as given, with "flag" as their source
+    zero, dist = getattr(args, "zero", None), overrides.get("distributed_optimizer")
+    if zero is not None and dist is not None and (zero == 0) == dist:
+        raise UserError(f"--zero {zero} with --{'' if dist else 'no-'}distributed-optimizer: "
+                        + ("ZeRO-0 keeps the optimizer whole on every rank; drop one of them"
+                           if dist else f"ZeRO-{zero} shards the optimizer (a distributed optimizer); drop one of them"))
     pins = dict(sequence_parallel=getattr(args, "sequence_parallel", None))
+    if zero is not None and stack.zero_pin() is not None and stack.zero_pin() != zero:
+        # --zero overrides the preset's sharding: the stack shown says what the rows use
+        pins |= dict(fsdp=zero == 3, distributed_optimizer=zero in (1, 2))
     rc = getattr(args, "recompute", None) or ("partial" if getattr(args, "recompute_layers", None) is not None else None)
     pins["recompute"] = (rc,) if rc else None
-    shown = get_stack(args.stack, **overrides, **pins)
+    shown = get_stack(args.stack, **{**overrides, **pins})
     return stack, provenance(args.stack, {**overrides, **pins}), shown
 
 
@@ -195,11 +203,22 @@ def _model_from_args(args):
 def _baseline(args, model, gpus):
     from trainperf.planner.search import SEED_BASELINES
 
-    if args.baseline:
+    if args.baseline is not None:
         try:
             tp, pp, dp = (int(x) for x in args.baseline.replace("x", ",").split(","))
         except ValueError:
             raise UserError(f"--baseline {args.baseline!r}: expected TP,PP,DP, e.g. --baseline 8,4,16") from None
+        if min(tp, pp, dp) < 1:
+            raise UserError(f"--baseline {args.baseline!r}: each degree must be at least 1, e.g. --baseline 8,4,16")
+        cp = args.cp or 1
+        if tp * pp * dp * cp != gpus:
+            raise UserError(f"--baseline {args.baseline!r}: tensor {tp} x pipeline {pp} x data {dp}"
+                            + (f" x context {cp}" if cp > 1 else "") + f" = {tp * pp * dp * cp} GPUs, but --gpus is "
+                            f"{gpus}; give degrees whose product is {gpus}")
+        for flag, pinned, value in (("--tp", args.tp, tp), ("--pp", args.pp, pp), ("--dp", args.dp, dp)):
+            if pinned is not None and pinned != value:
+                raise UserError(f"--baseline {args.baseline!r} has {flag.lstrip('-')} {value}, but {flag} {pinned} is "
+                                "pinned, so no candidate has it; drop the pin or change the baseline")
         return (tp, pp, dp), "--baseline"
     seed = SEED_BASELINES.get((model.name, gpus))
     return (seed, "the founding document's layout") if seed else (None, "")
