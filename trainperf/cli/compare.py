@@ -14,9 +14,16 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from trainperf.monitor.compare import compare_text
+    import sys
+
+    from trainperf.monitor.compare import compare_json, compare_text
     from trainperf.runio import dumps_strict
 
-    result, text = compare_text(args.run_dirs)
-    print(dumps_strict(result) if args.json else text)  # strict JSON: null, never NaN
+    if not args.json:
+        print(compare_text(args.run_dirs)[1])
+        return 0
+    result, notes = compare_json(args.run_dirs)
+    print(dumps_strict(result))  # strict JSON: null, never NaN
+    for n in notes:  # what the text prints as notes (left-out records, ignored figures), kept off stdout
+        print(f"trainperf compare: note: {n}", file=sys.stderr)
     return 0

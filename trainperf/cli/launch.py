@@ -5,7 +5,8 @@
     trainperf launch --slurm --nnodes 4 --nproc-per-node 8 --partition gpu --time 04:00:00 CONFIG \\
         [--output job.sbatch]
 
-The layout is checked against the world size (nnodes x nproc-per-node) before anything starts.
+The layout is checked against the world size (nnodes x nproc-per-node) before anything starts, and so
+are the rendezvous (several nodes need --rdzv-endpoint HOST:PORT, or --slurm) and a --resume PATH.
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ def register(subparsers) -> None:
     p.add_argument("--node-rank", type=int, default=None, help="this node's rank (static rendezvous)")
     p.add_argument("--rdzv-endpoint", default=None, metavar="HOST:PORT",
                    help="rendezvous endpoint for several nodes (default: --standalone on one node)")
-    p.add_argument("--resume", default="auto", metavar="auto|never|PATH", help="passed to trainperf train")
+    p.add_argument("--resume", default="auto", metavar="auto|never|PATH",
+                   help="passed to trainperf train; a PATH (checkpoint file or DCP directory) must exist here "
+                        "before anything starts (not checked with --slurm: the job's nodes read it)")
     p.add_argument("--max-restarts", type=int, default=0, metavar="N",
                    help="restart the workers up to N times after one fails (torchrun's elastic restart); each "
                         "restart resumes from the newest complete checkpoint (set checkpoint.every)")
@@ -73,6 +76,11 @@ def check_layout(args) -> None:
     if world > MAX_DEGREE:
         raise ConfigError(f"--nnodes x --nproc-per-node = {args.nnodes} x {args.nproc_per_node} = {world} processes is "
                           f"above {MAX_DEGREE}; give the node count and the processes per node (one per GPU)")
+    if not args.slurm:  # --slurm rendezvous on the allocation's first node, and its nodes read --resume
+        if args.nnodes > 1 and not args.rdzv_endpoint:
+            raise ConfigError(f"--nnodes {args.nnodes} needs --rdzv-endpoint HOST:PORT (every node must reach the same "
+                              "rendezvous; e.g. --rdzv-endpoint node001:29500 on every node), or use --slurm")
+        _check_resume(args.resume)
     cfg = load_config(args.config, args.overrides)
     if args.slurm:  # the allocation's hardware is not this machine's: structural checks only
         cfg.parallelism.data = derive_data_degree(cfg, world)
@@ -155,6 +163,53 @@ _SLURM_TIME = re.compile(r"^(\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d{1,2}|\d+
 _SLURM_NAME = re.compile(r"^[A-Za-z0-9._+,@-]+$")
 
 
+_HOST_NAME = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_.-]{0,251}[A-Za-z0-9_])?$")
+
+
+def _endpoint_problem(ep: str) -> str | None:
+    """What is wrong with a rendezvous endpoint (HOST, HOST:PORT, [IPv6] or [IPv6]:PORT), or None. HOST is a
+    host name or an IP address: no spaces, no shell or URL characters."""
+    import ipaddress
+
+    if ep.startswith("["):
+        m = re.fullmatch(r"\[([^\]]*)\](?::(.*))?", ep)
+        host, port = (m.group(1), m.group(2)) if m else (ep, None)
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            return f"{host!r} in brackets is not an IPv6 address"
+    else:
+        host, sep, port = ep.rpartition(":")
+        if not sep:
+            host, port = ep, None
+        if ":" in host:
+            return "an IPv6 address goes in brackets, e.g. [fd00::1]:29500"
+        if not host:
+            return "the host is missing"
+        if not _HOST_NAME.match(host) or ".." in host:
+            return (f"host {host!r} is not a host name or IP address (letters, digits, '.', '-' and '_' only: no "
+                    "spaces or shell characters)")
+    if port is not None and not (re.fullmatch(r"[0-9]{1,5}", port) and 1 <= int(port) <= 65535):
+        return f"port {port!r} is not a whole number in 1-65535"
+    return None
+
+
+def _check_resume(resume: str) -> None:
+    """``--resume PATH`` names a checkpoint that exists on this node (a file, or a DCP directory), checked
+    before any process starts; auto and never are modes."""
+    from trainperf.errors import ConfigError
+
+    if resume in ("auto", "never"):
+        return
+    if not resume.strip():
+        raise ConfigError("--resume '': give auto (the newest checkpoint in the run directory, the default), never "
+                          "(start over) or the path of a checkpoint")
+    if not os.path.exists(resume):
+        raise ConfigError(f"--resume {resume!r}: no such file or directory; give the path of a checkpoint (e.g. "
+                          "RUN_DIR/checkpoints/step-00000100.pt), or auto (the newest checkpoint in the run "
+                          "directory) or never (start over)")
+
+
 def _check_text_flags(args) -> None:
     """Values that go into the torchrun command or the sbatch script verbatim: a rendezvous endpoint torchrun
     can parse, a time limit and names Slurm accepts (an '#SBATCH' line is split at spaces, so a job name with a
@@ -163,12 +218,10 @@ def _check_text_flags(args) -> None:
 
     ep = args.rdzv_endpoint
     if ep is not None:
-        host, sep, port = ep.rpartition(":") if not ep.endswith("]") else (ep, "", "")
-        if not sep:
-            host, port = ep, ""
-        if not host.strip("[]") or (sep and not (port.isdigit() and 1 <= int(port) <= 65535)):
+        problem = _endpoint_problem(ep)
+        if problem:
             raise ConfigError(f"--rdzv-endpoint {ep!r}: give HOST or HOST:PORT with a port in 1-65535 (e.g. "
-                              "node001:29500)")
+                              f"node001:29500): {problem}")
     if args.slurm:
         if not _SLURM_TIME.match(args.time):
             raise ConfigError(f"--time {args.time!r}: not a Slurm time limit; use minutes, MM:SS, HH:MM:SS or "

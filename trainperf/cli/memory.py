@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from trainperf.cli._common import add_config_args, add_json_flag, print_json
 
+MAX_BUDGET_GB = 1e6  # GB per rank: trainperf.memory.report.MAX_BUDGET_GB (not imported here: it imports torch)
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("memory", help="will it fit? memory per checkpointing mode, estimated and measured")
@@ -17,8 +19,8 @@ def register(subparsers) -> None:
     p.add_argument("--measure", action="store_true",
                    help="also build the model and measure one micro-batch per mode (and time forward+backward)")
     p.add_argument("--budget-gb", type=float, default=None, metavar="N",
-                   help="memory per rank in GB for the largest-micro-batch column (default: "
-                        "memory.checkpointing.budget_gb, else the device's memory)")
+                   help="memory per rank in GB for the largest-micro-batch column, above 0 and at most 1e6 "
+                        "(default: memory.checkpointing.budget_gb, else the device's memory)")
     p.add_argument("--reps", type=int, default=5, help="timed forward+backward repetitions per mode (default 5)")
     add_json_flag(p)
     p.set_defaults(func=run)
@@ -75,12 +77,14 @@ def render(report: dict) -> str:
 
 def run(args) -> int:
     from trainperf.config import load_config
+    from trainperf.errors import UserError
     from trainperf.memory.report import memory_report
 
+    if args.budget_gb is not None and not 0 < args.budget_gb <= MAX_BUDGET_GB:  # before int(GB x 1e9) overflows
+        raise UserError(f"--budget-gb={args.budget_gb:g} must be above 0 and at most {MAX_BUDGET_GB:g} GB per rank "
+                        "(memory per GPU in GB, e.g. 80)")
     cfg = load_config(args.config, args.overrides)
     if args.reps < 1:
-        from trainperf.errors import UserError
-
         raise UserError(f"--reps={args.reps} must be at least 1")
     report = memory_report(cfg, measure=args.measure, budget_gb=args.budget_gb, reps=args.reps,
                            progress=not args.json)

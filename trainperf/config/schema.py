@@ -326,8 +326,8 @@ class CheckpointingConfig(Section):
     """For mode=every_k: checkpoint one block in this many."""
     blocks: Optional[str] = None
     """Dotted path of the repeated blocks (e.g. "transformer.h"); None: found automatically."""
-    budget_gb: Optional[float] = Field(None, gt=0)
-    """For mode=budget: activation + model-state budget per rank in GB."""
+    budget_gb: Optional[float] = Field(None, gt=0, le=1e6)
+    """For mode=budget: activation + model-state budget per rank in GB (at most 1e6: a petabyte per rank)."""
 
 
 class MemoryConfig(Section):

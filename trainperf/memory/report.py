@@ -89,13 +89,26 @@ def _vocab(model: nn.Module, cfg: Config) -> int:
     return 256
 
 
+MAX_BUDGET_GB = 1e6  # GB per rank (a petabyte); the config schema's bound on memory.checkpointing.budget_gb
+
+
+def _budget_bytes(budget_gb: float, name: str) -> int:
+    """GB -> bytes for a budget that is a positive finite number of at most MAX_BUDGET_GB (so the int()
+    cannot overflow), else a ConfigError naming ``name``."""
+    import math
+
+    if not (isinstance(budget_gb, (int, float)) and math.isfinite(budget_gb) and 0 < budget_gb <= MAX_BUDGET_GB):
+        raise ConfigError(f"{name}={budget_gb} must be a positive number of GB per rank, at most "
+                          f"{MAX_BUDGET_GB:g} (e.g. 80)")
+    return int(budget_gb * GB)
+
+
 def _budget(budget_gb: float | None, cfg: Config, device: str) -> tuple[int | None, str]:
     if budget_gb is not None:
-        if budget_gb <= 0:
-            raise ConfigError(f"--budget-gb={budget_gb} must be positive (GB per rank, e.g. 80)")
-        return int(budget_gb * GB), "--budget-gb"
+        return _budget_bytes(budget_gb, "--budget-gb"), "--budget-gb"
     if cfg.memory.checkpointing.budget_gb is not None:
-        return int(cfg.memory.checkpointing.budget_gb * GB), "memory.checkpointing.budget_gb"
+        return (_budget_bytes(cfg.memory.checkpointing.budget_gb, "memory.checkpointing.budget_gb"),
+                "memory.checkpointing.budget_gb")
     if device == "cuda":
         return int(torch.cuda.get_device_properties(0).total_memory), "CUDA device memory"
     try:

@@ -9,7 +9,10 @@ A step may take several lines of metrics.jsonl: its timing record, then ``{"step
 "values", "loss": ..., "grad_norm": ...}`` once its device values reached the host
 (:mod:`trainperf.monitor.steplog`); :func:`merge_parts` joins them, so every reader sees one
 record per step. A run killed before its first whole record loads with no step records;
-:func:`known_state` says what it left (config, checkpoints, samples).
+:func:`known_state` says what it left (config, checkpoints, samples). Step lines whose
+``step_time_s`` is not a finite number (NaN, text) or whose ``step`` is not a whole number are left
+out; ``malformed`` counts them per rank (``rank_files``: the file each rank's records came from),
+so a reader can tell a run that logged no step from one whose records are corrupt.
 """
 
 from __future__ import annotations
@@ -136,10 +139,16 @@ def load_run(run_dir: str | Path) -> dict[str, Any]:
                         "(the run.dir of `trainperf train`)?")
     ranks: dict[int, list[dict]] = {}
     evals: list[dict] = []
+    rank_files: dict[int, Path] = {}
+    malformed: dict[int, int] = {}
     for f in metric_files:
         recs = merge_parts(read_jsonl(f))
         r = rank_of(f)
         ranks[r] = [x for x in recs if _is_num(x.get("step_time_s")) and isinstance(x.get("step"), int)]
+        rank_files[r] = f
+        # step lines that are there but unreadable as one (NaN/text step_time_s, a step that is not whole)
+        malformed[r] = sum(1 for x in recs if "val_loss" not in x and ("step" in x or "step_time_s" in x)) - len(
+            [x for x in ranks[r] if "val_loss" not in x])
         if r == 0:
             evals = [x for x in recs if "val_loss" in x]
     samples: dict[int, list[dict]] = {}
@@ -152,5 +161,6 @@ def load_run(run_dir: str | Path) -> dict[str, Any]:
         if metas:
             sample_meta[r] = metas[-1]
     return {"dir": d, "ranks": ranks, "evals": evals, "samples": samples, "sample_meta": sample_meta,
+            "rank_files": rank_files, "malformed": malformed,
             "summary": _read_json(d / "summary.json"), "config": _read_yaml(d / "config.yaml"),
             "crashed": not (d / "summary.json").is_file()}
