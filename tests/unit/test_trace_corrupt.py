@@ -138,3 +138,18 @@ def test_report_out_never_replaces_its_input_a_device_or_a_non_html_file(doc, tm
     assert main(["report", str(trace), "--out", str(html)]) == 0
     assert main(["report", str(trace), "--out", str(html)]) == 0  # a report replaces a report
     capsys.readouterr()
+
+
+@pytest.mark.parametrize("encoding,says", [("utf-32", "is UTF-32 text"), ("utf-16-le", "is UTF-16LE text"),
+                                           ("utf-16-be", "is UTF-16BE text"), ("utf-16", "is UTF-16 text")])
+def test_wide_encodings_are_named_with_the_right_conversion(doc, tmp_path, capsys, encoding, says):
+    p = tmp_path / "wide.json"
+    p.write_bytes(("\n" + json.dumps(doc)).encode(encoding))  # a leading newline, as some tools write
+    assert main(["diagnose", str(p)]) == 2
+    err = capsys.readouterr().err
+    assert says in err and "Traceback" not in err, err
+
+
+def test_an_empty_path_is_not_the_current_directory(capsys):
+    assert main(["diagnose", ""]) == 2
+    assert "the path is empty" in capsys.readouterr().err

@@ -66,6 +66,9 @@ def _traces_in(d: Path) -> list[Path]:
 
 def discover(path: str | Path) -> dict[str, Any]:
     """{"kind": "run" | "file" | "dir", "path", "files": [trace paths], "run_dir": Path | None}."""
+    if not str(path).strip():
+        raise UserError("the path is empty; pass a run directory, a trace file (.json, .json.gz) or a directory of "
+                        "traces (one per rank)")
     p = Path(path)
     if not p.exists():
         raise UserError(f"{str(p)!r} does not exist; pass a run directory, a trace file (.json, .json.gz) or a "

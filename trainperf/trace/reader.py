@@ -247,6 +247,28 @@ def _structural_cut(buf: bytes, start: int) -> int:
     return last
 
 
+def _wide_encoding(head: bytes) -> str | None:
+    """UTF-32 or UTF-16 (with or without a byte-order mark) at the start of a file, else None: JSON is ASCII
+    there, so the zero bytes between its characters tell the width and the byte order."""
+    if head[:4] in (b"\xff\xfe\x00\x00", b"\x00\x00\xfe\xff"):
+        return "UTF-32"
+    if head[:2] in (b"\xff\xfe", b"\xfe\xff"):
+        return "UTF-16"
+    h = head[:16]
+    if len(h) < 8 or not h.count(0):
+        return None
+    zero = lambda part: not any(part)  # noqa: E731
+    if zero(h[1::4]) and zero(h[2::4]) and zero(h[3::4]):
+        return "UTF-32LE"
+    if zero(h[0::4]) and zero(h[1::4]) and zero(h[2::4]):
+        return "UTF-32BE"
+    if zero(h[1::2]):
+        return "UTF-16LE"
+    if zero(h[0::2]):
+        return "UTF-16BE"
+    return None
+
+
 class TraceReader:
     """``meta`` (every top-level key but ``traceEvents``, complete once :meth:`chunks` is exhausted) and
     :meth:`chunks`: the events in file order, as lists of :class:`Event`."""
@@ -283,8 +305,9 @@ class TraceReader:
             lead = buf.lstrip()
         if not lead:
             raise _bad(path, "is empty")
-        if lead[:2] in (b"\xff\xfe", b"\xfe\xff"):
-            raise _bad(path, "is UTF-16 text, where torch writes UTF-8: convert it (iconv -f UTF-16 -t UTF-8)")
+        enc = _wide_encoding(buf)
+        if enc:
+            raise _bad(path, f"is {enc} text, where torch writes UTF-8: convert it (iconv -f {enc} -t UTF-8)")
         if lead[:1] not in (b"{", b"["):
             raise _bad(path, "is not JSON (it does not start with '{' or '[')" if not src.gz else
                        "holds no JSON once decompressed")
