@@ -153,3 +153,11 @@ def test_wide_encodings_are_named_with_the_right_conversion(doc, tmp_path, capsy
 def test_an_empty_path_is_not_the_current_directory(capsys):
     assert main(["diagnose", ""]) == 2
     assert "the path is empty" in capsys.readouterr().err
+
+
+def test_report_of_several_traces_says_it_compares_runs(doc, tmp_path, capsys):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps(doc))
+    b.write_text(json.dumps(doc))
+    assert main(["report", str(a), str(b)]) == 2
+    assert "is a trace (or a directory of traces), not a run directory" in capsys.readouterr().err

@@ -99,6 +99,8 @@ def run(args) -> int:
 
 
 def _build(args) -> dict:
+    from trainperf.errors import UserError
+
     if len(args.run_dirs) == 1:
         from trainperf.trace.ranks import discover
 
@@ -112,6 +114,13 @@ def _build(args) -> dict:
             result = build_trace_report(args.run_dirs[0], args.out, top_n=args.top,
                                         patterns=args.comm_patterns or None)
     else:
+        from trainperf.trace.ranks import discover
+
+        for p in args.run_dirs:
+            if os.path.exists(p) and discover(p)["kind"] != "run":
+                raise UserError(f"{p} is a trace (or a directory of traces), not a run directory: with several paths "
+                                "`trainperf report` puts runs side by side; write one trace report per path "
+                                f"(`trainperf report {p}`), or give a directory holding each rank's trace")
         from trainperf.monitor.compare import build_compare_report
 
         result = build_compare_report(args.run_dirs, args.out)
