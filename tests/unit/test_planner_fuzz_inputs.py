@@ -101,3 +101,9 @@ def test_a_zero_pin_beside_a_preset_shows_the_sharding_it_runs(capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["best"]["layout"]["zero"] == 3 if isinstance(out["best"].get("layout"), dict) else True
     assert out["stack"]["mechanisms"]["fsdp"] is True and out["stack"]["mechanisms"]["distributed_optimizer"] is False
+
+
+def test_a_catalog_number_yaml_reads_as_text_gets_the_fix(tmp_path, capsys):
+    cat = tmp_path / "cat.yaml"
+    cat.write_text("gpus:\n  x: {base: a100-80gb, hbm_gib: 1e3}\n")  # YAML 1.1: '1e3' is a string
+    refused(capsys, "--catalog", str(cat), "--gpu", "x", says="write it as 1000")

@@ -24,6 +24,7 @@ Extend it with a YAML file (``trainperf plan --catalog FILE``)::
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, fields, replace
 
@@ -311,6 +312,15 @@ def _entry_from_yaml(key: str, entry, catalog: dict[str, GPUSpec], path: str) ->
     for name in _NUMERIC:
         if name in entry:
             val = entry[name]
+            if isinstance(val, str):
+                try:
+                    as_number = float(val)
+                except ValueError:
+                    as_number = None
+                if as_number is not None and math.isfinite(as_number):
+                    hint = str(int(as_number)) if as_number.is_integer() and abs(as_number) < 1e15 else repr(as_number)
+                    raise UserError(f"catalog file {path!r}: gpus.{key}.{name}={val!r} is text to YAML (an exponent "
+                                    f"without a decimal point, like 1e3, is not a number in YAML 1.1); write it as {hint}")
             if isinstance(val, bool) or not isinstance(val, (int, float)) or not (0 <= val < float("inf")):
                 raise UserError(f"catalog file {path!r}: gpus.{key}.{name}={val!r} must be a non-negative number")
             if name in ("gemm_fraction", "mma_sync_fraction") and not 0 < val <= 1:
