@@ -107,3 +107,11 @@ def test_a_catalog_number_yaml_reads_as_text_gets_the_fix(tmp_path, capsys):
     cat = tmp_path / "cat.yaml"
     cat.write_text("gpus:\n  x: {base: a100-80gb, hbm_gib: 1e3}\n")  # YAML 1.1: '1e3' is a string
     refused(capsys, "--catalog", str(cat), "--gpu", "x", says="write it as 1000")
+
+
+@pytest.mark.parametrize("argv,says", [
+    (["--microbatch", "3"], "--microbatch 3 does not divide the sequences per data-parallel rank"),
+    (["--hsdp-shard", "4", "--zero", "0"], "needs ZeRO 1-3, but --zero 0 is pinned"),
+])
+def test_a_pin_that_leaves_no_layout_is_named(capsys, argv, says):
+    refused(capsys, *argv, says=says)

@@ -197,7 +197,7 @@ def search(
                         best_oom = est
             if not fits_here and best_oom is None:
                 rejected.append({"tp": tp, "pp": pp, "dp": dp,
-                                 "reason": "no micro-batch / interleave choice is valid for this batch"})
+                                 "reason": _why_no_variant(model, pp, dp, global_batch, fx)})
             elif not fits_here:
                 short = (best_oom.memory_bytes - best_oom.gpu_memory_bytes) / GIB
                 rejected.append({
@@ -239,6 +239,32 @@ def _with_stack(fx: Fixed, stack: Stack) -> Fixed:
     if fx.recompute is None and stack.recompute is not None:
         fx = _replace(fx, stack_recompute=tuple(stack.recompute))
     return fx
+
+
+def _why_no_variant(model: ModelSpec, pp: int, dp: int, global_batch: int, fx: Fixed) -> str:
+    """Which pin leaves these degrees without a single layout (the search's own rules, in words)."""
+    local = global_batch // dp
+    if fx.micro_batch and local % fx.micro_batch:
+        return (f"--microbatch {fx.micro_batch} does not divide the sequences per data-parallel rank (global batch "
+                f"{global_batch} / dp); choose a divisor of them, or another --global-batch")
+    if fx.shard and fx.zero == 0:
+        return f"--hsdp-shard {fx.shard} shards the model states, which needs ZeRO 1-3, but --zero 0 is pinned"
+    if fx.shard and dp % fx.shard:
+        return f"--hsdp-shard {fx.shard} does not divide dp {dp} (the data-parallel ranks it groups)"
+    layers_per_stage = model.layers // pp
+    if fx.interleave and fx.interleave > 1:
+        if pp == 1:
+            return f"--interleave {fx.interleave} needs a pipeline (pp > 1), and pp is 1 here"
+        if layers_per_stage % fx.interleave:
+            return f"--interleave {fx.interleave} does not divide the {layers_per_stage} layers per stage (pp {pp})"
+        return (f"--interleave {fx.interleave} needs micro-batches per step divisible by pp {pp} (the interleaved "
+                "schedule's rule); change --microbatch or --global-batch")
+    if fx.sequence_parallel and fx.sequence_parallel is True:
+        return "sequence parallelism is pinned, which needs tensor parallelism (tp > 1)"
+    if fx.recompute == "partial" and fx.recompute_layers is not None and fx.recompute_layers >= layers_per_stage:
+        return (f"--recompute-layers {fx.recompute_layers} is not fewer than the {layers_per_stage} layers per stage "
+                f"(pp {pp}); use --recompute full for all of them")
+    return "no micro-batch / interleave choice is valid for this batch"
 
 
 def _variants(model: ModelSpec, tp: int, pp: int, dp: int, global_batch: int, fx: Fixed, cp: int = 1):
