@@ -89,6 +89,9 @@ def test_hf_config_odd_values_are_refused_naming_them(tmp_path, capsys, change, 
     (["--baseline="], "expected TP,PP,DP"),                                 # was silently ignored
     (["--zero", "0", "--distributed-optimizer"], "ZeRO-0 keeps the optimizer whole"),
     (["--zero", "1", "--no-distributed-optimizer"], "ZeRO-1 shards the optimizer"),
+    (["--async-tp", "--tp", "1"], "--tp 1 has none"),
+    (["--zero", "3", "--grad-reduce-op", "all-reduce"], "applies to ZeRO-1/2 layouts"),
+    (["--cp", "8", "--tp", "2"], "x cp 8 = 16"),                           # was "no valid degrees"
 ])
 def test_baselines_and_pins_that_cannot_hold_are_refused(capsys, argv, says):
     refused(capsys, *argv, says=says)

@@ -138,6 +138,13 @@ def _stack_from_args(args):
     # the layout pins that are also stack mechanisms (sequence parallelism, recompute) are held by the search's
     # Fixed, not put in the stack (a search that frees the layout, as --measured's moves table does, must not
     # keep them): they show in the stack as given, with "flag" as their source
+    if overrides.get("async_tp") and getattr(args, "tp", None) == 1:
+        raise UserError("--async-tp overlaps tensor-parallel collectives, but --tp 1 has none; drop --async-tp or "
+                        "raise --tp")
+    if overrides.get("grad_reduce_op") and getattr(args, "zero", None) in (0, 3):
+        raise UserError(f"--grad-reduce-op applies to ZeRO-1/2 layouts (a sharded optimizer), but --zero "
+                        f"{args.zero} is pinned ({'DDP all-reduces' if args.zero == 0 else 'FSDP reduce-scatters'} "
+                        "its gradients by itself); drop one of them")
     zero, dist = getattr(args, "zero", None), overrides.get("distributed_optimizer")
     if zero is not None and dist is not None and (zero == 0) == dist:
         raise UserError(f"--zero {zero} with --{'' if dist else 'no-'}distributed-optimizer: "

@@ -98,14 +98,17 @@ def check_fixed(model: ModelSpec, gpus: int, fx: Fixed) -> None:
         val = getattr(fx, name)
         if val is not None and gpus % val:
             raise UserError(f"--{name} {val} does not divide --gpus {gpus}; choose among {', '.join(map(str, _divisors(gpus)))}")
-    prod = (fx.tp or 1) * (fx.pp or 1) * (fx.dp or 1)
+    cp = fx.cp or 1
+    prod = (fx.tp or 1) * (fx.pp or 1) * (fx.dp or 1) * cp
     if gpus % prod:
         raise UserError(
             f"--gpus {gpus} is not divisible by the fixed degrees "
-            f"(tp {fx.tp or 1} x pp {fx.pp or 1} x dp {fx.dp or 1} = {prod}); change a degree or the GPU count"
+            f"(tp {fx.tp or 1} x pp {fx.pp or 1} x dp {fx.dp or 1}" + (f" x cp {cp}" if cp > 1 else "")
+            + f" = {prod}); change a degree or the GPU count"
         )
     if fx.tp and fx.pp and fx.dp and prod != gpus:
-        raise UserError(f"tp x pp x dp = {fx.tp} x {fx.pp} x {fx.dp} = {prod} but --gpus is {gpus}; they must be equal")
+        raise UserError(f"tp x pp x dp{' x cp' if cp > 1 else ''} = {fx.tp} x {fx.pp} x {fx.dp}"
+                        + (f" x {cp}" if cp > 1 else "") + f" = {prod} but --gpus is {gpus}; they must be equal")
     if fx.interleave is not None and fx.interleave > 1:
         if fx.pp is not None and (fx.pp == 1 or (model.layers // fx.pp) % fx.interleave):
             raise UserError(
