@@ -118,3 +118,9 @@ def test_a_catalog_number_yaml_reads_as_text_gets_the_fix(tmp_path, capsys):
 ])
 def test_a_pin_that_leaves_no_layout_is_named(capsys, argv, says):
     refused(capsys, *argv, says=says)
+
+
+def test_a_measured_step_ten_million_times_too_slow_is_not_a_measurement(capsys):
+    refused(capsys, "--measured", "1e18", says="ten million times slower than the GPU can go")
+    assert main([*BASE, "--measured", "100"]) == 0  # slow, but a run
+    capsys.readouterr()

@@ -198,6 +198,11 @@ def _check_possible(measured: float, what: str, est, gpu: GPUSpec, stack) -> Non
     implied = measured if what == "mfu" else (est.mfu * est.step_time_s / measured if measured > 0 else float("inf"))
     fp8 = getattr(gpu, "fp8_tflops", 0.0) or 0.0
     limit = fp8 / gpu.half_tflops if stack.float8 and fp8 else 1.0
+    if what != "mfu" and 0 < implied < 1e-7:  # ten million times slower than the part's peak: a unit, not a run
+        raise UserError(
+            f"the measured {measured:.4g} s implies {100 * implied:.2g}% of {gpu.key}'s dense peak in model FLOPs "
+            f"({layout_text(est)}): ten million times slower than the GPU can go, so not a measurement of this "
+            "layout; give seconds per step (not microseconds), and check the global batch and the layout")
     if not implied <= limit:
         shown = f"{what} {measured:.4g}" + ("" if what == "mfu" else " s")
         raise UserError(
