@@ -176,6 +176,34 @@ def read_jsonl(path: str | os.PathLike, *, what: str = "JSON-lines log") -> list
     return out
 
 
+def yaml_unique_keys_load(text: str, what: str, error: type[UserError] = UserError) -> Any:
+    """``yaml.safe_load`` (the same safe constructors) that refuses a mapping holding one key twice: PyYAML keeps
+    the last silently, so a config with two ``steps:`` would run with whichever came last."""
+    import yaml
+
+    class _Unique(yaml.SafeLoader):
+        pass
+
+    def mapping(loader, node, deep=False):
+        seen: dict = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # "<<: *base" then an override of one of its keys is YAML's own way, not a repeat
+            key = loader.construct_object(key_node, deep=deep)
+            try:
+                hash(key)
+            except TypeError:
+                continue  # an unhashable key: the base constructor words that error
+            if key in seen:
+                raise error(f"{what}: key {key!r} appears twice in one mapping (line {seen[key] + 1} and line "
+                            f"{key_node.start_mark.line + 1}); YAML would keep only the last: remove one")
+            seen[key] = key_node.start_mark.line
+        return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
+
+    _Unique.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
+    return yaml.load(text, Loader=_Unique)  # noqa: S506 - a SafeLoader subclass: no Python objects
+
+
 MAX_YAML_VALUES = 200_000
 """Values a YAML document may expand to (its aliases followed). A config or catalog holds hundreds."""
 
@@ -185,9 +213,7 @@ def load_yaml(text: str, what: str, *, error: type[UserError] = UserError, max_v
     values (the "billion laughs" document: nine aliases of nine aliases... once hung the config loader as it
     walked the expansion). The walk counts each alias each time it is reached and stops at the bound.
     YAML errors propagate for the caller to word."""
-    import yaml
-
-    data = yaml.safe_load(text)
+    data = yaml_unique_keys_load(text, what, error)
     seen, stack = 0, [data]
     while stack:
         node = stack.pop()

@@ -114,3 +114,16 @@ def test_numbers_and_free_form_dicts_are_unchanged():
     assert cfg.run.steps == 5 and cfg.optimizer.lr == 3e-4 and cfg.optimizer.betas == (0.9, 0.99)
     assert cfg.model.hf.config["tie_word_embeddings"] is True
     assert Config().run.steps == 200
+
+
+def test_a_key_given_twice_in_one_mapping_is_refused_not_last_wins(tmp_path):
+    from trainperf.config.load import load_config
+    from trainperf.errors import UserError
+    from trainperf.runio import load_yaml
+
+    path = tmp_path / "dup.yaml"
+    path.write_text("run:\n  steps: 3\n  steps: 500\n")
+    with pytest.raises(UserError, match=r"key 'steps' appears twice in one mapping \(line 2 and line 3\)"):
+        load_config(str(path))
+    # a merge key then an override is YAML's own way to reuse a block, not a repeat
+    assert load_yaml("base: &b {steps: 3, seed: 1}\nrun:\n  <<: *b\n  steps: 7\n", "x")["run"] == {"steps": 7, "seed": 1}
