@@ -127,3 +127,11 @@ def test_a_key_given_twice_in_one_mapping_is_refused_not_last_wins(tmp_path):
         load_config(str(path))
     # a merge key then an override is YAML's own way to reuse a block, not a repeat
     assert load_yaml("base: &b {steps: 3, seed: 1}\nrun:\n  <<: *b\n  steps: 7\n", "x")["run"] == {"steps": 7, "seed": 1}
+
+
+def test_a_learning_rate_of_1e10_is_refused_before_training(capsys):
+    # it used to train, diverge, exit 1 and suggest "lower optimizer.lr (e.g. 1e+09)"
+    from tests.conftest import ROOT
+
+    assert main(["config", "show", str(ROOT / "configs" / "gpt-tiny.yaml"), "--set", "optimizer.lr=1e10"]) == 2
+    assert "optimizer.lr='1e10': must be less than or equal to 100" in capsys.readouterr().err
