@@ -19,7 +19,7 @@ def test_prepare_export_inspect(tmp_path, capsys):
     capsys.readouterr()
     assert len(list((files / "train").iterdir())) == 20
     (files / "train" / "00000003.bin").write_bytes(b"\x01")  # truncated
-    assert main(["data", "inspect", str(files), "--verify", "--json"]) == 1
+    assert main(["data", "inspect", str(files), "--verify", "--json"]) == 2  # bad data: exit 2, as every refusal of input
     info = json.loads(capsys.readouterr().out)
     assert info["train_samples"] == 20
     assert [b["index"] for b in info["bad_samples"]] == [3] and "00000003.bin" in info["bad_samples"][0]["file"]

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import sys
 from pathlib import Path
 
@@ -54,6 +56,12 @@ def prepare_command(args) -> int:
     from trainperf.errors import UserError
 
     ensure_dir(args.out, "--out")
+    from trainperf.data.prepare import check_output_dir
+
+    replacing = check_output_dir(args.out, "--out")  # refuses a folder of other files or another dataset format
+    if replacing:
+        print(f"data prepare: --out {args.out!r} holds a trainperf dataset; it is replaced by the new one "
+              "(choose another --out to keep it)", file=sys.stderr, flush=True)
     try:
         meta = prepare_tokens(args.src, args.out, max_bytes=args.max_bytes, val_fraction=args.val_fraction,
                               progress=not args.json and sys.stderr.isatty())
@@ -61,10 +69,10 @@ def prepare_command(args) -> int:
         raise UserError(f"--out {args.out!r}: cannot write it ({exc.strerror or exc}); choose a writable "
                         "directory") from None
     if args.json:
-        print_json({"out": args.out, **meta})
+        print_json({"out": args.out, "replaced": replacing, **meta})
     else:
         s = meta["splits"]
-        print(f"prepared {args.out}: {meta['files']} files from {meta['source']}, "
+        print(f"{'replaced' if replacing else 'prepared'} {args.out}: {meta['files']} files from {meta['source']}, "
               f"{s['train']['tokens']:,} train + {s['val']['tokens']:,} val tokens ({meta['tokenizer']} tokenizer, "
               f"vocabulary {meta['vocab_size']})")
     return 0
@@ -85,7 +93,98 @@ def export_command(args) -> int:
     from trainperf.cli._common import ensure_dir
 
     ensure_dir(args.out, "--out")
-    out = Path(args.out)
+    final = Path(args.out)
+    replacing = _check_export_target(final)
+    # written into a fresh sibling folder, then swapped in: no stale file of an earlier export survives, and
+    # a failed export leaves the earlier one intact
+    final.absolute().parent.mkdir(parents=True, exist_ok=True)
+    out = final.absolute().parent / f".{final.name}.export-tmp{os.getpid()}"
+    try:
+        counts, info = _export_into(args, meta, out)
+        _swap_in(out, final)
+    except BaseException:
+        shutil.rmtree(out, ignore_errors=True)
+        raise
+    if replacing:
+        print(f"data export: replaced the earlier export in {args.out!r} ({replacing} files removed)",
+              file=sys.stderr)
+    if args.json:
+        print_json({"out": str(final), "replaced": bool(replacing), **info})
+    else:
+        print(f"exported {args.out}: {counts['train']['samples']:,} train / {counts['val']['samples']:,} val samples "
+              f"of {args.seq_len + 1} tokens as {args.layout} files; use data.source=files data.path={args.out}")
+    return 0
+
+
+_EXPORT_FILE = re.compile(r"(\d{8}\.bin|shard-\d{5}\.bin)(\.tmp\d+)?")
+
+
+def _check_export_target(out: Path) -> int:
+    """0 when ``out`` does not exist or is empty; the number of files of an earlier trainperf export it holds
+    (meta.json with a layout, train/ and val/ of our file names, nothing else); else a DataError naming what
+    is there (a folder of other files is never written into or removed)."""
+    from trainperf.data.prepare import _listing
+    from trainperf.errors import DataError
+
+    if not out.exists():
+        return 0
+    names = os.listdir(out)
+    if not names:
+        return 0
+    fix = "choose a new or empty --out directory, or move those files away"
+    try:
+        meta = json.loads((out / "meta.json").read_text())
+    except (OSError, ValueError, UnicodeDecodeError):
+        meta = None
+    if not (isinstance(meta, dict) and "layout" in meta):
+        raise DataError(f"--out {str(out)!r} is not empty ({_listing(names)}) and holds no trainperf export "
+                        f"(no meta.json with a layout), so nothing is written there; {fix}")
+    foreign = [n for n in names if n not in ("meta.json", "train", "val")]
+    n_files = 1
+    for split in ("train", "val"):
+        d = out / split
+        if not d.exists():
+            continue
+        if not d.is_dir():
+            foreign.append(split)
+            continue
+        for n in os.listdir(d):
+            if _EXPORT_FILE.fullmatch(n) and (d / n).is_file():
+                n_files += 1
+            else:
+                foreign.append(f"{split}/{n}")
+    if foreign:
+        raise DataError(f"--out {str(out)!r} holds a trainperf export and also other files ({_listing(foreign)}); "
+                        f"it is not replaced, so that nothing of yours is removed: {fix}")
+    return n_files
+
+
+def _swap_in(new: Path, final: Path) -> None:
+    """Put the finished folder ``new`` at ``final``; an earlier export there (checked) is removed after."""
+    if not final.exists():
+        os.replace(new, final)
+        return
+    if not any(final.iterdir()):
+        final.rmdir()
+        os.replace(new, final)
+        return
+    old = final.absolute().parent / f".{final.name}.export-old{os.getpid()}"
+    os.replace(final, old)
+    try:
+        os.replace(new, final)
+    except BaseException:
+        os.replace(old, final)
+        raise
+    shutil.rmtree(old)
+
+
+def _export_into(args, meta: dict, out: Path) -> tuple[dict, dict]:
+    import numpy as np
+
+    from trainperf.data.prepare import _atomic_write_bytes
+    from trainperf.data.tokens import TokenWindows
+
+    out.mkdir()
     counts = {}
     bar = None
     if not args.json and sys.stderr.isatty():  # one atomic write (fsync) per file: long for many files
@@ -123,12 +222,7 @@ def export_command(args) -> int:
     info = {"vocab_size": meta["vocab_size"], "tokenizer": meta["tokenizer"], "dtype": "uint16",
             "layout": args.layout, "seq_len": args.seq_len, "source": os.path.abspath(args.src), "splits": counts}
     _atomic_write_bytes(out / "meta.json", json.dumps(info, indent=2).encode())
-    if args.json:
-        print_json({"out": str(out), **info})
-    else:
-        print(f"exported {args.out}: {counts['train']['samples']:,} train / {counts['val']['samples']:,} val samples "
-              f"of {args.seq_len + 1} tokens as {args.layout} files; use data.source=files data.path={args.out}")
-    return 0
+    return counts, info
 
 
 def inspect_command(args) -> int:
@@ -152,25 +246,59 @@ def inspect_command(args) -> int:
                     print(f"  bad sample {b['index']}: {b['file']}: {b['reason']}")
                 if len(v) > 20:
                     print(f"  ... and {len(v) - 20} more")
+            elif k == "problems":
+                for msg in v:
+                    print(f"  problem: {msg}")
             else:
                 print(f"{k}: {v}")
-    return 1 if info.get("bad_samples") else 0
+    if info.get("bad_samples") or info.get("problems"):
+        n = len(info.get("bad_samples", [])) + len(info.get("problems", []))
+        print(f"data inspect: {args.path}: {n} problem(s) found (listed above); training would refuse or misread "
+              "this data: fix or re-create it", file=sys.stderr)
+        return 2  # bad data, like every other refusal of user input
+    return 0
 
 
 def _inspect_tokens(path: Path, seq_len: int, verify: bool) -> dict:
     import hashlib
 
+    import numpy as np
+
     from trainperf.data.prepare import read_meta
 
-    meta = read_meta(str(path)) or {}
+    meta = read_meta(str(path)) or {}  # a dtype or token count that does not fit the files is refused here
     info = {"kind": "token memmap", "path": str(path), "tokenizer": meta.get("tokenizer"),
             "vocab_size": meta.get("vocab_size")}
+    problems = []
+    if not meta:
+        problems.append(f"{path / 'meta.json'} does not exist: not a trainperf dataset (`trainperf data prepare` "
+                        "writes one), so trainperf cannot train on it as data.source=tokens")
+    vocab = meta.get("vocab_size")
     for split, s in meta.get("splits", {}).items():
+        f = path / f"{split}.bin"
         info[f"{split}_tokens"] = s["tokens"]
-        info[f"{split}_samples_at_seq_len_{seq_len}"] = max(0, (s["tokens"] - 1) // seq_len)
+        samples = max(0, (s["tokens"] - 1) // seq_len)
+        info[f"{split}_samples_at_seq_len_{seq_len}"] = samples
+        if samples < 1:
+            problems.append(f"{f} has {s['tokens']} tokens, fewer than one sample of {seq_len + 1} "
+                            "(--seq-len + 1); prepare more text, or use a shorter sequence")
         if verify:
-            h = hashlib.sha256((path / f"{split}.bin").read_bytes()).hexdigest()
-            info[f"{split}_sha256_ok"] = h == s["sha256"]
+            h = hashlib.sha256(f.read_bytes()).hexdigest()
+            info[f"{split}_sha256_ok"] = h == s.get("sha256")
+            if not info[f"{split}_sha256_ok"]:
+                problems.append(f"{f}: sha256 {h[:12]}... differs from meta.json's {str(s.get('sha256'))[:12]}...: "
+                                "the file changed after `trainperf data prepare`")
+            mm = np.memmap(f, dtype=np.uint16, mode="r") if s["bytes"] else np.zeros(0, np.uint16)
+            chunk = 1 << 24
+            for lo in range(0, mm.size, chunk):
+                part = mm[lo:lo + chunk]
+                if vocab is not None and int(part.max()) >= vocab:
+                    at = lo + int(np.argmax(part >= vocab))
+                    problems.append(f"{f}: token id {int(mm[at])} at position {at} is outside the vocabulary of "
+                                    f"{vocab} (meta.json); training refuses it")
+                    break
+    if problems:
+        info["problems"] = problems
     return info
 
 
@@ -180,22 +308,41 @@ def _inspect_files(path: Path, seq_len: int, verify: bool) -> dict:
     meta = _read_dir_meta(path)
     seq_len = meta.get("seq_len", seq_len)
     info = {"kind": "sample files", "path": str(path), "vocab_size": meta.get("vocab_size")}
+    problems = []
+    splits = meta.get("splits") if isinstance(meta.get("splits"), dict) else {}
     for split_dir in ([path / "train", path / "val"] if (path / "train").is_dir() else [path]):
         if not split_dir.is_dir():
             continue
         src = SampleFiles(str(split_dir), seq_len, dtype=meta.get("dtype", "uint16"), layout=meta.get("layout", "auto"))
+        if meta.get("vocab_size") is not None:
+            src.vocab_size = int(meta["vocab_size"])  # ids past it are bad samples, as in training
         key = split_dir.name if split_dir != path else "all"
         info[f"{key}_layout"] = src.layout
         info[f"{key}_files"] = src.num_files
         info[f"{key}_samples"] = len(src)
         info[f"{key}_bytes"] = int(src.sizes.sum())
+        want = splits.get(key) if isinstance(splits.get(key), dict) else {}
+        for what, found in (("samples", len(src)), ("files", src.num_files)):
+            if isinstance(want.get(what), int) and want[what] != found:
+                problems.append(f"{split_dir}: meta.json records {want[what]} {what}, the folder holds {found}: "
+                                "files not written by this export are mixed in; re-export into a new or empty "
+                                "--out directory")
         if verify:
             bad = info.setdefault("bad_samples", [])
+            exact = (src.layout == "sample" and "seq_len" in meta) and (seq_len + 1) * src.dtype.itemsize
             for i in _progress(range(len(src)), f"verifying {key}"):
                 try:
                     src[i]
                 except BadSample as exc:
                     bad.append({"index": exc.index, "file": exc.file, "reason": exc.reason})
+                    continue
+                name = src.names[i].decode()
+                if exact and not name.endswith(".npy") and int(src.sizes[i]) != exact:
+                    bad.append({"index": i, "file": str(split_dir / name),
+                                "reason": f"{int(src.sizes[i]) // src.dtype.itemsize} tokens, but meta.json's "
+                                          f"seq_len {seq_len} means {seq_len + 1} per sample file"})
+    if problems:
+        info["problems"] = problems
     return info
 
 

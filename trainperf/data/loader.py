@@ -12,6 +12,7 @@ prefetch tiers) plugs in behind the same interface: ``next_batch()`` ->
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,16 +35,44 @@ def windows_to_batch(w: np.ndarray, device: torch.device, pin: bool = False) -> 
 
 
 class SimpleLoader:
-    """In-process loader: sampler -> gather windows -> tensors on the device."""
+    """In-process loader: sampler -> gather windows -> tensors on the device.
 
-    def __init__(self, source, sampler: GlobalBatchSampler, device: torch.device, pin: bool = False):
+    ``skip_bad`` (``data.on_bad_sample=skip``): a sample that raises BadSample is replaced by a good sample
+    of the same batch (the batch keeps its size, as in the hybrid loaders) and counted in ``skipped``."""
+
+    def __init__(self, source, sampler: GlobalBatchSampler, device: torch.device, pin: bool = False,
+                 skip_bad: bool = False):
         self.source, self.sampler, self.device, self.pin = source, sampler, device, pin
+        self.skip_bad = skip_bad
+        self.skipped: list[tuple[int, str, str]] = []  # (index, file, reason) of each skipped sample
         self.wait_s = self.last_wait_s = 0.0  # time in next_batch (all of it is data wait here)
+
+    def _gather(self, idx) -> np.ndarray:
+        if not self.skip_bad:
+            return self.source.gather(idx)
+        from trainperf.data.sources import BadSample
+        from trainperf.errors import DataError
+
+        items = []
+        for i in idx:
+            try:
+                items.append(np.asarray(self.source[int(i)]))
+            except BadSample as exc:
+                if not self.skipped:
+                    warnings.warn(f"skipped unreadable sample {exc.index} ({exc.file}): {exc.reason} "
+                                  "(data.on_bad_sample=skip; the batch keeps its size by repeating a good sample)",
+                                  RuntimeWarning, stacklevel=3)
+                self.skipped.append((exc.index, exc.file, exc.reason))
+                items.append(exc)
+        good = [a for a in items if not isinstance(a, BadSample)]
+        if not good:
+            raise DataError(f"every sample of a batch is unreadable (first: {items[0]})")
+        return np.stack([good[0] if isinstance(a, BadSample) else a for a in items])
 
     def next_batch(self, shares=None) -> tuple[torch.Tensor, torch.Tensor]:
         t0 = time.perf_counter()
         idx = self.sampler.next_local(shares)
-        batch = windows_to_batch(self.source.gather(idx), self.device, self.pin)
+        batch = windows_to_batch(self._gather(idx), self.device, self.pin)
         self.last_wait_s = time.perf_counter() - t0
         self.wait_s += self.last_wait_s
         return batch
@@ -101,7 +130,7 @@ def build_data(cfg: Config, *, seq_len: int, device: torch.device, dp_rank: int 
                                  seed=cfg.run.seed, shuffle=d.shuffle, drop_last=d.drop_last)
     pin = bool(d.pin_memory) and device.type == "cuda"
     if d.loader == "simple":
-        train = SimpleLoader(train_src, sampler, device, pin)
+        train = SimpleLoader(train_src, sampler, device, pin, skip_bad=d.on_bad_sample == "skip")
     else:
         from trainperf.data.hybrid import build_train_loader
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import sysconfig
 from pathlib import Path
 from typing import Iterator
@@ -62,9 +63,72 @@ def decode(tokens) -> str:
     return bytes(int(t) & 0xFF for t in tokens).decode("utf-8", errors="replace")
 
 
+def _is_own_temp(name: str) -> bool:
+    """A temporary file an interrupted prepare of ours left behind (``train.bin.tmp1234``)."""
+    return re.fullmatch(r"(train\.bin|val\.bin|meta\.json)\.tmp\d+", name) is not None
+
+
+def is_token_dataset(path) -> bool:
+    """``path`` holds a dataset written by ``trainperf data prepare``: a meta.json with the token splits
+    (not a sample-file export, not a meta.json of some other tool)."""
+    import json as _json
+
+    try:
+        meta = _json.loads((Path(path) / META).read_text())
+    except (OSError, ValueError, UnicodeDecodeError):
+        return False
+    return (isinstance(meta, dict) and "layout" not in meta and meta.get("tokenizer") is not None
+            and isinstance(meta.get("splits"), dict) and {"train", "val"} <= set(meta["splits"]))
+
+
+def _listing(names: list[str], limit: int = 5) -> str:
+    shown = ", ".join(sorted(names)[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def check_output_dir(out_dir: str, what: str = "--out") -> bool:
+    """Refuse to write a token dataset where it would overwrite or mix with files that are not ours.
+
+    Allowed: a path that does not exist yet, an empty directory, or a directory that already holds a
+    trainperf token dataset (its meta.json; returns True: that dataset is replaced). Anything else is a
+    DataError naming the folder, what is in it and how to proceed; nothing is written."""
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise DataError(f"{what} {out_dir!r} is a file, not a directory; point {what} at a directory "
+                        "(a new or empty one to prepare the data into, or a prepared dataset)")
+    if not out.exists():
+        return False
+    names = [n for n in os.listdir(out) if not _is_own_temp(n)]
+    if not names:
+        return False
+    if is_token_dataset(out):
+        return True
+    fix = (f"point {what} at a new or empty directory (trainperf prepares its dataset there), or move "
+           f"these files away")
+    if "train.bin" in names or "val.bin" in names:
+        kind = "a meta.pkl (nanoGPT-style)" if "meta.pkl" in names else "no trainperf meta.json"
+        raise DataError(
+            f"{what} {out_dir!r} already holds token files ({_listing(names)}) with {kind}: a dataset trainperf "
+            f"did not write, so it is not overwritten. {fix[0].upper() + fix[1:]}. To train on raw uint16 "
+            f"token files like these, put train.bin in DIR/train/ and val.bin in DIR/val/ and set "
+            f"data.source=files data.path=DIR model.vocab_size=N (their vocabulary size); if they are a stale "
+            f"trainperf preparation, delete them yourself"
+        )
+    if META in names:
+        raise DataError(f"{what} {out_dir!r} holds a meta.json that is not a trainperf token dataset (files: "
+                        f"{_listing(names)}), so nothing is written there; {fix}")
+    raise DataError(f"{what} {out_dir!r} is not empty ({_listing(names)}) and holds no trainperf dataset "
+                    f"(no {META}), so trainperf does not write its train.bin/val.bin/{META} among these "
+                    f"files; {fix}")
+
+
 def prepare_tokens(src: str, out_dir: str, *, max_bytes: int = 16 * 10**6, val_fraction: float = 0.05,
-                   progress: bool = False) -> dict:
-    """Tokenize the text files under ``src`` ("stdlib" for the Python standard library) into ``out_dir``."""
+                   progress: bool = False, what: str = "--out") -> dict:
+    """Tokenize the text files under ``src`` ("stdlib" for the Python standard library) into ``out_dir``.
+
+    ``out_dir`` must not exist, be empty or hold a trainperf token dataset (which is replaced; the caller
+    says so): see :func:`check_output_dir` (``what`` names ``out_dir`` in its messages)."""
+    check_output_dir(out_dir, what)
     if not 0 < val_fraction < 1:  # 1 left no training tokens, 0 one validation token
         raise DataError(f"--val-fraction {val_fraction:g} must be between 0 and 1 (exclusive): the held-out share "
                         "of the tokens, e.g. 0.05; both splits need tokens")
@@ -111,6 +175,7 @@ def prepare_tokens(src: str, out_dir: str, *, max_bytes: int = 16 * 10**6, val_f
                         "e.g. 0.05")
     train, val = tokens[:-n_val], tokens[-n_val:]
     out = Path(out_dir)
+    check_output_dir(out_dir, what)  # again: the folder may have changed while the text was read
     out.mkdir(parents=True, exist_ok=True)
     meta = {
         "format": 1,
@@ -149,10 +214,18 @@ def read_meta(path: str) -> dict | None:
                         f"(2..65536); {redo}")
     if not isinstance(splits, dict) or not {"train", "val"} <= set(splits):
         raise DataError(f"{meta_path}: no 'splits' with train and val; {redo}")
+    dtype = meta.get("dtype", "uint16")
+    if dtype != "uint16":  # the token files are read as uint16: any other dtype would be misread
+        raise DataError(f"{meta_path}: dtype={dtype!r}, but a prepared token directory holds uint16 token ids "
+                        f"(trainperf reads train.bin/val.bin as uint16); {redo}")
     for split, info in splits.items():
         size = info.get("bytes") if isinstance(info, dict) else None
         if split not in ("train", "val") or isinstance(size, bool) or not isinstance(size, int) or size < 0:
             raise DataError(f"{meta_path}: splits.{split} has no byte count; {redo}")
+        tokens = info.get("tokens")
+        if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens * 2 != size:
+            raise DataError(f"{meta_path}: splits.{split}.tokens={tokens!r} does not match its {size} bytes of "
+                            f"uint16 tokens ({size // 2} tokens); {redo}")
         f = Path(path) / f"{split}.bin"
         if not f.is_file() or f.stat().st_size != size:
             raise DataError(
@@ -164,6 +237,9 @@ def read_meta(path: str) -> dict | None:
 def ensure_prepared(path: str, prepare_from: str | None, *, max_bytes: int, val_fraction: float,
                     verbose: bool = True) -> dict:
     """Return the metadata of the prepared data at ``path``, preparing it from ``prepare_from`` if absent."""
+    if Path(path).exists() and not Path(path).is_dir():
+        raise DataError(f"data.path {path!r} is a file, not a directory; point data.path at a prepared dataset "
+                        "directory, or at a new or empty directory to prepare the data into")
     meta = read_meta(path)
     if meta is not None:
         return meta
@@ -172,6 +248,7 @@ def ensure_prepared(path: str, prepare_from: str | None, *, max_bytes: int, val_
             f"data.path={path!r} holds no prepared tokens (no {META}); run "
             f"`trainperf data prepare --src DIR --out {path}` or set data.prepare_from"
         )
+    check_output_dir(path, "data.path")  # only into a new or empty folder: never among the user's files
     if verbose:
         print(f"data: preparing {path} from {prepare_from} (first use; later runs reuse it)", flush=True)
-    return prepare_tokens(prepare_from, path, max_bytes=max_bytes, val_fraction=val_fraction)
+    return prepare_tokens(prepare_from, path, max_bytes=max_bytes, val_fraction=val_fraction, what="data.path")

@@ -40,7 +40,8 @@ class BadSample(DataError):
         self.index, self.file, self.reason = int(index), str(file), reason
         super().__init__(
             f"sample {index} ({file}): {reason}; fix or remove the file, "
-            "or set data.on_bad_sample=skip to skip bad samples and count them"
+            "or set data.on_bad_sample=skip to skip bad training samples and count them (every data.loader "
+            "honours it; validation samples must be readable)"
         )
 
     def __reduce__(self):  # picklable across worker processes

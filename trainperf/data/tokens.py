@@ -25,7 +25,11 @@ class TokenWindows:
         self.n_tokens = self.file.stat().st_size // 2
         self._mm: np.memmap | None = None
         if len(self) < 1:
-            raise DataError(f"{self.file} has {self.n_tokens} tokens, fewer than one sample of {seq_len + 1}")
+            raise DataError(
+                f"{self.file} has {self.n_tokens} tokens, fewer than one sample of {seq_len + 1} "
+                f"(model.block_size + 1); prepare more text into a new directory (`trainperf data prepare --src DIR "
+                f"--out NEW_DIR`, a larger --max-bytes or --src) and point data.path at it, or lower model.block_size"
+            )
 
     @property
     def tokens(self) -> np.memmap:
@@ -34,7 +38,7 @@ class TokenWindows:
         return self._mm
 
     def __len__(self) -> int:
-        return (self.n_tokens - 1) // self.seq_len
+        return max(0, (self.n_tokens - 1) // self.seq_len)  # an empty file: 0 samples, not -1
 
     def check_vocab(self, vocab_size: int, chunk: int = 1 << 24) -> None:
         """Every token id below ``vocab_size`` (one pass over the file, in chunks): a corrupt or foreign
