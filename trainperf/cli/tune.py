@@ -51,6 +51,9 @@ def run(args) -> int:
     res = tune(cfg, config_path=args.config, out_dir=args.out, options=opts, doctor=_doctor)
     if args.json:
         print_json(res.to_json())
+        if res.kept_previous:  # stdout is the JSON document: the notice goes to stderr
+            print(f"note: replaced the existing {res.config_path}; its previous content is kept in "
+                  f"{res.kept_previous}", file=sys.stderr)
     else:
         print(render(res))
     from trainperf import interrupt

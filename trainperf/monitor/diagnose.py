@@ -39,6 +39,7 @@ from trainperf.monitor.rules_runtime import COMPILE_PHASE, RUNTIME_RULES, _num, 
 from trainperf.monitor.rules_runtime import pct as _pct
 from trainperf.monitor.rules_trace import NOT_FROM_TRACE, TRACE_RULES, comm_bound_trace, data_bound_trace
 from trainperf.monitor.rundir import known_state, load_run, rank_of
+from trainperf.monitor.screen import no_steps, screen_run
 from trainperf.monitor.xla import XLA_RECOMPILE_RULE
 
 SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
@@ -100,6 +101,41 @@ def _phases(rec: dict, key: str = "phases_s") -> dict[str, float]:
             and math.isfinite(v)}
 
 
+def _bad_loss(v: Any) -> str | None:
+    """'nan' / 'inf' / '-inf' (as train's divergence message writes them) for a loss that is not finite
+    (null on disk: strict JSON writes NaN and inf as null, and a step's loss is written only when there is
+    one), else None."""
+    if v is None:
+        return "nan"  # null: the trainer's NaN or inf
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isfinite(v):
+        return "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")
+    return None
+
+
+def _loss_evidence(run: dict, recs: list[dict]) -> dict | None:
+    """Where the loss stopped being a number (the trainer's divergence check: it stops the run with
+    DivergedError on the first non-finite loss, before summary.json), or None when every logged loss is finite."""
+    bad = [(r["step"], _bad_loss(r["loss"])) for r in recs if "loss" in r and _bad_loss(r["loss"])]
+    summ = run["summary"]
+    final = summ.get("final_loss")
+    if not bad and not (isinstance(final, float) and not math.isfinite(final)):
+        return None
+    first = bad[0][0] if bad else None
+    good = [(r["step"], float(r["loss"])) for r in recs if "loss" in r and _num(r["loss"]) is not None
+            and (first is None or r["step"] < first)]
+    return {"step": first, "value": bad[0][1] if bad else _bad_loss(final), "records": len(bad),
+            "of": sum(1 for r in recs if "loss" in r), "last_finite": good[-1] if good else None,
+            "stopped": run["crashed"], "file": str(_metrics_file(run)),
+            "summary_final_loss": None if bad else _bad_loss(final),
+            "lr": _cfg(run, "optimizer.lr"), "grad_clip": _cfg(run, "train.grad_clip"),
+            "warmup_steps": _cfg(run, "schedule.warmup_steps"),
+            "dtype": _text(summ.get("precision")) or _text(_cfg(run, "precision.dtype"))}
+
+
+def _metrics_file(run: dict) -> Path:
+    return run.get("rank_files", {}).get(0) or Path(run["dir"]) / "metrics.jsonl"
+
+
 def _percentile(xs: list[float], q: float) -> float:
     xs = sorted(xs)
     pos = q * (len(xs) - 1)
@@ -152,6 +188,10 @@ def compute_summary(run: dict) -> dict[str, Any]:
     s["hfu"] = s["hfu_run"]
     if step_mfu and s["mfu_run"] and s["hfu_run"]:
         s["hfu"] = s["mfu"] * s["hfu_run"] / s["mfu_run"]
+    for k in ("mfu", "hfu", "mfu_run", "hfu_run"):  # a fraction of the peak: outside [0, 1] it is no figure
+        if s[k] is not None and not 0 <= s[k] <= 1:
+            s[k] = None
+    s["loss"] = _loss_evidence(run, recs0)
     s["peak_source"] = _text(summ.get("peak_source"))
     s["mfu_convention"] = _text(summ.get("mfu_convention"))
     s["device"] = _text(summ.get("device")) or _text(_cfg(run, "run.device"))
@@ -339,6 +379,44 @@ def _low_mfu(s: dict) -> dict | None:
             "fix": "precision.dtype=bf16; compile.enabled=true; optimizer.type=fused_adam; raise train.micro_batch"}
 
 
+def _num_cfg(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
+
+
+def _loss_diverged(s: dict) -> dict | None:
+    ev = s.get("loss")
+    if not ev:
+        return None
+    if ev["step"] is not None:
+        where = (f"the loss became {ev['value']} at step {ev['step']}" + (" (null in the file: nan or inf)"
+                 if ev["value"] == "nan" else "") + f"; {ev['records']} of the {ev['of']} step records in "
+                 f"{ev['file']} hold a loss that is not a number")
+    else:
+        where = f"summary.json's final_loss is {ev['summary_final_loss']}"
+    last = ev.get("last_finite")
+    if last:
+        where += f"; the last finite loss was {last[1]:.4g} at step {last[0]}"
+    if ev["stopped"]:
+        where += ("; no summary.json: the run ended there (trainperf train stops a run whose loss is not finite: "
+                  "'training diverged')")
+    lr, clip, warm, dtype = (_num_cfg(ev.get("lr")), _num_cfg(ev.get("grad_clip")), _num_cfg(ev.get("warmup_steps")),
+                             ev.get("dtype"))
+    known = lr is not None or clip is not None or warm is not None or dtype is not None
+    ways = [f"lower optimizer.lr (now {lr:g}; e.g. {min(lr / 10, 3e-4):g})" if lr else "lower optimizer.lr "
+            "(e.g. 3e-4)"]
+    if not known or warm is None or warm < 100:
+        ways.append("warm the learning rate up over more steps (schedule.warmup_steps" + (
+            f", now {warm:g}; e.g. 100)" if warm is not None else ", e.g. 100)"))
+    if not known or not clip:
+        ways.append("clip gradients (train.grad_clip=1.0" + (", now off)" if clip == 0 else ")"))
+    elif clip > 1:
+        ways.append(f"clip gradients harder (train.grad_clip, now {clip:g}; e.g. 1.0)")
+    if not known or dtype in ("fp16", None):
+        ways.append("precision.dtype=bf16 instead of fp16 (fp16 overflows where bf16 does not)")
+    return {"severity": "critical", "gain": None, "evidence": where, "step": ev["step"],
+            "fix": "; ".join(ways) + "; then resume from a checkpoint before that step, or start over"}
+
+
 def _target(key: str, limit: float, above: bool, label: str):
     def check(s: dict) -> dict | None:
         v = s.get(key)
@@ -352,6 +430,12 @@ def _target(key: str, limit: float, above: bool, label: str):
 
 
 _TABLE: list[Rule] = [
+    Rule("loss_diverged", "the loss became nan or inf (training diverged)", "a step record's loss is nan, inf or "
+         "null (the trainer's divergence check stops the run there, before summary.json), or summary.json's "
+         "final_loss is not finite", "updates too large for the model: learning rate too high or not warmed up, "
+         "gradients not clipped, fp16 overflow", "lower optimizer.lr; raise schedule.warmup_steps; "
+         "train.grad_clip=1.0; precision.dtype=bf16 instead of fp16", _loss_diverged,
+         not_from={"trace": "a profiler trace holds no loss values"}),
     Rule("data_bound", "steps wait for batches", f"data phase (trace: DataLoader time) > {_pct(DATA_WARN)} of step "
          f"time (critical > {_pct(DATA_CRIT)}); IO- vs decode-bound from the process CPU during the wait "
          f"(< {IO_CPU_RATIO} of the CPU the process gets: IO); trace: num_workers=0 from the DataLoader iterator",
@@ -449,8 +533,16 @@ def _missing(run: dict, s: dict) -> list[str]:
     return out
 
 
+def load_screened(run_dir: str | Path) -> dict[str, Any]:
+    """:func:`load_run`, with the records and summary.json figures no real run can have left out
+    (:func:`trainperf.monitor.screen.screen_run`, the rule compare uses); the notes are ``run["data_notes"]``."""
+    run = load_run(run_dir)
+    screen_run(run)
+    return run
+
+
 def diagnose(run_dir: str | Path) -> dict[str, Any]:
-    return diagnose_run(load_run(run_dir))
+    return diagnose_run(load_screened(run_dir))
 
 
 def diagnose_run(run: dict) -> dict[str, Any]:
@@ -460,9 +552,12 @@ def diagnose_run(run: dict) -> dict[str, Any]:
     findings, not_measured = apply_rules(s)
     missing = _missing(run, s)
     out = {"run_dir": str(run["dir"]), "crashed": run["crashed"], "findings": findings, "summary": s,
-           "missing": missing, "not_measured": [*not_measured, *({"id": None, "reason": m} for m in missing)]}
+           "missing": missing, "not_measured": [*not_measured, *({"id": None, "reason": m} for m in missing)],
+           "data_notes": list(run.get("data_notes") or [])}
     if not any(run["ranks"].values()):  # ended (killed) before its first whole step record: say what it left
         out["known"] = known_state(run)
+        if run.get("screened", {}).get(0, (0, {}))[0]:  # records exist, but every one is malformed (NaN, ...)
+            out["known"]["malformed"] = no_steps(run["dir"], run)
     return out
 
 
@@ -472,8 +567,11 @@ def known_lines(result: dict) -> list[str]:
     if k is None:
         return []
     c = k.get("config") or {}
-    lines = ["  no step record reached metrics.jsonl: the run ended (was killed?) before its first record was "
-             "written, so no step figures exist. What it left:"]
+    if k.get("malformed"):
+        lines = [f"  {k['malformed']}. No step figures exist. What it left:"]
+    else:
+        lines = ["  no step record reached metrics.jsonl: the run ended (was killed?) before its first record was "
+                 "written, so no step figures exist. What it left:"]
     lines.append("    config: " + (", ".join(f"{n} {v}" for n, v in c.items() if v is not None) if c else "none (no "
                  "config.yaml)"))
     ck = k["checkpoint_steps"]
@@ -507,6 +605,7 @@ def format_findings(result: dict) -> str:
         lines.append(f"  MFU {100 * s['mfu']:.1f}%{hfu} against {s.get('peak_source') or 'the recorded peak'}")
         if s.get("mfu_convention"):
             lines.append(f"  MFU convention: {s['mfu_convention']}")
+    lines += [f"  note: {n}" for n in result.get("data_notes", [])]
     if not result["findings"]:
         lines.append("  no findings: no rule fired (see `trainperf diagnose RUN_DIR --json` for the figures)")
     for f in result["findings"]:

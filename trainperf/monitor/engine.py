@@ -20,9 +20,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
-from trainperf.monitor.diagnose import RULES, SEVERITY_ORDER, apply_rules, diagnose_run
+from trainperf.monitor.diagnose import RULES, SEVERITY_ORDER, apply_rules, diagnose_run, load_screened
 from trainperf.monitor.gain import fraction
-from trainperf.monitor.rundir import load_run
 from trainperf.monitor.trace_evidence import evidence, headroom, public, read_traces
 from trainperf.trace.ranks import discover
 
@@ -85,7 +84,7 @@ def diagnose_path(path: str | Path, *, top_n: int = 10, patterns: list[str] | No
     if found["kind"] != "run":
         results, across = read_traces(found["files"], **kw)
         return diagnose_results(results, across)
-    return with_traces(diagnose_run(load_run(found["run_dir"])), found["files"], **kw)
+    return with_traces(diagnose_run(load_screened(found["run_dir"])), found["files"], **kw)
 
 
 def with_traces(result: dict, files: list[Path], **kw) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from typing import Any
 
 from trainperf.monitor import charts as C
 from trainperf.monitor.diagnose import (COMPILE_PHASE, _phases, _steady, compute_summary, diagnose_run, known_lines,
-                                        load_run)
+                                        load_screened)
 
 
 def phase_order(names) -> list[str]:
@@ -186,7 +186,7 @@ def build_report(run_dir: str | Path, out: str | Path | None = None) -> dict[str
     from trainperf.trace.ranks import discover
 
     run_dir = Path(run_dir)
-    run = load_run(run_dir)
+    run = load_screened(run_dir)  # impossible records and figures left out, with notes (as compare)
     result = with_traces(diagnose_run(run), discover(run_dir)["files"])
     s = result["summary"]
     drawn = [(name, fn(run)) for name, fn in CHARTS]
@@ -204,6 +204,7 @@ def build_report(run_dir: str | Path, out: str | Path | None = None) -> dict[str
         if run["crashed"] else ""
     if result.get("known") is not None:  # killed before its first step record: say so, and what it left
         crashed = "<p class='critical'>" + "<br>".join(html.escape(x.strip()) for x in known_lines(result)) + "</p>"
+    crashed += "".join(f"<p class='warning'>{html.escape(n)}</p>" for n in result.get("data_notes", []))
     body = (f"<h1>trainperf report: {html.escape(str(run_dir))}</h1>\n{crashed}"
             f"<h2>Summary</h2>{C.table(summary_rows(s, run['summary']))}"
             f"<h2>Findings</h2>{findings_with_gain(result) if result['findings'] else findings_html(result)}"
@@ -214,7 +215,7 @@ def build_report(run_dir: str | Path, out: str | Path | None = None) -> dict[str
 
     atomic_write_text(out, C.page(f"trainperf report: {run_dir.name}", body))  # replaced whole or not at all
     return {"html": str(out), "charts": paths, "skipped": skipped, "findings": [f["id"] for f in result["findings"]],
-            "known": result.get("known")}
+            "known": result.get("known"), "data_notes": result.get("data_notes", [])}
 
 
 __all__ = ["build_report", "compute_summary", "phase_order", "write_charts"]

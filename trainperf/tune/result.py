@@ -77,6 +77,7 @@ class TuneResult:
     interrupted: bool = False
     confirmations: list[dict] = field(default_factory=list)  # every side-by-side measurement made
     order: list[dict] = field(default_factory=list)  # the dimensions as searched, surest gains first (tune/order.py)
+    kept_previous: str | None = None  # where the file config_path replaced was copied (None: nothing replaced)
 
     def to_json(self) -> dict[str, Any]:
         """The ``--json`` document (exactly the documented keys; strict JSON)."""

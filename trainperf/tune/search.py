@@ -396,11 +396,15 @@ class _Search:
         text = dump_yaml(space.apply(self.user, changes))
         path = _tuned_path(config_path, self.out_dir)
         with interrupt.deferred():  # the files are written whole: a signal now is delivered after them
+            kept = keep_previous(path, text)
+            if kept:
+                notes = [*notes, f"replaced the existing {path}; its previous content is kept in {kept}"]
             atomic_write_text(path, text)
             _check_loads(path)
             res = TuneResult(default_side, best_side, path, speedup, self.trials, self.opts.budget_s,
                              self.clock() - self.start, str(self.out_dir), notes, sbs, interrupted, confirmed,
                              [s.as_dict() for s in self.order])
+            res.kept_previous = kept
             write_outputs(res, text, doctor)
         return res
 
@@ -442,6 +446,30 @@ def _tuned_path(config_path: str | None, out_dir: Path) -> str:
         return str(out_dir / "tuned.yaml")
     p = Path(config_path)
     return str(p.with_name(f"{p.stem}.tuned{p.suffix or '.yaml'}"))
+
+
+def keep_previous(path: str, text: str) -> str | None:
+    """Before the tuned YAML replaces a file that holds something else (a hand-edited or an earlier tuned
+    config), copy it to the first free ``PATH.bak``, ``PATH.bak2``, ...; returns the copy's path, or None when
+    there was nothing to keep (no file, or the same text). Never replaces an existing copy."""
+    import shutil
+
+    from trainperf.errors import UserError
+
+    p = Path(path)
+    if not p.exists():
+        return None
+    try:
+        if p.is_file() and p.read_text(encoding="utf-8", errors="replace") == text:
+            return None
+        n = 1
+        while (dest := p.with_name(p.name + (".bak" if n == 1 else f".bak{n}"))).exists():
+            n += 1
+        shutil.copy2(p, dest)
+    except OSError as exc:
+        raise UserError(f"the tuned config {path} exists and could not be kept before it is replaced "
+                        f"({exc.strerror or exc}); move it away or make its directory writable") from exc
+    return str(dest)
 
 
 def _check_loads(path: str) -> None:
