@@ -134,4 +134,4 @@ def test_a_learning_rate_of_1e10_is_refused_before_training(capsys):
     from tests.conftest import ROOT
 
     assert main(["config", "show", str(ROOT / "configs" / "gpt-tiny.yaml"), "--set", "optimizer.lr=1e10"]) == 2
-    assert "optimizer.lr='1e10': must be less than or equal to 100" in capsys.readouterr().err
+    assert "optimizer.lr='1e10': must be less than or equal to 1000000" in capsys.readouterr().err

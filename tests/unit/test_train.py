@@ -181,7 +181,7 @@ def test_a_diverged_run_ends_with_what_to_change_and_keeps_its_records(tiny_over
     assert main(["train", str(ROOT / "configs/gpt-tiny.yaml"), *sets]) == 1
     err = capsys.readouterr().err
     assert "Traceback" not in err and "training diverged (optimizer.lr=1e+06" in err, err
-    assert "lower optimizer.lr (e.g. 100000)" in err and "clip gradients (train.grad_clip: 1.0)" in err
+    assert "lower optimizer.lr (e.g. 0.0003)" in err and "clip gradients (train.grad_clip: 1.0)" in err
     assert f"trainperf diagnose {run_dir}" in err
     steps = [r for r in map(__import__("json").loads, (run_dir / "metrics.jsonl").read_text().splitlines())
              if "loss" in r]

@@ -286,8 +286,8 @@ class OptimizerConfig(Section):
     type: Literal["adamw", "fused_adam", "adam", "sgd"] = "adamw"
     """adamw / fused_adam (AdamW with the fused kernel where the device has one, foreach elsewhere),
     adam (no decoupled decay), sgd (momentum 0.9)."""
-    lr: float = Field(1e-3, gt=0, le=100)
-    """Peak learning rate (at most 100: above it, a typo or a unit slip, not a schedule)."""
+    lr: float = Field(1e-3, gt=0, le=1e6)
+    """Peak learning rate (at most 1e6: above it a typo or a unit slip, not a schedule)."""
     weight_decay: float = Field(0.1, ge=0)
     """Decoupled weight decay, applied to matrices only (not biases, norms or embeddings' bias)."""
     betas: tuple[Annotated[float, Field(ge=0, lt=1)], Annotated[float, Field(ge=0, lt=1)]] = (0.9, 0.95)

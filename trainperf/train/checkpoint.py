@@ -91,6 +91,58 @@ def read_manifest(path: Path, step: int) -> dict:
     return manifest
 
 
+def _load_error(path, exc: Exception, what: str = "cannot be loaded") -> CheckpointError:
+    """torch.load's failure as trainperf's refusal. torch's weights_only text (its advice to retry with
+    weights_only=False, which would run the file's code) is never passed on: only its specific finding."""
+    text = str(exc)
+    if "Weights only load failed" in text or "weights_only" in text:
+        found = re.search(r"GLOBAL ([\w.]+)", text)
+        if found:
+            return CheckpointError(
+                f"{path}: refused: the file contains pickled Python code or objects ({found.group(1)}), not only "
+                "tensors; it is not a trainperf checkpoint or it comes from an untrusted source. trainperf loads "
+                "checkpoints with weights_only=True and never runs code from them; do not load it another way: point "
+                "--resume at a checkpoint written by trainperf train, or start over with --resume never")
+        parts = [p.strip() for p in text.split("\n\n")]
+        detail = next((p for p in parts[1:] if p and not p.startswith("Check the documentation")), "unreadable")
+        text = f"not a torch.save file of tensors: {detail}"
+    else:
+        text = f"{type(exc).__name__}: {exc}"
+    return CheckpointError(f"{path}: {what} ({text}); it is not a trainperf checkpoint; point --resume at a "
+                           "step-XXXXXXXX.pt written by trainperf train, or start over with --resume never")
+
+
+_REQUIRED = ("model", "optimizer", "step", "config")
+
+
+def check_state(path, state, step: int | None = None) -> dict:
+    """A loaded file is a trainperf checkpoint: a dict with model/optimizer/step/config, a whole step >= 0 (the
+    file's own step when it has a manifest). CheckpointError naming the file otherwise."""
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{path}: not a trainperf checkpoint (its top level is a {type(state).__name__}, not a "
+                              "dict of model, optimizer, step and config); point --resume at a step-XXXXXXXX.pt "
+                              "written by trainperf train, or start over with --resume never")
+    missing = [k for k in _REQUIRED if k not in state]
+    if missing:
+        raise CheckpointError(f"{path}: not a trainperf checkpoint (no {', '.join(repr(k) for k in missing)} "
+                              f"key{'s' if len(missing) > 1 else ''}); point --resume at a step-XXXXXXXX.pt written "
+                              "by trainperf train, or start over with --resume never")
+    if not isinstance(state["model"], dict):
+        raise CheckpointError(f"{path}: corrupt checkpoint ('model' is a {type(state['model']).__name__}, not a "
+                              "state dict); use another checkpoint or start over with --resume never")
+    value = state["step"]
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_floating_point():
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise CheckpointError(f"{path}: corrupt checkpoint: step={state['step']!r} is not a valid checkpoint step "
+                              "(a whole number >= 0); use another checkpoint or start over with --resume never")
+    if step is not None and value != step:
+        raise CheckpointError(f"{path}: corrupt checkpoint: it holds step {value} but its name and manifest say "
+                              f"step {step}; use another checkpoint or start over with --resume never")
+    state["step"] = value
+    return state
+
+
 class CheckpointManager:
     """Single-file checkpoints in a directory. ``kill_step``: a test knob (``Knobs.checkpoint_kill_step``)
     that SIGKILLs this process half-way through writing that step's file (crash consistency)."""
@@ -143,9 +195,10 @@ class CheckpointManager:
         if hashlib.sha256(data).hexdigest() != manifest["sha256"]:
             raise CheckpointError(f"{path}: checksum mismatch (the file was altered or corrupted)")
         try:
-            return torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
+            state = torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
         except Exception as exc:  # noqa: BLE001 - any unpickling failure means unusable
-            raise CheckpointError(f"{path}: cannot be loaded ({type(exc).__name__}: {exc})") from None
+            raise _load_error(path, exc) from None
+        return check_state(path, state, step)
 
     def load_latest(self, map_location: str | torch.device = "cpu") -> tuple[int, dict] | None:
         """The newest checkpoint that verifies; warns about each corrupt one skipped. None if there is none."""
@@ -179,9 +232,10 @@ class CheckpointManager:
         if m and (p.parent / f"step-{m.group(1)}.json").exists():
             return CheckpointManager(p.parent).verify_and_load(int(m.group(1)), map_location)
         try:
-            return torch.load(p, map_location=map_location, weights_only=True)
+            state = torch.load(p, map_location=map_location, weights_only=True)
         except Exception as exc:  # noqa: BLE001
-            raise CheckpointError(f"{path}: cannot be loaded as a checkpoint ({type(exc).__name__}: {exc})") from None
+            raise _load_error(path, exc, "cannot be loaded as a checkpoint") from None
+        return check_state(path, state)
 
 
 # ---------------------------------------------------------------------- the trainer's checkpointer (one process)
@@ -201,38 +255,115 @@ def check_resume_compatible(saved: dict, current: dict) -> None:
             )
 
 
+def load_model_state(model, saved: dict, source) -> None:
+    """``model.load_state_dict`` with a refusal naming the checkpoint and the first tensor that does not fit (a
+    missing, unexpected or differently shaped one) instead of torch's RuntimeError."""
+    mine = model.state_dict()
+    fix = "use a checkpoint of this model, or start over with --resume never (or another run.dir)"
+    for name, tensor in mine.items():
+        if name not in saved:
+            raise CheckpointError(f"checkpoint {source}: has no tensor {name} that this model needs; {fix}")
+        theirs = saved[name]
+        if not isinstance(theirs, torch.Tensor):
+            raise CheckpointError(f"checkpoint {source}: {name} is a {type(theirs).__name__}, not a tensor; {fix}")
+        if tuple(theirs.shape) != tuple(tensor.shape):
+            raise CheckpointError(f"checkpoint {source}: tensor {name} has shape {list(theirs.shape)}, the model needs "
+                                  f"{list(tensor.shape)}; {fix}")
+    extra = [k for k in saved if k not in mine]
+    if extra:
+        raise CheckpointError(f"checkpoint {source}: holds tensor {extra[0]} that this model does not have"
+                              f"{f' (and {len(extra) - 1} more)' if len(extra) > 1 else ''}; {fix}")
+    try:
+        model.load_state_dict(saved)
+    except (RuntimeError, ValueError, TypeError) as exc:
+        raise CheckpointError(f"checkpoint {source}: its model state does not fit this model ({exc}); {fix}") from None
+
+
+def previous_dir(directory: Path) -> Path:
+    """Where ``--resume never`` keeps the previous run's checkpoints until the new run has written its own."""
+    return directory.with_name(directory.name + ".previous")
+
+
 class FileCheckpointer:
     """One process: the whole training state in one atomic, sha256-verified file per checkpoint
-    (model, optimizer and the trainer's extra state: step, loader position, RNG, scaler, config)."""
+    (model, optimizer and the trainer's extra state: step, loader position, RNG, scaler, config).
+
+    ``--resume never`` deletes nothing up front: the previous run's checkpoints are renamed to
+    ``<dir>.previous`` and deleted only once this run has written its first checkpoint (or finished), so a run
+    that fails or is killed before then leaves the old ones where the user can take them back."""
 
     def __init__(self, directory: str | os.PathLike, keep: int = 3, *, kill_step: int | None = None):
         self.manager = CheckpointManager(directory, keep, kill_step=kill_step)
         self.dir = self.manager.dir
+        self.set_aside: Path | None = None  # the previous run's checkpoints, while this run has none
 
     def save(self, trainer) -> Path | None:
         if not trainer.is_main:
             return None
         (model,), (optimizer,) = trainer.pm.modules, trainer.optimizer.optimizers
         state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), **trainer.extra_state()}
-        return self.manager.save(trainer.step, trainer.backend.to_host(state))
+        path = self.manager.save(trainer.step, trainer.backend.to_host(state))
+        self.discard_previous()  # this run has a complete checkpoint now: the previous run's are superseded
+        return path
+
+    def discard_previous(self) -> None:
+        if self.set_aside is not None:
+            shutil.rmtree(self.set_aside, ignore_errors=True)
+            self.set_aside = None
+
+    def _start_over(self) -> None:
+        """``--resume never``: move the previous run's checkpoints aside (a rename; nothing is deleted yet)."""
+        aside = previous_dir(self.dir)
+        if not self.dir.is_dir() or not any(self.dir.iterdir()):
+            if aside.is_dir():
+                self.set_aside = aside  # kept from an earlier attempt that never wrote a checkpoint
+            return
+        if aside.exists():
+            if self.manager.steps():
+                # a run started over after the one in aside/ and wrote checkpoints: aside/ is superseded
+                if aside.is_dir():
+                    shutil.rmtree(aside)
+                else:
+                    aside.unlink()
+            else:
+                # only leftovers of an attempt that never completed a checkpoint (temporary or manifest-less
+                # files): nothing to keep; aside/ still holds the good run
+                shutil.rmtree(self.dir)
+                self.set_aside = aside
+                return
+        os.replace(self.dir, aside)
+        _fsync_dir(aside.parent)
+        self.set_aside = aside
+        print(f"resume never: the previous run's checkpoints were moved to {aside}; they are deleted once this run "
+              f"writes its first checkpoint (to go back to them, move {aside} back to {self.dir} and resume)",
+              flush=True)
 
     def resume(self, trainer, mode: str) -> int | None:
         """``--resume auto | never | PATH``. Returns the step resumed from, or None for a fresh start."""
         if mode == "never":
-            if self.dir.exists():
-                shutil.rmtree(self.dir)
+            if trainer.is_main:
+                self._start_over()
             return None
         where = trainer.backend.map_location
         if mode == "auto":
             found = self.manager.load_latest(map_location=where)
             if found is None:
+                if previous_dir(self.dir).is_dir():
+                    print(f"resume: no checkpoint in {self.dir}; starting over. The checkpoints of the run before "
+                          f"`--resume never` are in {previous_dir(self.dir)}: to resume that run instead, stop, "
+                          f"move them back to {self.dir} and run again", flush=True)
                 return None
-            state = found[1]
+            source, state = self.dir / f"step-{found[0]:08d}.pt", found[1]
         else:
-            state = self.manager.load_file(mode, map_location=where)
+            source, state = mode, self.manager.load_file(mode, map_location=where)
         check_resume_compatible(state.get("config", {}), trainer.cfg.model_dump(mode="json"))
         (model,), (optimizer,) = trainer.pm.modules, trainer.optimizer.optimizers
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
+        load_model_state(model, state["model"], source)
+        try:
+            optimizer.load_state_dict(state["optimizer"])
+        except (RuntimeError, ValueError, TypeError, KeyError) as exc:
+            raise CheckpointError(f"checkpoint {source}: its optimizer state does not fit this run's optimizer "
+                                  f"({type(exc).__name__}: {exc}); use a checkpoint of this model and optimizer, or "
+                                  "start over with --resume never") from None
         trainer.load_extra_state(state)
         return trainer.step

@@ -33,6 +33,8 @@ def fit(trainer: Trainer, *, resume: str = "auto", verbose: bool = True) -> dict
         return _already_finished(trainer, run_dir, resumed_from, say)
     if main:
         run_dir.mkdir(parents=True, exist_ok=True)
+        if resumed_from is None:
+            _set_aside_previous_run(run_dir, say)
         (run_dir / "config.yaml").write_text(dump_yaml(cfg))
     sink = JSONLSink(run_dir / "metrics.jsonl", truncate_after_step=resumed_from) if (main and cfg.monitor.jsonl) else None
     # Every rank: device sampler, profiler window, FLOPs/peak; records go through it (JSONL, TensorBoard, Prometheus).
@@ -120,12 +122,38 @@ def fit(trainer: Trainer, *, resume: str = "auto", verbose: bool = True) -> dict
     return summary
 
 
+# A previous run's records in the run directory: on a fresh start they are renamed, never read as this run's
+PREVIOUS_RUN_FILES = ("summary.json", "metrics.jsonl", "samples.jsonl")
+
+
+def previous_name(name: str) -> str:
+    stem, dot, ext = name.partition(".")
+    return f"{stem}.previous{dot}{ext}"
+
+
+def _set_aside_previous_run(run_dir: Path, say) -> None:
+    """A fresh start (``--resume never``, or no checkpoint) in a directory holding another run's records:
+    summary.json, metrics.jsonl and samples.jsonl are renamed to NAME.previous.EXT (nothing is deleted), so
+    diagnose/report never read the old run's summary as this run's. A finished run's records (it has a
+    summary.json) replace older ``.previous`` ones; the records of an attempt that never finished do not replace
+    the previous run's already set aside (the metrics sink starts this run's log afresh)."""
+    finished = (run_dir / "summary.json").is_file()
+    moved = []
+    for name in PREVIOUS_RUN_FILES:
+        src, dst = run_dir / name, run_dir / previous_name(name)
+        if src.is_file() and (finished or not dst.exists()):
+            src.replace(dst)
+            moved.append(dst.name)
+    if moved:
+        say(f"train: starting over in {run_dir}; the previous run's {', '.join(moved)} kept beside this run's")
+
+
 def _diverged_message(loss: float, step: int, cfg, run_dir) -> str:
     """What a diverged run says: the step, the settings that usually cause it and where its records are."""
     if cfg is None:
         return f"loss became {loss} at step {step}; lower optimizer.lr or use precision fp32/bf16"
     lr, dtype, clip = cfg.optimizer.lr, cfg.precision.dtype, cfg.train.grad_clip
-    ways = [f"lower optimizer.lr (e.g. {lr / 10:g})"]
+    ways = [f"lower optimizer.lr (e.g. {min(lr / 10, 3e-4):g})"]  # a tenth, and never above a usual peak
     if not clip:
         ways.append("clip gradients (train.grad_clip: 1.0)")
     if dtype == "fp16":
