@@ -149,3 +149,22 @@ def test_a_garbage_file_is_refused_without_torchs_weights_only_advice(tiny_overr
     err = capsys.readouterr().err
     assert str(bad) in err and "cannot be loaded as a checkpoint" in err and "Traceback" not in err, err
     assert "will likely succeed" not in err and "set to `False`" not in err
+
+
+def test_sharded_resume_never_sets_the_previous_checkpoints_aside_not_deletes_them(tmp_path, capsys):
+    # the DCP checkpointer (several processes) used to rmtree the checkpoint directory at startup
+    from trainperf.distributed.checkpoint import DcpCheckpointer
+
+    d = tmp_path / "checkpoints"
+    (d / "step-00000004").mkdir(parents=True)
+    (d / "step-00000004" / "COMPLETE").write_text("")
+    ck = DcpCheckpointer(d)
+    ck._start_over()
+    aside = tmp_path / "checkpoints.previous"
+    assert (aside / "step-00000004" / "COMPLETE").exists() and not d.exists() and ck.set_aside == aside
+    assert "moved to" in capsys.readouterr().out
+    # a second start over after an attempt that wrote no complete checkpoint keeps the good run aside
+    (d / "step-00000002").mkdir(parents=True)  # no COMPLETE marker: a leftover
+    ck2 = DcpCheckpointer(d)
+    ck2._start_over()
+    assert (aside / "step-00000004" / "COMPLETE").exists() and ck2.set_aside == aside

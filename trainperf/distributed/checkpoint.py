@@ -217,10 +217,36 @@ class DcpCheckpointer:
     def __init__(self, directory: str | Path, keep: int = 3):
         self.dir = Path(directory)
         self.keep = keep
+        self.set_aside: Path | None = None  # rank 0: the previous run's checkpoints, while this run has none
 
     def save(self, trainer) -> Path:
-        return save(self.dir, trainer.step, trainer.pm.modules, trainer.optimizer.optimizers, trainer.extra_state(),
+        path = save(self.dir, trainer.step, trainer.pm.modules, trainer.optimizer.optimizers, trainer.extra_state(),
                     keep=self.keep)
+        if self.set_aside is not None:  # this run has a complete checkpoint now: the previous run's are superseded
+            shutil.rmtree(self.set_aside, ignore_errors=True)
+            self.set_aside = None
+        return path
+
+    def _start_over(self) -> None:
+        """Rank 0, ``--resume never``: the previous run's checkpoints renamed to ``<dir>.previous`` (nothing is
+        deleted before this run writes its own; an aside kept from an attempt that wrote none stays)."""
+        from trainperf.train.checkpoint import previous_dir
+
+        aside = previous_dir(self.dir)
+        if not self.dir.is_dir() or not any(self.dir.iterdir()):
+            self.set_aside = aside if aside.is_dir() else None
+            return
+        if aside.exists():
+            if not list_checkpoints(self.dir):  # only leftovers of an attempt that never completed a checkpoint
+                shutil.rmtree(self.dir)
+                self.set_aside = aside
+                return
+            shutil.rmtree(aside) if aside.is_dir() else aside.unlink()
+        self.dir.replace(aside)
+        self.set_aside = aside
+        print(f"resume never: the previous run's checkpoints were moved to {aside}; they are deleted once this run "
+              f"writes its first checkpoint (to go back to them, move {aside} back to {self.dir} and resume)",
+              flush=True)
 
     def resume(self, trainer, mode: str) -> int | None:
         """``--resume auto | never | PATH`` (PATH: a step-XXXXXXXX directory saved on any layout)."""
@@ -228,8 +254,8 @@ class DcpCheckpointer:
 
         if mode == "never":
             _barrier()
-            if _rank() == 0 and self.dir.exists():
-                shutil.rmtree(self.dir)
+            if _rank() == 0:
+                self._start_over()
             _barrier()
             return None
         path = latest(self.dir) if mode == "auto" else Path(mode)
