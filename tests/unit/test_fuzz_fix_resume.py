@@ -168,3 +168,13 @@ def test_sharded_resume_never_sets_the_previous_checkpoints_aside_not_deletes_th
     ck2 = DcpCheckpointer(d)
     ck2._start_over()
     assert (aside / "step-00000004" / "COMPLETE").exists() and ck2.set_aside == aside
+
+
+def test_a_config_mismatch_names_the_key_that_differs_not_two_whole_sections():
+    from trainperf.errors import CheckpointError
+    from trainperf.train.checkpoint import check_resume_compatible
+
+    saved = {"model": {"preset": "tiny", "n_layer": 2, "n_head": 4}}
+    current = {"model": {"preset": "tiny", "n_layer": None, "n_head": 4}}
+    with pytest.raises(CheckpointError, match=r"written with model\.n_layer=2 but this run has None"):
+        check_resume_compatible(saved, current)

@@ -249,10 +249,21 @@ def check_resume_compatible(saved: dict, current: dict) -> None:
     """Refuse a checkpoint whose model, data or global batch differ from this run's config."""
     for key in RESUME_KEYS:
         if _get(saved, key) != _get(current, key):
+            key, was, now = _first_difference(key, _get(saved, key), _get(current, key))
             raise CheckpointError(
-                f"the checkpoint was written with {key}={_get(saved, key)!r} but this run has {_get(current, key)!r}; "
+                f"the checkpoint was written with {key}={was!r} but this run has {now!r}; "
                 "resume with the same setting, or start over with --resume never (or another run.dir)"
             )
+
+
+def _first_difference(key: str, was, now) -> tuple[str, object, object]:
+    """The innermost key where two config sections differ (``model.n_layer: 2`` rather than both whole dicts)."""
+    while isinstance(was, dict) and isinstance(now, dict):
+        diff = next((k for k in sorted(set(was) | set(now), key=str) if was.get(k) != now.get(k)), None)
+        if diff is None:
+            break
+        key, was, now = f"{key}.{diff}", was.get(diff), now.get(diff)
+    return key, was, now
 
 
 def load_model_state(model, saved: dict, source) -> None:
