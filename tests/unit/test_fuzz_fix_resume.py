@@ -178,3 +178,15 @@ def test_a_config_mismatch_names_the_key_that_differs_not_two_whole_sections():
     current = {"model": {"preset": "tiny", "n_layer": None, "n_head": 4}}
     with pytest.raises(CheckpointError, match=r"written with model\.n_layer=2 but this run has None"):
         check_resume_compatible(saved, current)
+
+
+def test_the_cli_prints_its_own_warnings_without_python_source_lines():
+    # "/work/main/trainperf/train/checkpoint.py:227: UserWarning: checkpoint of step 6 is corrupt ..." was
+    # what a user saw; a library's warning keeps Python's format
+    import trainperf.train.checkpoint as ck
+    from trainperf.cli import _cli_warning_format
+
+    fmt = _cli_warning_format()
+    assert fmt("checkpoint of step 6 is corrupt", UserWarning, ck.__file__, 227) == \
+        "trainperf: warning: checkpoint of step 6 is corrupt\n"
+    assert "site-packages/x.py:3: UserWarning: other" in fmt("other", UserWarning, "/site-packages/x.py", 3)

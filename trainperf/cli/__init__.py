@@ -47,12 +47,33 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _cli_warning_format():
+    """trainperf's own warnings printed as ``trainperf: warning: MESSAGE`` (a user reads them; the source line
+    Python puts first is for developers); any other library's keep Python's format."""
+    import os
+    import warnings
+
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    default = warnings.formatwarning
+
+    def fmt(message, category, filename, lineno, line=None):
+        if str(filename).startswith(package) and issubclass(category, UserWarning):
+            return f"trainperf: warning: {message}\n"
+        return default(message, category, filename, lineno, line)
+
+    return fmt
+
+
 def main(argv: list[str] | None = None) -> int:
     """Exit codes: 0, 2 for a UserError (its message, no traceback), 130 / 143 when Ctrl-C / SIGTERM
     stopped the command (trainperf/interrupt.py: whatever fails after the signal is part of stopping)."""
     from trainperf import interrupt
 
     replaced = interrupt.install()
+    import warnings
+
+    if argv is None:  # the trainperf command (in-process callers keep their own warning format)
+        warnings.formatwarning = _cli_warning_format()
     code = None  # set when the command returns one; an exception leaves it unset
     try:
         code = _main(argv)
