@@ -190,3 +190,15 @@ def test_the_cli_prints_its_own_warnings_without_python_source_lines():
     assert fmt("checkpoint of step 6 is corrupt", UserWarning, ck.__file__, 227) == \
         "trainperf: warning: checkpoint of step 6 is corrupt\n"
     assert "site-packages/x.py:3: UserWarning: other" in fmt("other", UserWarning, "/site-packages/x.py", 3)
+
+
+def test_a_resume_that_changes_the_schedule_says_so():
+    from trainperf.train.checkpoint import schedule_change_notes
+
+    saved = {"run": {"steps": 200}, "optimizer": {"lr": 1e-3, "type": "adamw"}, "schedule": {"warmup_steps": 10}}
+    same = schedule_change_notes(saved, saved)
+    assert same == []
+    changed = schedule_change_notes(saved, {"run": {"steps": 92}, "optimizer": {"lr": 3e-4, "type": "adamw"},
+                                            "schedule": {"warmup_steps": 10}})
+    assert [n.split(" was ")[0] for n in changed] == ["resume: run.steps", "resume: optimizer.lr"]
+    assert "200" in changed[0] and "92" in changed[0] and "may jump" in changed[0]

@@ -261,7 +261,13 @@ class DcpCheckpointer:
         path = latest(self.dir) if mode == "auto" else Path(mode)
         if path is None:
             return None
-        check_resume_compatible(read_trainer_state(path).get("config", {}), trainer.cfg.model_dump(mode="json"))
+        saved, current = read_trainer_state(path).get("config", {}), trainer.cfg.model_dump(mode="json")
+        check_resume_compatible(saved, current)
+        if _rank() == 0:
+            from trainperf.train.checkpoint import schedule_change_notes
+
+            for line in schedule_change_notes(saved, current):
+                print(line, flush=True)
         extra = load(path, trainer.pm.modules, trainer.optimizer.optimizers)
         trainer.load_extra_state(extra)
         return trainer.step

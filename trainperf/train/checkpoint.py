@@ -256,6 +256,23 @@ def check_resume_compatible(saved: dict, current: dict) -> None:
             )
 
 
+SCHEDULE_KEYS = ("run.steps", "optimizer", "schedule")
+"""What a resume may change (unlike RESUME_KEYS) but what moves the learning rate from the resume step on."""
+
+
+def schedule_change_notes(saved: dict, current: dict) -> list[str]:
+    """One line per setting of the saved run that this run changes and that reshapes the learning-rate
+    schedule from the resume step on (the resume itself is exact; the rate is not the saved run's)."""
+    out = []
+    for key in SCHEDULE_KEYS:
+        was, now = _get(saved, key), _get(current, key)
+        if was is not None and was != now:
+            k, a, b = _first_difference(key, was, now)
+            out.append(f"resume: {k} was {a!r} in the checkpoint's run and is {b!r} now: the learning rate follows "
+                       "the new setting from the resume step on (it may jump there)")
+    return out
+
+
 def _first_difference(key: str, was, now) -> tuple[str, object, object]:
     """The innermost key where two config sections differ (``model.n_layer: 2`` rather than both whole dicts)."""
     while isinstance(was, dict) and isinstance(now, dict):
@@ -367,7 +384,11 @@ class FileCheckpointer:
             source, state = self.dir / f"step-{found[0]:08d}.pt", found[1]
         else:
             source, state = mode, self.manager.load_file(mode, map_location=where)
-        check_resume_compatible(state.get("config", {}), trainer.cfg.model_dump(mode="json"))
+        current = trainer.cfg.model_dump(mode="json")
+        check_resume_compatible(state.get("config", {}), current)
+        if trainer.is_main:
+            for line in schedule_change_notes(state.get("config", {}), current):
+                print(line, flush=True)
         (model,), (optimizer,) = trainer.pm.modules, trainer.optimizer.optimizers
         load_model_state(model, state["model"], source)
         try:
