@@ -139,11 +139,13 @@ def read_json(path: str | os.PathLike, *, what: str = "JSON file", expect: type 
     return value
 
 
-def read_jsonl(path: str | os.PathLike, *, what: str = "JSON-lines log") -> list[dict]:
+def read_jsonl(path: str | os.PathLike, *, what: str = "JSON-lines log", counts: dict | None = None) -> list[dict]:
     """The object records of a JSON-lines file, in order. Lines that do not parse are skipped; a non-empty
     file of which no line parses raises UserError naming it, unless all it holds is what a crash leaves:
     a last line without its newline that began a record (``{``: a write cut by kill -9), or zero-filled
-    blocks. Such a file (a run killed before its first whole record) reads as no records."""
+    blocks. Such a file (a run killed before its first whole record) reads as no records. ``counts``, when
+    given, receives ``skipped``: the lines skipped that a crash does not explain (garbage, a JSON value that
+    is not an object), for a reader to say so."""
     path = Path(path)
     text = _read_text(path, what, lenient=True)
     out: list[dict] = []
@@ -173,6 +175,8 @@ def read_jsonl(path: str | os.PathLike, *, what: str = "JSON-lines log") -> list
     if bad and not out:
         raise UserError(f"{path}: none of its {bad} line(s) is a JSON object, not a {what}; "
                         "the file is corrupt or not the right one")
+    if counts is not None:
+        counts["skipped"] = bad
     return out
 
 

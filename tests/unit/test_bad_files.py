@@ -233,7 +233,14 @@ def test_prepared_data_manifest_and_token_files_on_garbage(corpus, tmp_path):
     val = d / "val.bin"
     ok = val.read_bytes()
     val.write_bytes(ok[:-3])  # truncated: size differs from meta.json
-    with pytest.raises(DataError, match="val.bin: missing or truncated"):
+    with pytest.raises(DataError, match=r"val.bin: truncated \(\d+ of \d+ bytes\)"):
+        build_data(cfg, seq_len=32, device=torch.device("cpu"), verbose=False)
+    val.unlink()
+    val.mkdir()  # a directory where the tokens should be: said as such, not "0 of N bytes"
+    with pytest.raises(DataError, match="val.bin is a directory, not the file of"):
+        build_data(cfg, seq_len=32, device=torch.device("cpu"), verbose=False)
+    val.rmdir()
+    with pytest.raises(DataError, match=r"val.bin: missing \(\d+ bytes of tokens expected"):
         build_data(cfg, seq_len=32, device=torch.device("cpu"), verbose=False)
     garbage = np.frombuffer(ok, dtype=np.uint16).copy()
     garbage[len(garbage) // 2] = 40000  # same size, a token id past the 256-token vocabulary

@@ -65,3 +65,22 @@ def test_bench_data_quick_json(capsys):
     pf = hybrid["prefetch"]  # derived from what the loader measured (it only grows from the fixed start)
     assert pf["plan"]["measured_step"] and pf["plan"]["read_s"] > 0 and pf["io_threads"] >= 8 and pf["depth"] >= 4
     assert out["loaders"][3]["prefetch"]["io_threads"] == 8 and out["loaders"][3]["prefetch"]["depth"] == 4
+
+
+def test_prepare_src_that_is_a_file_or_holds_too_little_text_says_what_it_saw(tmp_path, capsys):
+    """--src a.txt (an existing file) said "does not exist"; a directory holding one byte of text and a binary
+    file said "holds only 3 bytes" and not which files were read."""
+    f = tmp_path / "one" / "a.txt"
+    f.parent.mkdir()
+    f.write_text("hello\n")
+    assert main(["data", "prepare", "--src", str(f), "--out", str(tmp_path / "o1")]) == 2
+    err = capsys.readouterr().err
+    assert "is a file; --src takes a directory of text files" in err and repr(str(f.parent)) in err
+    small = tmp_path / "small"
+    small.mkdir()
+    (small / "x.txt").write_text("x")
+    (small / "r.bin").write_bytes(b"\x00\x01" * 100)
+    assert main(["data", "prepare", "--src", str(small), "--out", str(tmp_path / "o2")]) == 2
+    err = capsys.readouterr().err
+    assert "holds only 1 bytes of text (1 text file(s); 1 binary or unreadable file(s) skipped)" in err
+    assert not (tmp_path / "o1").exists() and not (tmp_path / "o2").exists()

@@ -214,3 +214,40 @@ def test_tune_says_nothing_when_there_was_nothing_to_keep(tmp_path):
     assert res.kept_previous is None and "replaced" not in render(res)
     res2 = _tune(tmp_path, cfg_path)  # the same tuned config again: identical text, nothing lost
     assert res2.kept_previous is None and not list(tmp_path.glob("*.bak*"))
+
+
+# ------------------------------------------------ garbage lines and records out of order (fuzzing)
+def test_garbage_lines_are_counted_in_a_note_and_change_no_figure(tmp_path, capsys):
+    """'this is garbage', a JSON list, a number and null in the middle of metrics.jsonl were skipped with no
+    word; the figures must not move, and the note says how many lines were skipped."""
+    d = _run(tmp_path)
+    before = _diagnose_json(d, capsys)["summary"]
+    p = d / "metrics.jsonl"
+    lines = p.read_text().splitlines()
+    lines[3:3] = ["this is garbage", "[1, 2, 3]", "42", "null"]
+    p.write_text("\n".join(lines) + "\n")
+    out = _diagnose_json(d, capsys)
+    assert out["summary"] == before
+    assert any(f"{p}: 4 line(s) that are not JSON records skipped" in n for n in out["data_notes"])
+
+
+def test_a_cut_last_line_is_not_counted_as_garbage(tmp_path, capsys):
+    d = _run(tmp_path)
+    p = d / "metrics.jsonl"
+    p.write_text(p.read_text() + '{"step": 21, "step_ti')  # kill -9 mid-write
+    assert not any("not JSON records" in n for n in _diagnose_json(d, capsys)["data_notes"])
+
+
+def test_records_out_of_step_order_are_read_in_order_with_a_note(tmp_path, capsys):
+    """With the records reversed, diagnose's MFU moved from 4.7% to 2.5% with no remark: the figures after
+    warm-up are taken by position. Read in step order, they are those of the intact file."""
+    d = _run(tmp_path)
+    _rewrite_metrics(d, lambda i, r: r.update(step_time_s=0.1 + 0.5 * (i < 3)))  # slow warm-up steps
+    before = _diagnose_json(d, capsys)
+    p = d / "metrics.jsonl"
+    p.write_text("".join(reversed(p.read_text().splitlines(keepends=True))))
+    after = _diagnose_json(d, capsys)
+    assert after["summary"] == before["summary"]
+    assert any("step records out of step order (19 place(s) where the step goes back), read in step order" in n
+               for n in after["data_notes"])
+    assert not before["data_notes"]

@@ -124,3 +124,17 @@ def test_a_measured_step_ten_million_times_too_slow_is_not_a_measurement(capsys)
     refused(capsys, "--measured", "1e18", says="ten million times slower than the GPU can go")
     assert main([*BASE, "--measured", "100"]) == 0  # slow, but a run
     capsys.readouterr()
+
+
+def test_a_gpu_count_that_is_not_whole_nodes_is_planned_with_a_warning(capsys):
+    """--gpus 12 on 8-GPU nodes (or a catalog's gpus_per_node 3 with --gpus 8) was accepted without a word."""
+    import json
+
+    assert main(["plan", "--model", "gpt-22b", "--gpu", "a100-80gb", "--gpus", "12", "--json"]) == 0
+    notes = json.loads(capsys.readouterr().out)["notes"]
+    assert any("--gpus 12 is not a whole number of a100-80gb nodes (8 GPUs per node" in n for n in notes), notes
+    assert main(["plan", "--model", "gpt-22b", "--gpu", "a100-80gb", "--gpus", "12"]) == 0
+    assert "WARNING: --gpus 12 is not a whole number" in capsys.readouterr().out
+    for gpus in (8, 16):  # one node, or whole nodes: nothing to say
+        assert main(["plan", "--model", "gpt-22b", "--gpu", "a100-80gb", "--gpus", str(gpus), "--json"]) == 0
+        assert not any("whole number" in n for n in json.loads(capsys.readouterr().out)["notes"])

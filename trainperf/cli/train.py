@@ -63,23 +63,38 @@ def _launched_rank() -> int:
         return 0
 
 
-def _check_writable_dirs(cfg) -> None:
+def _check_writable_dirs(cfg) -> list[Path]:
     """The run directory (and a checkpoint directory set apart) can be created and written, checked before the
-    model is built: a path that is a file, or under one, or read-only, once ended the run with a traceback."""
+    model is built: a path that is a file, or under one, or read-only, once ended the run with a traceback.
+    Returns the directories made here (deepest first), for :func:`_remove_if_empty`."""
     from trainperf.cli._common import ensure_dir
     from trainperf.errors import ConfigError, UserError
 
+    created: list[Path] = []
     for field, path in (("run.dir", cfg.run_dir()), ("checkpoint.dir", cfg.checkpoint.dir)):
         try:
             ensure_dir(path, field)
         except UserError as exc:
             raise ConfigError(str(exc).replace(f"{field} '", f"{field}='", 1)) from None
         if path:
+            new = [d for d in (Path(path), *Path(path).parents) if not d.exists()]
             try:  # the run writes there anyway: made now, before the model is built
                 Path(path).mkdir(parents=True, exist_ok=True)
             except OSError as exc:
                 raise ConfigError(f"{field}={path!r} cannot be created ({exc.strerror or exc}); choose a writable "
                                   "directory") from None
+            created.extend(new)
+    return created
+
+
+def _remove_if_empty(dirs: list[Path]) -> None:
+    """Remove the directories this command made that are still empty (deepest first); a directory the run
+    wrote into stays."""
+    import contextlib
+
+    for d in sorted(dirs, key=lambda p: len(p.parts), reverse=True):
+        with contextlib.suppress(OSError):
+            d.rmdir()
 
 
 def _train(args) -> int:
@@ -87,16 +102,22 @@ def _train(args) -> int:
 
     from trainperf.config import load_config
     from trainperf.config.resolve import resolve
+    from trainperf.memory import preflight
     from trainperf.train.build import train
     from trainperf.train.knobs import from_environ
 
     cfg = load_config(args.config, args.overrides)
     resolved = resolve(cfg)
-    _check_writable_dirs(resolved.cfg)
-    args.resume = _resume_after_restart(args.resume, resolved.cfg)
-    # test and benchmark knobs (a slowed rank, injected faults) come from the environment here, at the
-    # edge, and are handed to the trainer as an object
-    summary = train(resolved, resume=args.resume, verbose=not args.json, knobs=from_environ(os.environ))
+    preflight.check(resolved.cfg)  # before anything is built or written: a run that cannot fit is refused
+    created = _check_writable_dirs(resolved.cfg)
+    try:
+        args.resume = _resume_after_restart(args.resume, resolved.cfg)
+        # test and benchmark knobs (a slowed rank, injected faults) come from the environment here, at the
+        # edge, and are handed to the trainer as an object
+        summary = train(resolved, resume=args.resume, verbose=not args.json, knobs=from_environ(os.environ))
+    except BaseException:
+        _remove_if_empty(created)  # a run refused before it wrote anything leaves no empty run directory
+        raise
     if args.json and summary is not None:
         print_json(summary)
     return 0

@@ -333,6 +333,10 @@ class CheckpointingConfig(Section):
 class MemoryConfig(Section):
     checkpointing: CheckpointingConfig = CheckpointingConfig()
     """Activation (gradient) checkpointing."""
+    preflight: bool = True
+    """Before ``trainperf train`` builds the reference GPT, refuse a run whose memory estimate (model states +
+    activations per rank, ``trainperf memory``) is above the device's memory (CPU: the host's available
+    memory, shared by its ranks); false starts it anyway."""
 
 
 class CompileConfig(Section):

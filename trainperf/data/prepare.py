@@ -135,11 +135,15 @@ def prepare_tokens(src: str, out_dir: str, *, max_bytes: int = 16 * 10**6, val_f
     if max_bytes < 1:
         raise DataError(f"--max-bytes {max_bytes} must be at least 1 (the bound on the text read, e.g. 16000000)")
     src_path = stdlib_dir() if src == "stdlib" else Path(src)
+    if src_path.is_file():
+        raise DataError(f"data source {src!r} is a file; --src takes a directory of text files (every file under "
+                        f"it is read): pass {str(src_path.parent)!r}, or put the file in a directory of its own")
     if not src_path.is_dir():
         raise DataError(f"data source directory {src!r} does not exist; pass a directory of text files or 'stdlib'")
     chunks: list[bytes] = []
     total = 0
     n_files = 0
+    skipped = 0  # unreadable or binary files
     files = iter_text_files(src_path)
     bar = None
     if progress:
@@ -150,8 +154,10 @@ def prepare_tokens(src: str, out_dir: str, *, max_bytes: int = 16 * 10**6, val_f
         try:
             data = path.read_bytes()
         except OSError:
+            skipped += 1
             continue
         if b"\x00" in data[:4096]:  # binary file
+            skipped += 1
             continue
         data = data[: max_bytes - total]
         chunks.append(data + b"\n\n")
@@ -164,7 +170,9 @@ def prepare_tokens(src: str, out_dir: str, *, max_bytes: int = 16 * 10**6, val_f
     if bar:
         bar.close()
     if total < 1000:
-        raise DataError(f"{src!r} holds only {total} bytes of text; need at least 1000 to train and validate")
+        files_note = f"{n_files} text file(s)" + (f"; {skipped} binary or unreadable file(s) skipped" if skipped else "")
+        raise DataError(f"{src!r} holds only {max(0, total - 2 * n_files)} bytes of text ({files_note}); need at "
+                        "least 1000 to train and validate: point --src at a directory with more text")
     tokens = encode(b"".join(chunks))
     n_val = int(len(tokens) * val_fraction)
     if n_val < 2 or len(tokens) - n_val < 2:  # 1e-300 (or 0.99999) left one token on a side: nothing to learn from
@@ -227,10 +235,14 @@ def read_meta(path: str) -> dict | None:
             raise DataError(f"{meta_path}: splits.{split}.tokens={tokens!r} does not match its {size} bytes of "
                             f"uint16 tokens ({size // 2} tokens); {redo}")
         f = Path(path) / f"{split}.bin"
-        if not f.is_file() or f.stat().st_size != size:
-            raise DataError(
-                f"{f}: missing or truncated ({f.stat().st_size if f.is_file() else 0} of {size} bytes); {redo}"
-            )
+        if f.exists() and not f.is_file():
+            raise DataError(f"{f} is a {'directory' if f.is_dir() else 'special file'}, not the file of "
+                            f"{size} bytes of tokens meta.json describes; {redo}")
+        if not f.is_file():
+            raise DataError(f"{f}: missing ({size} bytes of tokens expected from meta.json); {redo}")
+        if f.stat().st_size != size:
+            what = "truncated" if f.stat().st_size < size else "longer than meta.json says"
+            raise DataError(f"{f}: {what} ({f.stat().st_size} of {size} bytes); {redo}")
     return meta
 
 

@@ -12,7 +12,10 @@ record per step. A run killed before its first whole record loads with no step r
 :func:`known_state` says what it left (config, checkpoints, samples). Step lines whose
 ``step_time_s`` is not a finite number (NaN, text) or whose ``step`` is not a whole number are left
 out; ``malformed`` counts them per rank (``rank_files``: the file each rank's records came from),
-so a reader can tell a run that logged no step from one whose records are corrupt.
+so a reader can tell a run that logged no step from one whose records are corrupt; ``skipped_lines``
+counts the lines that are not JSON objects at all (garbage; a last line cut by a crash is not counted),
+and ``out_of_order`` the places where a step record's step is below the one before it (the records are
+put back in step order).
 """
 
 from __future__ import annotations
@@ -22,12 +25,20 @@ from pathlib import Path
 from typing import Any
 
 
-def read_jsonl(path: Path) -> list[dict]:
+def read_jsonl(path: Path, counts: dict | None = None) -> list[dict]:
     """The JSON objects of a JSONL file (none if it is missing); lines cut by a crash are skipped, a file of
-    garbage is a UserError naming it (trainperf.runio)."""
+    garbage is a UserError naming it (trainperf.runio); ``counts["skipped"]``: the other lines skipped."""
     from trainperf.runio import read_jsonl as _read
 
-    return _read(path, what="trainperf metrics/samples log") if path.is_file() else []
+    return _read(path, what="trainperf metrics/samples log", counts=counts) if path.is_file() else []
+
+
+def _in_step_order(recs: list[dict]) -> tuple[list[dict], int]:
+    """The step records in step order (stable), and how many times a record's step went below the one before
+    it: a file edited or pasted together. train writes them in order (a resume cuts the log back to its
+    step first), and the figures after warm-up are taken by position."""
+    back = sum(1 for a, b in zip(recs, recs[1:]) if b["step"] < a["step"])
+    return (sorted(recs, key=lambda x: x["step"]) if back else recs), back
 
 
 def _read_json(path: Path) -> dict:
@@ -141,10 +152,16 @@ def load_run(run_dir: str | Path) -> dict[str, Any]:
     evals: list[dict] = []
     rank_files: dict[int, Path] = {}
     malformed: dict[int, int] = {}
+    skipped: dict[int, int] = {}
+    out_of_order: dict[int, int] = {}
     for f in metric_files:
-        recs = merge_parts(read_jsonl(f))
+        counts: dict = {}
+        recs = merge_parts(read_jsonl(f, counts))
         r = rank_of(f)
-        ranks[r] = [x for x in recs if _is_num(x.get("step_time_s")) and isinstance(x.get("step"), int)]
+        ranks[r], out_of_order[r] = _in_step_order(
+            [x for x in recs if _is_num(x.get("step_time_s")) and isinstance(x.get("step"), int)
+             and not isinstance(x.get("step"), bool)])
+        skipped[r] = counts.get("skipped", 0)
         rank_files[r] = f
         # step lines that are there but unreadable as one (NaN/text step_time_s, a step that is not whole)
         malformed[r] = sum(1 for x in recs if "val_loss" not in x and ("step" in x or "step_time_s" in x)) - len(
@@ -161,6 +178,6 @@ def load_run(run_dir: str | Path) -> dict[str, Any]:
         if metas:
             sample_meta[r] = metas[-1]
     return {"dir": d, "ranks": ranks, "evals": evals, "samples": samples, "sample_meta": sample_meta,
-            "rank_files": rank_files, "malformed": malformed,
+            "rank_files": rank_files, "malformed": malformed, "skipped_lines": skipped, "out_of_order": out_of_order,
             "summary": _read_json(d / "summary.json"), "config": _read_yaml(d / "config.yaml"),
             "crashed": not (d / "summary.json").is_file()}

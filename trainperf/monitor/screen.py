@@ -63,11 +63,18 @@ def _screen_steps(run: dict) -> list[str]:
         if not keep:
             continue  # rank 0: the error says it; another rank: its figures are simply absent
         parts = []
+        skipped, back = run.get("skipped_lines", {}).get(rank, 0), run.get("out_of_order", {}).get(rank, 0)
+        if skipped:
+            parts.append(f"{_rank_file(run, rank)}: {skipped} line(s) that are not JSON records skipped (the file "
+                         "was edited or damaged)")
+        if back:
+            parts.append(f"{'' if skipped else f'{_rank_file(run, rank)}: '}step records out of step order "
+                         f"({back} place(s) where the step goes back), read in step order")
         if why:
             parts.append(f"{total - len(keep)} of {total} step records in {_rank_file(run, rank)} left out of the "
                          f"figures as malformed ({_reasons(why)})")
         if util:
-            parts.append(("" if why else f"{_rank_file(run, rank)}: ") + " and ".join(
+            parts.append(("" if parts else f"{_rank_file(run, rank)}: ") + " and ".join(
                 f"the {k.upper()} of {n} step records (outside [0, 1])" for k, n in util.items())
                 + " left out of the MFU/HFU figures")
         if parts:

@@ -227,7 +227,19 @@ def search(
             return Plan(model, gpu, gpus, global_batch, [closest], rejected, evaluated, oom, notes=[note])
         raise UserError(why)
     candidates.sort(key=lambda e: (e.step_time_s, e.memory_bytes))
-    return Plan(model, gpu, gpus, global_batch, candidates, rejected, evaluated, oom)
+    return Plan(model, gpu, gpus, global_batch, candidates, rejected, evaluated, oom, notes=_node_notes(gpu, gpus))
+
+
+def _node_notes(gpu, gpus: int) -> list[str]:
+    """A GPU count that is not a whole number of nodes (past one node) is planned as it is, with a note: the
+    model places the layout's groups on nodes of ``gpus_per_node``, and a cluster is rarely allotted half
+    a node."""
+    per = max(1, int(gpu.gpus_per_node))
+    if gpus <= per or gpus % per == 0:
+        return []
+    return [f"--gpus {gpus} is not a whole number of {gpu.key} nodes ({per} GPUs per node in the catalog: "
+            f"{gpus / per:.2f} nodes); the estimate places the groups on nodes of {per}, the last one partly "
+            f"filled. Check --gpus, or gpus_per_node in a --catalog file"]
 
 
 def _with_stack(fx: Fixed, stack: Stack) -> Fixed:
