@@ -168,3 +168,16 @@ def test_garbage_in_run_files_never_gives_a_traceback(tmp_path, capsys):
                 strict_loads(out.out)
             codes.append(code)
     assert codes.count(0) > 5 and codes.count(2) > 2, codes  # both damaged-but-readable and unreadable cases
+
+
+def test_a_killed_run_says_its_peak_was_not_recorded_not_none(tmp_path, capsys):
+    """A killed run (no summary.json) showed 'MFU 56.8%' and then '... A: none' in the peaks note."""
+    from trainperf.cli import main
+
+    a = write_run(tmp_path / "a", step_s=0.2, config=config(False, d="a"))
+    (a / "summary.json").unlink()
+    b = write_run(tmp_path / "b", step_s=0.1, config=config(False, d="b"))
+    assert main(["compare", str(a), str(b)]) == 0
+    out = capsys.readouterr().out
+    assert "A: not recorded (no summary.json: the run did not finish; MFU from its step records); B: measured" in out
+    assert "A: none;" not in out

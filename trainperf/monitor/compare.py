@@ -196,8 +196,15 @@ def notes(loaded: list[dict]) -> list[str]:
     peaks = [x["s"].get("peak_source") for x in loaded]
     if len(set(peaks)) > 1:
         lab = labels(len(loaded))
+
+        def peak(i: int, p) -> str:
+            if p:
+                return p
+            if loaded[i]["run"].get("crashed"):  # a killed run: its MFU comes from the step records
+                return "not recorded (no summary.json: the run did not finish; MFU from its step records)"
+            return "none (no MFU)"
         out.append("MFU/HFU use different peaks, so they compare only within a run: "
-                   + "; ".join(f"{lab[i]}: {p or 'none'}" for i, p in enumerate(peaks)))
+                   + "; ".join(f"{lab[i]}: {peak(i, p)}" for i, p in enumerate(peaks)))
     noisy = [labels(len(loaded))[i] for i, x in enumerate(loaded)
              if any(f["id"] == "host_contention" for f in x["diag"]["findings"])]
     if noisy:
