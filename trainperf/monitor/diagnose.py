@@ -476,6 +476,11 @@ RULES: list[Rule] = [replace(r, not_from={**r.not_from, "trace": NOT_FROM_TRACE[
                      else r for r in _TABLE]
 
 
+GPU_ONLY_TRACE_RULES = {"fp32_on_tensor_cores", "pageable_copies", "host_syncs", "low_occupancy", "launch_bound",
+                        "gpu_util_below_target", "sm_efficiency_below_target", "mem_copy_above_target"}
+"""Rules that judge GPU work: on a trace with no GPU events they are listed as not measured, saying so."""
+
+
 def apply_rules(ev: dict, rules: list[Rule] | None = None) -> tuple[list[dict], list[dict]]:
     """Run the rule table over one evidence dict: (findings, not measured [{"id", "reason"}]). A rule that
     cannot be judged from ``ev["source"]`` (``Rule.not_from``) or whose check says ``unmeasured`` is listed
@@ -485,6 +490,9 @@ def apply_rules(ev: dict, rules: list[Rule] | None = None) -> tuple[list[dict], 
     for rule in RULES if rules is None else rules:
         if src in rule.not_from:
             not_measured.append({"id": rule.id, "reason": rule.not_from[src]})
+            continue
+        if ev.get("cpu_only") and rule.id in GPU_ONLY_TRACE_RULES:
+            not_measured.append({"id": rule.id, "reason": "a CPU-only trace (no GPU events): the rule is about GPU work"})
             continue
         got = rule.check(ev)
         if got is None:

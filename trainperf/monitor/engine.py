@@ -23,7 +23,7 @@ from typing import Any, Callable
 from trainperf.monitor.diagnose import RULES, SEVERITY_ORDER, apply_rules, diagnose_run, load_screened
 from trainperf.monitor.gain import fraction
 from trainperf.monitor.trace_evidence import evidence, headroom, public, read_traces
-from trainperf.trace.ranks import discover
+from trainperf.trace.ranks import aside, discover
 
 
 def _merge(per_rank: list[tuple[int, list[dict]]]) -> list[dict]:
@@ -83,6 +83,9 @@ def diagnose_path(path: str | Path, *, top_n: int = 10, patterns: list[str] | No
     kw = dict(top_n=top_n, patterns=patterns, progress=progress)
     if found["kind"] != "run":
         results, across = read_traces(found["files"], **kw)
+        left = aside(found)
+        if left:
+            across["skipped"] = across.get("skipped", []) + left
         return diagnose_results(results, across)
     return with_traces(diagnose_run(load_screened(found["run_dir"])), found["files"], **kw)
 

@@ -174,12 +174,14 @@ def straggler_by_trace(s: dict) -> dict | None:
     r = st["rank"]
     step = s.get("step_time_s")
     waits = st.get("others_wait_us_per_step")
-    ev = (f"rank {r} computes {_ms(st['compute_us_per_step'])} per step (GPU time in non-communication kernels) "
+    what = tr.get("compute_definition") or "GPU time in non-communication kernels per step"
+    ev = (f"rank {r} computes {_ms(st['compute_us_per_step'])} per step ({what.replace(' per step', '')}) "
           f"against {_ms(st['median_others_us'])} for the median of the other ranks: {st['ratio']:.2f}x "
           f"(threshold {st['threshold_ratio']}x)")
     if waits is not None:
+        what_waits = "collectives" if tr.get("compute_definition", "").startswith("step time") else "NCCL kernels"
         ev += (f"; the other ranks wait {_ms(waits)} per step inside their collectives (median), rank {r} "
-               f"{_ms(st.get('its_wait_us_per_step'))}: their NCCL kernels are long because they wait for it")
+               f"{_ms(st.get('its_wait_us_per_step'))}: their {what_waits} are long because they wait for it")
     g = step_gain(step, st["excess_us_per_step"] / 1e6, f"rank {r} computed as fast as the median rank")
     return {"severity": "critical" if st["ratio"] > 1.5 else "warning", "rank": r, "ratio": st["ratio"],
             "clock": "trace", "evidence": ev, "gain": g,

@@ -101,11 +101,12 @@ def evidence(res: dict, across: dict) -> dict[str, Any]:
     dl = res.get("dataloader") or {}
     iters = dl.get("iterators") or []
     return {
-        "source": "trace", "rank": res.get("rank", 0), "world": across.get("count", 1), "path": res.get("path"),
+        "source": "trace", "cpu_only": bool(res.get("cpu_only")), "rank": res.get("rank", 0), "world": across.get("count", 1), "path": res.get("path"),
         "steps_used": res.get("steps"), "step_time_s": step_s,
         "phase_fractions": {"data": dl_frac, "comm": own_us / step_us if step_us else 0.0},
         "phase_mean_s": {"data": dl_frac * step_s, "comm": own_us / 1e6},
         "phase_cpu_ratio": {}, "ranks": {}, "rank_compute": None,
+        "other_frac": (_f(bd.get("other")) or 0.0) / 100,
         "gpu_kernel_busy_pct": _f(res.get("gpu_utilization_pct")),
         "gpu_kernel_busy_pct_label": "GPU utilization (trace: kernel time over step time, as the TensorBoard plugin)",
         "busy_label": "GPU utilization (trace)",
@@ -136,6 +137,8 @@ def headroom(ev: dict) -> list[tuple[str, float]]:
            ("exposed communication", ev["phase_fractions"].get("comm", 0.0))]
     if ev.get("idle_host_wait_frac") is not None:
         out.append(("GPU idle waiting for the host", ev["idle_host_wait_frac"]))
+    if ev.get("other_frac"):  # the plugin's Other: Python outside torch ops, sleeps, waits on locks or I/O
+        out.append(("time in no torch op (Python, sleeps, I/O waits)", ev["other_frac"]))
     m = ev.get("memcpy") or {}
     if step_us and _f(m.get("pageable_us_per_step")) is not None:
         out.append(("pageable copies", m["pageable_us_per_step"] / step_us))

@@ -17,7 +17,7 @@ from typing import Any
 from trainperf.monitor import charts as C
 from trainperf.monitor.trace_text import BREAKDOWN
 
-BREAKDOWN_COLORS = {"kernel": "#2e86ab", "memcpy": "#ffc914", "memset": "#17bebb", "runtime": "#9b59b6",
+BREAKDOWN_COLORS = {"kernel": "#2e86ab", "communication": "#f18f01", "memcpy": "#ffc914", "memset": "#17bebb", "runtime": "#9b59b6",
                     "dataloader": "#e4572e", "cpu_exec": "#76b041", "other": "#5f6b6d"}
 TEMPORAL_COLORS = {"compute": "#2e86ab", "non_compute": "#ffc914", "idle": "#d1495b"}
 
@@ -40,8 +40,8 @@ def chart_breakdown(traces: list[dict]) -> str | None:
 
 
 def chart_temporal(traces: list[dict]) -> str | None:
-    if not any(t.get("temporal_pct") for t in traces):
-        return None
+    if not any(v is not None for t in traces for v in (t.get("temporal_pct") or {}).values()):
+        return None  # CPU-only traces: no GPU timeline to draw
     stacks = [(k, [_n((t.get("temporal_pct") or {}).get(k)) for t in traces], c) for k, c in TEMPORAL_COLORS.items()]
     return C.stacked_bars(_labels(traces), stacks, title="GPU timeline per rank: compute / non-compute / idle "
                           "(HTA's temporal breakdown)", ylabel="% of the GPU timeline")

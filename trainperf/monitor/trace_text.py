@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from trainperf.monitor.rules_trace import MIN_GAIN
 
-BREAKDOWN = ("kernel", "memcpy", "memset", "runtime", "dataloader", "cpu_exec", "other")
+BREAKDOWN = ("kernel", "communication", "memcpy", "memset", "runtime", "dataloader", "cpu_exec", "other")
 
 
 def _p(v, digits: int = 0) -> str:
@@ -25,8 +25,9 @@ def _device(t: dict) -> str:
 
 def rank_lines(t: dict) -> list[str]:
     steps = t.get("steps")
-    lines = [f"  rank {t.get('rank')}: {t.get('path')} ({_device(t)}; {steps if steps else 'no'} profiler step(s)"
-             + ("" if steps else ": the whole trace as one step") + ")"]
+    marked = steps and not str(t.get("steps_found") or "").startswith("none")  # else one step: the whole trace
+    lines = [f"  rank {t.get('rank')}: {t.get('path')} ({_device(t)}; {steps if marked else 'no'} profiler step(s)"
+             + ("" if marked else ": the whole trace as one step") + ")"]
     bd = t.get("step_breakdown_pct") or {}
     lines.append(f"    step {_ms(t.get('step_time_us'))}: " + ", ".join(f"{k} {_p(bd.get(k))}" for k in BREAKDOWN))
     lines.append(f"    GPU utilization {_p(t.get('gpu_utilization_pct'))}, est. SM efficiency "
@@ -50,7 +51,8 @@ def rank_lines(t: dict) -> list[str]:
 def ranks_lines(r: dict) -> list[str]:
     if not r or r.get("count", 0) < 2:
         return []
-    lines = [f"  across {r['count']} ranks (compute = GPU time in non-communication kernels per step; wait = "
+    lines = [f"  across {r['count']} ranks (compute = "
+             f"{r.get('compute_definition') or 'GPU time in non-communication kernels per step'}; wait = "
              "collective time beyond the last arrival's):"]
     for p in r.get("per_rank", []):
         lines.append(f"    rank {p['rank']}: step {_ms(p.get('step_time_us'))}, compute {_ms(p.get('compute_us_per_step'))},"
@@ -58,8 +60,10 @@ def ranks_lines(r: dict) -> list[str]:
                      f"{_ms(p.get('comm_wait_us_per_step'))} per step")
     m = r.get("matching") or {}
     if m:
-        lines.append(f"    collectives matched across ranks: {m.get('matched_collectives')} (by "
-                     f"{', '.join(m.get('by') or []) or '-'}; {m.get('unmatched_kernels')} kernels unmatched)")
+        cpu = str(r.get("compute_definition") or "").startswith("step time")
+        by = "name and order of the CPU ops" if cpu and m.get("by") else ", ".join(m.get("by") or []) or "-"
+        lines.append(f"    collectives matched across ranks: {m.get('matched_collectives')} (by {by}; "
+                     f"{m.get('unmatched_kernels')} {'ops' if cpu else 'kernels'} unmatched)")
     return lines
 
 

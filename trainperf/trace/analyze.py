@@ -104,7 +104,14 @@ def analyze_timeline(tl: Timeline, *, path: str = "", rank: int | None = None, p
         notes.append(f"{tl.bad_durations} GPU event(s) or runtime call(s) had a duration that is negative or not a "
                      "number (a corrupt or hand-edited trace): timed as 0")
     notes += timeline_notes(tl)
-    cm = fg.comm(tl, cls, lo, hi) if nsteps else None
+    cm = None
+    if nsteps and has_gpu:
+        cm = fg.comm(tl, cls, lo, hi)
+    elif nsteps and tl.comm_ops:
+        cm = fg.cpu_comm(tl, lo, hi)
+        notes.append(f"no GPU events: communication is the time {cm['cpu_ops']} collective CPU op(s) (gloo:* / "
+                     "nccl:*) cover, exposed where no cpu_op runs beside them; a rank's compute is its step less "
+                     "its exposed communication")
     syncs, sync_sum = fg.host_syncs(tl, lo, hi)
     dev = fg.device(tl, main)
     if dev and dev.get("from") == "kernel names":
@@ -126,7 +133,7 @@ def analyze_timeline(tl: Timeline, *, path: str = "", rank: int | None = None, p
         r_in = fg.step_of(tl.r_ts, lo, hi) >= 0
         launch_stats = dict(launch_stats, launch_us_per_step=float(tl.r_dur[r_in].sum()) / nsteps)
     res: dict[str, Any] = {
-        "path": path, "rank": rank, "device": (dev or {}).get("name") if dev else None,
+        "path": path, "rank": rank, "cpu_only": not has_gpu, "device": (dev or {}).get("name") if dev else None,
         "device_info": dev, "distributed_info": di if isinstance(di, dict) else None,
         "steps": nsteps, "steps_found": st["found"] or "none: the whole trace is one step",
         "step_numbers": st["numbers"], "step_time_us": bd["step_time_us"],
@@ -162,10 +169,6 @@ def analyze_timeline(tl: Timeline, *, path: str = "", rank: int | None = None, p
         "_step_exposed_comm_us": cm["_step_exposed_comm_us"] if cm else [],
         "_comm": cm["_comm"] if cm else [],
     }
-    if not has_gpu:
-        for k in ("kernel", "memcpy", "memset", "communication", "runtime"):
-            if res["step_breakdown_pct"].get(k) == 0.0:
-                pass
     return _clean(res)
 
 

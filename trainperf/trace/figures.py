@@ -113,6 +113,37 @@ def comm(tl: Timeline, cls: dict, lo: np.ndarray, hi: np.ndarray) -> dict[str, A
             "_step_compute_us": compute_us.tolist(), "_comm": rows}
 
 
+def cpu_comm(tl: Timeline, lo: np.ndarray, hi: np.ndarray) -> dict[str, Any]:
+    """Communication per step on a trace with no GPU events (gloo on CPU): the union of the collectives' CPU
+    spans (``gloo:*`` / ``nccl:*`` ops, the TensorBoard plugin's Communication role; gloo runs them on its
+    own threads). Exposed = the part no ``cpu_op`` covers (annotations do not count: one around the whole
+    step would hide everything); compute = the step less its exposed communication (the time the rank did
+    not wait in a collective). One matching sequence per rank, in time order, for the waits across ranks."""
+    ops = sorted(tl.comm_ops)
+    starts = np.array([c[0] for c in ops], dtype=np.float64)
+    ends = starts + np.array([c[1] for c in ops], dtype=np.float64)
+    cu = iv.union(starts, ends)
+    comm_us = iv.within(cu, lo, hi)
+    busy = tl.cpu_op_only if tl.cpu_op_only is not None else iv.EMPTY
+    exposed = iv.within(iv.subtract(cu, busy), lo, hi)
+    st = step_of(starts, lo, hi)
+    kinds: dict[str, float] = {}
+    rows = []
+    for j, (ts, dur, name) in enumerate(ops):
+        k = collective_kind(name, None)
+        if st[j] >= 0:
+            kinds[k] = kinds.get(k, 0.0) + dur
+        rows.append([ts + tl.base_us, dur, 0, name, int(st[j]) if st[j] >= 0 else None, None, None])
+    nsteps = max(1, lo.size)
+    tot_comm, tot_exp = float(comm_us.sum()), float(exposed.sum())
+    return {"us_per_step": tot_comm / nsteps, "exposed_us_per_step": tot_exp / nsteps,
+            "hidden_pct": (100 * (1 - tot_exp / tot_comm) if tot_comm > 0 else None),
+            "us_per_kind": {k: v / nsteps for k, v in sorted(kinds.items(), key=lambda x: -x[1])},
+            "streams": [], "kernels": 0, "cpu_ops": len(ops), "on": "cpu",
+            "_step_comm_us": comm_us.tolist(), "_step_exposed_comm_us": exposed.tolist(),
+            "_step_compute_us": np.maximum(0.0, (hi - lo) - exposed).tolist(), "_comm": rows}
+
+
 def memcpy(tl: Timeline, lo: np.ndarray, hi: np.ndarray) -> dict[str, Any]:
     m = tl.g_kind == GPU_MEMCPY
     nsteps = max(1, lo.size)

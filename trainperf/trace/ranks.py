@@ -42,6 +42,12 @@ STRAGGLER_RATIO = 1.15  # as the run-directory straggler rule (monitor/rules_run
 STRAGGLER_MIN_GAP_US = 1000.0
 TRACE_SUFFIXES = (".json", ".json.gz")
 _RANK_RE = re.compile(r"(?:^|[^a-z])(?:rank|worker)[-_]?(\d+)(?![0-9])", re.I)
+COMPUTE_DEFINITION = "GPU time in non-communication kernels per step"
+CPU_COMPUTE_DEFINITION = ("step time less exposed communication: on CPU-only traces, the time the rank was not waiting "
+                          "in a gloo/nccl collective")
+CPU_WAIT_DEFINITION = ("wait of a rank on a collective = its CPU op's duration - the shortest duration of the same "
+                       "collective on any rank (the last to arrive waits least); collectives matched across ranks "
+                       "by name and order; per step = sum over its steps / steps")
 WAIT_DEFINITION = ("wait of a rank on a collective = its kernel's duration - the shortest duration of the "
                    "same collective on any rank (the last to arrive waits least); collectives matched across "
                    "ranks by order within each process group (or communication stream); per step = sum over "
@@ -59,9 +65,23 @@ def is_run_dir(d: Path) -> bool:
 
 
 def _traces_in(d: Path) -> list[Path]:
+    """The trace files of a directory: when some are named as torch writes them (``*.pt.trace.*``), those and the
+    files whose name carries a rank (``rank1.json``); else every JSON file (one that is not a trace is skipped
+    with a note when read). :func:`aside` lists the files left out."""
     files = sorted(p for p in d.iterdir() if p.is_file() and is_trace_name(p.name))
-    torch_named = [p for p in files if ".pt.trace." in p.name]
-    return torch_named or files
+    torch_named = [p for p in files if ".pt.trace." in p.name or rank_from_name(p.name) is not None]
+    return torch_named if any(".pt.trace." in p.name for p in files) else files
+
+
+def aside(found: dict) -> list[dict]:
+    """The JSON files of a directory of traces that :func:`_traces_in` left out, as ``skipped`` entries."""
+    if found.get("kind") != "dir":
+        return []
+    d = Path(found["files"][0]).parent if found.get("files") else Path(found["path"])
+    kept = set(found.get("files") or [])
+    return [{"path": str(p), "why": "is not named as torch.profiler names a trace (*.pt.trace.json) nor after a "
+                                    "rank, beside traces that are: not read"}
+            for p in sorted(d.iterdir()) if p.is_file() and is_trace_name(p.name) and p not in kept]
 
 
 def discover(path: str | Path) -> dict[str, Any]:
@@ -165,6 +185,17 @@ def assign_ranks(paths: Sequence[Path], infos: Sequence[Any]) -> list[tuple[int,
                             "hold one trace per rank: pass one file, or move the other profiling windows "
                             "to their own directories")
         seen[r] = p
+    windows: dict[str, Path] = {}
+    for p, (r, how) in zip(paths, got):
+        # tensorboard_trace_handler names a file WORKER.TIMESTAMP.pt.trace.json (WORKER: host_pid by default):
+        # two files of one worker with no rank of their own are that process's successive profiling windows
+        if r is None and ".pt.trace." in p.name:
+            worker = p.name.split(".")[0]
+            if worker in windows:
+                raise UserError(f"{windows[worker]} and {p} are two profiling windows of one process (worker "
+                                f"{worker!r}, no rank in the name or distributedInfo): a directory must hold one "
+                                "trace per rank; pass one file, or move the other windows to their own directories")
+            windows[worker] = p
     out: list[tuple[int, str]] = []
     free = (i for i in range(len(paths) + len(seen)) if i not in seen)
     for r, how in got:
@@ -248,8 +279,10 @@ def across_ranks(results: list[dict]) -> dict[str, Any]:
                     "comm_us_per_step": _mean(res.get("_step_comm_us") or []),
                     "exposed_comm_us_per_step": _mean(res.get("_step_exposed_comm_us") or []),
                     "comm_wait_us_per_step": None, "_steps": steps})
+    cpu = bool(results) and all(res.get("cpu_only") for res in results)
     out: dict[str, Any] = {"count": len(per), "per_rank": per, "straggler": None,
-                           "wait_definition": WAIT_DEFINITION, "matching": None}
+                           "wait_definition": CPU_WAIT_DEFINITION if cpu else WAIT_DEFINITION, "matching": None,
+                           "compute_definition": CPU_COMPUTE_DEFINITION if cpu else COMPUTE_DEFINITION}
     if len(per) < 2:
         out["note"] = "one rank: the straggler and the communication wait need the traces of two or more ranks"
         for p in per:
@@ -284,5 +317,5 @@ def straggler(per: list[dict]) -> dict | None:
             "others_wait_us_per_step": statistics.median(others_wait) if others_wait else None}
 
 
-__all__ = ["across_ranks", "assign_ranks", "comm_waits", "discover", "rank_from_name", "straggler",
-           "STRAGGLER_RATIO", "WAIT_DEFINITION"]
+__all__ = ["across_ranks", "aside", "assign_ranks", "comm_waits", "discover", "rank_from_name", "straggler",
+           "COMPUTE_DEFINITION", "CPU_COMPUTE_DEFINITION", "STRAGGLER_RATIO", "WAIT_DEFINITION"]

@@ -278,13 +278,18 @@ class TraceReader:
         self.progress = progress
         self.meta: dict[str, Any] = {}
         self.events = 0
+        self.bare = False  # the file is a bare JSON array of events (no traceEvents key)
 
     def chunks(self) -> Iterator[list[Event]]:
         src = _Source(self.path, self.progress)
         try:
             yield from self._chunks(src)
-        except _NotEvents as exc:
-            raise _bad(self.path, f"is not a profiler trace: {exc}") from exc
+        except _NotEvents as exc:  # valid JSON of another kind (a directory reader skips it, with a note)
+            msg = str(exc)
+            if self.bare:  # a top-level array of lists: torch's export_memory_timeline writes one
+                msg = msg.replace("traceEvents holds", "its top-level JSON array holds") + \
+                    " (a JSON array of arrays, as export_memory_timeline writes, is not a trace)"
+            raise _bad(self.path, f"is not a profiler trace: {msg}", NotATrace) from exc
         except RecursionError as exc:
             raise _bad(self.path, "nests JSON too deeply") from exc
         finally:
@@ -312,7 +317,7 @@ class TraceReader:
             raise _bad(path, "is not JSON (it does not start with '{' or '[')" if not src.gz else
                        "holds no JSON once decompressed")
         if lead[:1] == b"[":  # a bare array of events (the Chrome format's "JSON Array")
-            bare = True
+            bare = self.bare = True
             pos = len(buf) - len(lead) + 1
         else:
             bare = False

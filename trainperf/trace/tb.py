@@ -134,7 +134,7 @@ def role_sets(tl: Timeline, comm_gpu: np.ndarray) -> list[iv.Set]:
     def u(mask):
         return iv.union(tl.g_ts[mask], end[mask])
 
-    cpu_comm = iv.union([a for a, _ in tl.comm_ops], [a + d for a, d in tl.comm_ops])
+    cpu_comm = iv.union([c[0] for c in tl.comm_ops], [c[0] + c[1] for c in tl.comm_ops])
     return [u(kern & ~comm_gpu), u(kern & comm_gpu), u(tl.g_kind == GPU_MEMCPY), u(tl.g_kind == GPU_MEMSET), cpu_comm,
             iv.union(tl.r_ts, tl.r_ts + tl.r_dur),
             iv.union([a for a, _, _ in tl.dataloader], [a + d for a, d, _ in tl.dataloader]), tl.cpu_ops]

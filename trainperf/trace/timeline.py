@@ -213,9 +213,10 @@ class Timeline:
     # CPU side
     steps: list = field(default_factory=list)  # (ts, dur, number) of ProfilerStep#N, CPU side
     dataloader: list = field(default_factory=list)  # (ts, dur, name)
-    comm_ops: list = field(default_factory=list)  # (ts, dur): nccl:* / gloo:* ops (the plugin's CPU comm)
+    comm_ops: list = field(default_factory=list)  # (ts, dur, name): nccl:* / gloo:* ops (the plugin's CPU comm)
     sync_ops: list = field(default_factory=list)  # (ts, dur, name): aten::item, _local_scalar_dense
     cpu_ops: Set = None  # union of the other CPU ops (the plugin's "CPU Exec" role)
+    cpu_op_only: Set = None  # union of the cpu_op events alone (no annotations): a CPU trace's compute
     op_ext: np.ndarray = None  # the External ids of the CPU ops and annotations (sorted, unique)
     # CUPTI synchronization records (cat cuda_sync: Stream Sync, Stream Wait Event...) that name a stream
     s_ts: np.ndarray = None
@@ -271,6 +272,7 @@ class Collector:
         self.op_ext = _Column(np.int64)
         self.sy = {k: _Column(_DTYPES[k]) for k in ("ts", "dur", "stream")}
         self.ops = Accumulator()
+        self.op_only = Accumulator()
         self.t = Timeline()
 
     def _cat(self, c: Any) -> tuple | None:
@@ -397,6 +399,8 @@ class Collector:
             plain = role == _R_OP
             if plain.any():
                 self.ops.add(ts[plain], end[plain])
+                if is_op:
+                    self.op_only.add(ts[plain], end[plain])
             span = np.isfinite(ts)  # the plugin's CPU span: ops, steps (and annotations, 1.8's Operator spans)
             if span.any():
                 t.cpu_min = min(t.cpu_min, float(ts[span].min()))
@@ -410,7 +414,7 @@ class Collector:
                 elif r == _R_DL:
                     t.dataloader.append((float(ts[i]), float(dur[i]), str(e.name)))
                 elif r == _R_COMM:
-                    t.comm_ops.append((float(ts[i]), float(dur[i])))
+                    t.comm_ops.append((float(ts[i]), float(dur[i]), str(e.name)))
                 elif r == _R_SYNC:
                     t.sync_ops.append((float(ts[i]), float(dur[i]), str(e.name)))
 
@@ -433,6 +437,7 @@ class Collector:
         _drop_far(t, gk, rk)
         _drop_duplicates(t, gk)
         t.cpu_ops = self.ops.result()
+        t.cpu_op_only = self.op_only.result()
         t.steps = _clean_steps(t)
         t.dataloader.sort()
         return t
