@@ -204,7 +204,23 @@ def yaml_unique_keys_load(text: str, what: str, error: type[UserError] = UserErr
             seen[key] = key_node.start_mark.line
         return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
 
+    def integer(loader, node):
+        # YAML 1.1 (PyYAML) reads 010 as octal 8 and 1:30 as base 60 (90): a config would run with a number
+        # nobody wrote. Refused, with the plain number to write (YAML 1.2 and every other tool read 10).
+        value = yaml.SafeLoader.construct_yaml_int(loader, node)
+        text = str(node.value).replace("_", "")
+        digits = text.lstrip("+-")
+        where = f"{what}: {node.value!r} (line {node.start_mark.line + 1})"
+        if ":" in digits:
+            raise error(f"{where} is read by YAML 1.1 as a base-60 number ({value}); write {value} if that is "
+                        f"meant, or quote it ('{node.value}') for text")
+        if len(digits) > 1 and digits[0] == "0" and digits[1] not in "xXbBoO":
+            raise error(f"{where} is read by YAML 1.1 as octal ({value}); write {int(digits, 10)} without the "
+                        f"leading zero (or {value} if octal was meant)")
+        return value
+
     _Unique.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
+    _Unique.add_constructor("tag:yaml.org,2002:int", integer)
     return yaml.load(text, Loader=_Unique)  # noqa: S506 - a SafeLoader subclass: no Python objects
 
 

@@ -279,6 +279,9 @@ def measure(args) -> dict:
                disable=None if not args.json else True)
     rows = []
     if args.cache_dir:
+        from trainperf.cli._common import ensure_dir
+
+        ensure_dir(args.cache_dir, "--cache-dir")  # a file there, or no parent: exit 2 naming it
         os.makedirs(args.cache_dir, exist_ok=True)
     # a fresh directory each run (inside --cache-dir when given): the first epoch is truly cold
     with tempfile.TemporaryDirectory(prefix="trainperf-cache-", dir=args.cache_dir) as tmp:

@@ -78,6 +78,7 @@ def measure(cfg_path, overrides, *, rounds: int, steps: int, warmup: int, varian
     from trainperf.errors import ConfigError
     from trainperf.train.optim import build_optimizer
 
+    _variants_for(variants, "cuda")  # an unknown name is refused before the data is prepared (no side effect)
     overrides = list(overrides) if cfg_path else DEFAULT_OVERRIDES + list(overrides)
     needed = (rounds * steps + warmup) * 2
     trainer = _trainer(cfg_path, overrides, needed)

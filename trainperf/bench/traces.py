@@ -89,6 +89,10 @@ def find_hta(hta_python: str | None = None) -> tuple[str | None, str]:
         if not Path(cand).exists():
             raise UserError(f"{how}={cand}: no such interpreter; pass the python of a venv that has "
                             "HolisticTraceAnalysis installed")
+        if not Path(cand).is_file() or not os.access(cand, os.X_OK):
+            raise UserError(f"{how}={cand}: {'a directory' if Path(cand).is_dir() else 'not an executable file'}, "
+                            "not a Python interpreter; pass the python of a venv that has HolisticTraceAnalysis "
+                            "installed (e.g. hta/bin/python)")
         ok = subprocess.run([cand, "-c", "import hta"], capture_output=True, timeout=120).returncode == 0
         if not ok:
             raise UserError(f"{how}={cand} cannot `import hta`; " + INSTALL_NOTE)

@@ -28,8 +28,8 @@ def whole(minimum: int = 1, maximum: int = 2**53):
     return parse
 
 
-def finite(minimum: float = 0.0, *, strict: bool = True):
-    """An argparse ``type`` for a finite number above (``strict``) or at least ``minimum``."""
+def finite(minimum: float = 0.0, *, strict: bool = True, hi: float | None = None):
+    """An argparse ``type`` for a finite number above (``strict``) or at least ``minimum``, and at most ``hi``."""
     import argparse
     import math
 
@@ -39,7 +39,10 @@ def finite(minimum: float = 0.0, *, strict: bool = True):
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
         if not math.isfinite(value) or value < minimum or (strict and value == minimum):
-            raise argparse.ArgumentTypeError(f"{text} must be a finite number {'>' if strict else '>='} {minimum:g}")
+            raise argparse.ArgumentTypeError(f"{text} must be a finite number {'>' if strict else '>='} {minimum:g}"
+                                             + (f" and at most {hi:g}" if hi is not None else ""))
+        if hi is not None and value > hi:
+            raise argparse.ArgumentTypeError(f"{text} must be at most {hi:g}")
         return value
 
     parse.__name__ = "number"

@@ -5,6 +5,9 @@ from __future__ import annotations
 from trainperf.bench.data import KINDS
 from trainperf.cli._common import add_json_flag, finite, print_json, whole
 
+MAX_ITEM_KB = 1024 * 1024  # 1 GiB per item: the benchmark holds twice an item's bytes as its source
+MIN_COMPUTE_MS = 1.0
+
 
 def register(subparsers) -> None:
     import trainperf.bench.data as bench
@@ -12,14 +15,17 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("data", help="HybridLoader vs torch DataLoader on a slow source", description=bench.__doc__)
     p.add_argument("--latency-ms", type=finite(0, strict=False), default=5.0, help="simulated latency per read (default 5)")
     p.add_argument("--bandwidth-mb-s", type=finite(0), default=None, help="simulated bandwidth cap per process")
-    p.add_argument("--item-kb", type=finite(0), default=16.0, help="bytes per item in KiB (default 16)")
+    p.add_argument("--item-kb", type=finite(0, hi=MAX_ITEM_KB), default=16.0,
+                   help=f"bytes per item in KiB, at most {MAX_ITEM_KB:g} (1 GiB; default 16)")
     p.add_argument("--decode-ms", type=finite(0, strict=False), default=0.5, help="CPU time to decode one item (default 0.5)")
     p.add_argument("--epochs", type=whole(1), default=2, help="throughput epochs: 1 cold + N-1 warm (default 2)")
     p.add_argument("--workers", type=whole(0), default=None, help="loader workers (default: min(32, usable CPUs))")
     p.add_argument("--samples", type=whole(1), default=1024, help="items per epoch (default 1024)")
     p.add_argument("--batch", type=whole(1), default=32, help="batch size (default 32)")
-    p.add_argument("--compute-ms", type=finite(0, strict=False), default=None,
-                   help="compute per step in the data-wait loop (default: 1.5 x batch x decode-ms / workers, >= 5)")
+    p.add_argument("--compute-ms", type=finite(MIN_COMPUTE_MS, strict=False), default=None,
+                   help=f"compute per step in the data-wait loop, at least {MIN_COMPUTE_MS:g} ms (the loop runs "
+                        "seconds of it: 0 would take thousands of reads per loader; default: 1.5 x batch x "
+                        "decode-ms / workers, >= 5)")
     p.add_argument("--io-threads", type=whole(1), default=None,
                    help="HybridLoader IO threads per worker (default: derived from the measured read rate)")
     p.add_argument("--cache-dir", default=None,

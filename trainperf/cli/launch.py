@@ -92,7 +92,27 @@ def check_layout(args) -> None:
         return
     facts = DeviceFacts.probe()
     facts.local_ranks = args.nproc_per_node
-    resolve(cfg, facts, world_size=world)
+    resolved = resolve(cfg, facts, world_size=world)
+    _warn_oversubscribed(resolved.cfg, args.nproc_per_node)
+
+
+def _warn_oversubscribed(cfg, local_ranks: int) -> None:
+    """On CPU, more ranks x threads than usable CPUs slow every rank down (and the diagnosis would read it as
+    another job's contention): said before the launch."""
+    import warnings
+
+    if cfg.run.device != "cpu":
+        return
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        usable = os.cpu_count() or 1
+    threads = cfg.run.threads if isinstance(cfg.run.threads, int) else 1
+    if local_ranks * threads > usable:
+        warnings.warn(f"--nproc-per-node {local_ranks} x run.threads={threads} = {local_ranks * threads} threads on "
+                      f"{usable} usable CPU(s): the ranks will share cores and every step slows down (a "
+                      f"host_contention finding then comes from this job's own ranks); use --nproc-per-node "
+                      f"{max(1, usable // threads)} or fewer on this machine", UserWarning, stacklevel=2)
 
 
 def train_args(args) -> list[str]:
@@ -119,11 +139,38 @@ def torchrun_command(args) -> list[str]:
     return cmd + train_args(args)
 
 
+SBATCH_MARK = "# written by `trainperf launch --slurm` (it replaces this file when asked to write it again)"
+
+
+def _check_output_file(args, out: str) -> None:
+    """--output never replaces the config it launches, nor a file that is not a script this command wrote."""
+    from trainperf.errors import ConfigError
+
+    cfg = getattr(args, "config", None)
+    if cfg and os.path.exists(cfg) and os.path.exists(out) and os.path.samefile(cfg, out):
+        raise ConfigError(f"--output {args.output!r} is the config being launched: the script would replace it "
+                          "(and then run itself as the config); give another file name, e.g. train.sbatch")
+    if os.path.lexists(out):
+        if not os.path.isfile(out):
+            raise ConfigError(f"--output {args.output!r} exists and is not a regular file; give a new file name, "
+                              "e.g. train.sbatch")
+        try:
+            with open(out, "rb") as f:
+                head = f.read(4096)
+        except OSError as exc:
+            raise ConfigError(f"--output {args.output!r} cannot be read ({exc.strerror or exc}); give a new file "
+                              "name") from None
+        if SBATCH_MARK.encode() not in head:
+            raise ConfigError(f"--output {args.output!r} exists and is not an sbatch script `trainperf launch` "
+                              "wrote: it would be replaced; give a new file name, or move that file first")
+
+
 def sbatch_script(args) -> str:
     """An sbatch script: one task per node, each running torchrun with --nproc-per-node processes."""
     cpus = args.cpus_per_task or 8 * args.nproc_per_node
     lines = [
         "#!/bin/bash",
+        SBATCH_MARK,
         f"#SBATCH --job-name={args.job_name}",
         f"#SBATCH --nodes={args.nnodes}",
         "#SBATCH --ntasks-per-node=1",
@@ -238,6 +285,7 @@ def _check_text_flags(args) -> None:
                                   f"{os.path.join(args.output, 'train.sbatch')}")
             if not os.path.isdir(os.path.dirname(out)):
                 raise ConfigError(f"--output {args.output!r}: directory {os.path.dirname(out)} does not exist")
+            _check_output_file(args, out)
 
 
 def run(args) -> int:
@@ -247,9 +295,10 @@ def run(args) -> int:
         if args.output:
             from trainperf.runio import atomic_write_text
 
+            replaced = os.path.exists(args.output)  # only a script this command wrote (check_layout)
             atomic_write_text(args.output, text)  # a script is there whole or not at all
             os.chmod(args.output, 0o755)
-            print(f"wrote {args.output}: submit with `sbatch {args.output}`")
+            print(f"{'replaced' if replaced else 'wrote'} {args.output}: submit with `sbatch {args.output}`")
         else:
             sys.stdout.write(text)
         return 0

@@ -86,8 +86,15 @@ def run(args) -> int:
     cfg = load_config(args.config, args.overrides)
     if args.reps < 1:
         raise UserError(f"--reps={args.reps} must be at least 1")
-    report = memory_report(cfg, measure=args.measure, budget_gb=args.budget_gb, reps=args.reps,
-                           progress=not args.json)
+    try:
+        report = memory_report(cfg, measure=args.measure, budget_gb=args.budget_gb, reps=args.reps,
+                               progress=not args.json)
+    except (RuntimeError, MemoryError) as exc:  # an allocation the estimate did not foresee (another process?)
+        text = str(exc)
+        if not isinstance(exc, MemoryError) and "allocate" not in text and "out of memory" not in text:
+            raise
+        raise UserError(f"--measure ran out of memory ({text.splitlines()[0][:200] if text else 'MemoryError'}): "
+                        "lower train.micro_batch or model.block_size, or leave out --measure") from None
     if args.json:
         print_json(report)
     else:

@@ -36,6 +36,17 @@ def _looks_like_html(path: str) -> bool:
     return head.startswith((b"<!doctype html", b"<html", b"<!--")) or not head
 
 
+def _written_by_trainperf(path: str) -> bool:
+    """A page trainperf wrote (its generator tag, or the title of one written before the tag), or an empty file."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4096)
+    except OSError:
+        return False
+    return (not head.strip() or b'<meta name="generator" content="trainperf">' in head
+            or b"<title>trainperf" in head)
+
+
 def check_out(path: str | None, flag: str = "--out", inputs: list[str] = ()) -> None:
     """An HTML file the user named: not a directory, in a directory that exists, not one of the inputs, and
     never a file that is not an HTML page already (a trace or a config is not replaced by a report)."""
@@ -50,6 +61,9 @@ def check_out(path: str | None, flag: str = "--out", inputs: list[str] = ()) -> 
         raise UserError(f"{flag} {path!r} is empty; give a file name, e.g. report.html")
     if os.path.isdir(path):
         raise UserError(f"{flag} {path!r} is a directory; give a file name, e.g. {os.path.join(path, 'report.html')}")
+    if path.endswith(("/", os.sep)):
+        raise UserError(f"{flag} {path!r} ends with '/', a directory (which does not exist); give a file name, e.g. "
+                        f"{os.path.join(path, 'report.html')}")
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
         raise UserError(f"{flag} {path!r}: directory {parent} does not exist; create it or choose another path")
@@ -70,6 +84,9 @@ def check_out(path: str | None, flag: str = "--out", inputs: list[str] = ()) -> 
     if not _looks_like_html(path):
         raise UserError(f"{flag} {path!r} exists and is not an HTML page (a trace, a config, data?); the report "
                         "would replace it. Choose another path, or delete it first if it can go")
+    if not _written_by_trainperf(path):
+        raise UserError(f"{flag} {path!r} is an HTML page trainperf did not write; the report would replace it. "
+                        "Choose another path, or delete it first if it can go")
 
 
 def run(args) -> int:

@@ -7,6 +7,7 @@ raised as :class:`ConfigError` (the CLI exits with code 2).
 from __future__ import annotations
 
 import difflib
+import math
 import os
 import typing
 from typing import Any, Iterable
@@ -39,7 +40,11 @@ def _read_yaml(path: str) -> dict:
         raise ConfigError(f"{path}: YAML syntax error{where}: {problem}; fix the YAML there") from None
     except RecursionError:
         raise ConfigError(f"{path}: nested too deeply to be a config; pass the YAML config (see configs/)") from None
-    if data is None:
+    if data is None:  # an empty file (or only comments): a truncated config would otherwise run as all defaults
+        import warnings
+
+        warnings.warn(f"{path} holds no settings (empty, or only comments): every field is its default "
+                      "(`trainperf config show` prints them)", UserWarning, stacklevel=3)
         return {}
     if not isinstance(data, dict):
         raise ConfigError(
@@ -213,7 +218,8 @@ def format_validation_error(exc: ValidationError, source: str) -> str:
             msg += f" (expected {ctx['expected']})"
         fix = _fix(path, err["_info"])
         raw = err.get("input")
-        if isinstance(raw, str) and err["type"].startswith(("int_", "float_")) and _looks_numeric(raw):
+        if isinstance(raw, str) and err["type"].startswith(("int_", "float_")) and _looks_numeric(raw) \
+                and math.isfinite(float(raw)):  # 1e400 is no number to write instead: the range says what is
             # YAML 1.1 reads 1e3 (no dot) as text: say how to write the number
             fix = (f"write it as {_as_number_hint(raw)} (YAML reads {raw!r} as text; a number in exponent form "
                    "needs a dot, e.g. 1.0e3)" + (f"; {fix}" if fix else ""))

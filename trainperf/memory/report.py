@@ -109,6 +109,11 @@ def _budget(budget_gb: float | None, cfg: Config, device: str) -> tuple[int | No
     if cfg.memory.checkpointing.budget_gb is not None:
         return (_budget_bytes(cfg.memory.checkpointing.budget_gb, "memory.checkpointing.budget_gb"),
                 "memory.checkpointing.budget_gb")
+    return _device_budget(device)
+
+
+def _device_budget(device: str) -> tuple[int | None, str]:
+    """The device's memory: the GPU's total, else the host's available memory."""
     if device == "cuda":
         return int(torch.cuda.get_device_properties(0).total_memory), "CUDA device memory"
     try:
@@ -130,6 +135,31 @@ def _world_size(cfg: Config) -> int:
         return env
     p = cfg.parallelism
     return max(1, p.data) * p.data_shard * p.tensor * p.pipeline
+
+
+def _check_measurable(rows, estimate, n_blocks: int, cfg: Config, device: str, b: int) -> None:
+    """--measure holds one copy of the model per mode and runs one micro-batch at a time: refused (ConfigError)
+    when that estimate is above the device's memory (the host's available memory on CPU), whatever --budget-gb
+    says, with the largest micro-batch that would fit."""
+    limit, source = _device_budget(device)
+    if not limit:
+        return
+    states = max(r.estimate.states for r in rows)
+    need = states * (len(rows) - 1) + max(r.estimate.total for r in rows)
+    if need <= limit:
+        return
+    worst = max(rows, key=lambda r: r.estimate.total)
+
+    def need_at(mb: int) -> MemoryEstimate:
+        most = max((estimate(Plan(r.kinds.count("full"), r.kinds.count("selective")), mb) for r in rows),
+                   key=lambda e: e.total)
+        return MemoryEstimate(most.params, most.grads, most.optimizer + states * (len(rows) - 1), most.activations)
+    fits = max_micro_batch(need_at, limit, upper=max(1, b))
+    fix = (f"lower train.micro_batch to {fits} (the largest whose estimate fits in every mode)" if fits
+           else "the model states alone do not fit: a smaller model, or shard it (parallelism.data_shard)")
+    raise ConfigError(f"--measure would run micro_batch={b} in mode {worst.label!r} with {len(rows)} copies of the "
+                      f"model: about {need / GB:.2f} GB by the estimate, above {limit / GB:.2f} GB ({source}); "
+                      f"{fix}, or leave out --measure (the estimate needs no memory)")
 
 
 def memory_report(cfg: Config, *, measure: bool = False, budget_gb: float | None = None, reps: int = 5,
@@ -241,7 +271,9 @@ def memory_report(cfg: Config, *, measure: bool = False, budget_gb: float | None
             "(parallelism.data_shard)"
         )
 
-    # --- measurement
+    # --- measurement: never one the estimate says will not fit (it once ran the kernel's OOM killer)
+    if measure:
+        _check_measurable(rows, estimate, n_blocks, cfg, device, b)
     if measure:
         if model is None:
             torch.manual_seed(cfg.run.seed)

@@ -240,8 +240,8 @@ def figure(name: str, svg: str) -> str:
 
 def page(title: str, body: str) -> str:
     """One self-contained HTML document: inline CSS and SVG, nothing fetched, no scripts."""
-    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{_esc(title)}</title>'
-            f"<style>{CSS}</style></head><body>\n{body}\n</body></html>\n")
+    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><meta name="generator" content="trainperf">'
+            f"<title>{_esc(title)}</title><style>{CSS}</style></head><body>\n{body}\n</body></html>\n")
 
 
 def table(rows: list[list[str]], header: list[str] | None = None, num_cols: Sequence[int] = ()) -> str:

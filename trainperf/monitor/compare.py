@@ -193,6 +193,17 @@ def notes(loaded: list[dict]) -> list[str]:
     """Caveats that change how the figures read."""
     lab = labels(len(loaded))
     out = [f"{lab[i]}: {n}" for i, x in enumerate(loaded) for n in x.get("data_notes", [])]
+    for i, x in enumerate(loaded):
+        recs = x["run"]["ranks"].get(0) or []
+        planned = (x["run"].get("config") or {}).get("run", {})
+        planned = planned.get("steps") if isinstance(planned, dict) else None
+        if x["run"].get("crashed") and recs:
+            of = f" of run.steps={planned}" if isinstance(planned, int) and not isinstance(planned, bool) else ""
+            out.append(f"{lab[i]} did not finish (no summary.json): its last step record is step {recs[-1]['step']}"
+                       f"{of}; its 'final loss' is the last logged one")
+        if len(recs) < 3:  # _steady keeps them all: no step is left out as warm-up
+            out.append(f"{lab[i]} has {len(recs)} step record(s): no steady steps after warm-up, so its medians "
+                       "include the first (warm-up) step and read slow")
     peaks = [x["s"].get("peak_source") for x in loaded]
     if len(set(peaks)) > 1:
         lab = labels(len(loaded))

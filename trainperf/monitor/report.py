@@ -140,7 +140,7 @@ def write_charts(drawn: list[tuple[str, str | None]], svg_dir: Path) -> tuple[li
 
 
 def _fmt(v: Any) -> str:
-    return f"{v:.4g}" if isinstance(v, float) else str(v)
+    return "-" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
 def summary_rows(s: dict, summ: dict) -> list[list[str]]:
@@ -164,7 +164,7 @@ def summary_rows(s: dict, summ: dict) -> list[list[str]]:
              ", ".join(f"{k} {100 * v:.1f}%" for k, v in s["phase_fractions"].items()) or "-"],
             ["compilation", f"{s['compile_s']:.1f} s (phase '{COMPILE_PHASE}': not in the steady-state fractions)"
              if s.get("compile_s") else "none booked"],
-            ["device / precision", f"{summ.get('device', '-')} / {summ.get('precision', '-')}"]]
+            ["device / precision", f"{_fmt(summ.get('device'))} / {_fmt(summ.get('precision'))}"]]
 
 
 def findings_html(result: dict) -> str:
