@@ -428,3 +428,23 @@ def test_torch_cuda_fallback_without_nvml(monkeypatch, no_pynvml):
     assert facts["topology"]["matrix"] == [["X", "P2P"], ["P2P", "X"]]
     recs = {r.id: r for r in advice.topology_advice({**facts, "gpus": facts["gpus"]})}
     assert recs["topology"].setting == "nvidia-ml-py"  # link type unknown: ask for NVML first
+
+
+@pytest.mark.parametrize("env,rid,says", [
+    ({"OMP_NUM_THREADS": "-5"}, "omp-num-threads", "it is set to '-5', which is not a thread count"),
+    ({"OMP_NUM_THREADS": "two"}, "omp-num-threads", "it is set to 'two'"),
+    ({"NCCL_IB_DISABLE": "maybe"}, "nccl-ib-disable", "it is set to 'maybe'"),
+    ({"NCCL_SOCKET_IFNAME": "bogus0"}, "nccl-socket-ifname-missing", "matches none of this machine's interfaces (eth0, ib0)"),
+])
+def test_set_env_variables_that_cannot_work_are_named(env, rid, says):
+    """doctor listed OMP_NUM_THREADS=-5, NCCL_IB_DISABLE=maybe and NCCL_SOCKET_IFNAME=bogus0 without a word."""
+    facts = {"env": env, "nics": {"net": [{"name": "eth0"}, {"name": "ib0"}]}}
+    recs = {r.id: r for r in advice.env_advice(facts)}
+    assert rid in recs and says in recs[rid].reason
+    assert recs[rid].setting in advice.ENV_VARIABLES
+
+
+@pytest.mark.parametrize("env", [{"OMP_NUM_THREADS": "4"}, {"NCCL_IB_DISABLE": "1"}, {"NCCL_SOCKET_IFNAME": "eth"},
+                                 {"NCCL_SOCKET_IFNAME": "=ib0"}, {"NCCL_SOCKET_IFNAME": "^docker,lo"}, {}])
+def test_good_env_values_get_no_warning(env):
+    assert advice.env_advice({"env": env, "nics": {"net": [{"name": "eth0"}, {"name": "ib0"}]}}) == []

@@ -77,6 +77,16 @@ ENV_VARIABLES: dict[str, dict[str, str]] = {
         "TORCH_NCCL_TRACE_BUFFER_SIZE > 0.",
         "source": TORCH_DOCS,
     },
+    "OMP_NUM_THREADS": {
+        "meaning": "Threads of each process's OpenMP pool (PyTorch's intra-op CPU threads): a whole number "
+        ">= 1; torchrun sets 1 when it is unset.",
+        "source": "OpenMP API specification, OMP_NUM_THREADS; PyTorch docs, torchrun",
+    },
+    "NCCL_IB_DISABLE": {
+        "meaning": "1 stops NCCL from using InfiniBand/RoCE (it falls back to IP sockets); 0 (default) "
+        "uses them.",
+        "source": NCCL_DOCS,
+    },
     "NVIDIA_TF32_OVERRIDE": {
         "meaning": "0 disables TF32 in cuBLAS/cuDNN whatever the framework asks; it does not "
         "select FP16 or any other precision.",
@@ -383,8 +393,40 @@ def compile_advice(facts: dict) -> list[Recommendation]:
     return []
 
 
+def env_advice(facts: dict) -> list[Recommendation]:
+    """Environment variables already set to a value their program cannot use (a typo'd interface name, a
+    negative thread count): each is named with what it holds and what it takes."""
+    env = facts.get("env") or {}
+    out = []
+    omp = env.get("OMP_NUM_THREADS")
+    if omp is not None and not (str(omp).strip().isdigit() and int(str(omp).strip()) >= 1):
+        out.append(Recommendation(
+            "omp-num-threads", "OMP_NUM_THREADS", "a whole number >= 1 (usable CPUs / local ranks), or unset",
+            f"it is set to {omp!r}, which is not a thread count: OpenMP ignores it or stops; unset it or give "
+            "a whole number"))
+    ib = env.get("NCCL_IB_DISABLE")
+    if ib is not None and str(ib).strip() not in ("0", "1"):
+        out.append(Recommendation(
+            "nccl-ib-disable", "NCCL_IB_DISABLE", "0 or 1 (or unset)",
+            f"it is set to {ib!r}: NCCL reads it as a number, so whether InfiniBand is used is not what it "
+            "says; use 1 to disable InfiniBand/RoCE, 0 or unset to use them"))
+    ifname = env.get("NCCL_SOCKET_IFNAME")
+    names = [i.get("name") for i in ((facts.get("nics") or {}).get("net") or []) if i.get("name")]
+    if ifname and names:
+        text = str(ifname)
+        exclude, exact = text.startswith("^"), text.lstrip("^").startswith("=")
+        wanted = [w for w in text.lstrip("^").lstrip("=").split(",") if w]
+        hits = [n for n in names if any((n == w) if exact else n.startswith(w) for w in wanted)]
+        if not exclude and not hits:
+            out.append(Recommendation(
+                "nccl-socket-ifname-missing", "NCCL_SOCKET_IFNAME", f"one of {', '.join(names)}",
+                f"it is set to {text!r}, which matches none of this machine's interfaces ({', '.join(names)}): "
+                "NCCL would find no interface to bootstrap on and fail at init"))
+    return out
+
+
 def advise(facts: dict) -> list[Recommendation]:
     """All recommendations for a probed machine, in the order a user should read them."""
     # tests/unit/test_doctor.py checks every environment variable here against ENV_VARIABLES.
-    return (precision_advice(facts) + loader_advice(facts) + topology_advice(facts)
+    return (env_advice(facts) + precision_advice(facts) + loader_advice(facts) + topology_advice(facts)
             + nccl_advice(facts) + compile_advice(facts))
