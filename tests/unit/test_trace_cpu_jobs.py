@@ -131,3 +131,28 @@ def test_time_in_no_torch_op_is_named_in_what_is_left(tmp_path, capsys):
     text = diagnose_text(p, capsys)
     left = re.search(r"time in no torch op \(Python, sleeps, I/O waits\) ([\d.]+)%", text)
     assert left and float(left.group(1)) > 80, text
+
+
+def test_a_missing_rank_and_a_copied_trace_are_noted(tmp_path, capsys):
+    one = tmp_path / "one"
+    _copy_as(one / "rank1.pt.trace.json.gz", GLOO / "rank1.pt.trace.json.gz")
+    r = diagnose_json(one, capsys)
+    assert any("the job had 2 ranks (distributedInfo.world_size) and 1 trace(s) are here: rank(s) 0 missing" in n
+               for n in r["ranks"]["notes"])
+    dup = tmp_path / "dup"
+    _copy_as(dup / "rank2.json")
+    _copy_as(dup / "rank10.json")
+    text = diagnose_text(dup, capsys)
+    assert "note: the traces of ranks 2 and 10 are the same trace" in text
+    assert not diagnose_json(GLOO, capsys)["ranks"]["notes"]
+
+
+def test_the_html_report_lists_the_notes_a_reader_needs(tmp_path, capsys):
+    one = tmp_path / "one"
+    _copy_as(one / "rank1.pt.trace.json.gz", GLOO / "rank1.pt.trace.json.gz")
+    (one / "mem.json").write_text("[[1, 2], [3, 4]]")
+    out = tmp_path / "r.html"
+    assert main(["report", str(one), "--out", str(out)]) == 0
+    capsys.readouterr()
+    page = out.read_text()
+    assert "<h2>Notes</h2>" in page and "rank(s) 0 missing" in page and "mem.json" in page

@@ -121,8 +121,12 @@ def build_trace_report(path: str | Path, out: str | Path | None = None, **kw) ->
     figs = "".join(C.figure(n, svg) for n, svg in drawn if svg)
     missing = "".join(f"<li><code>{html.escape(str(m['id']))}</code>: {html.escape(m['reason'])}</li>"
                       for m in result["not_measured"])
+    rk = result.get("ranks") or {}
+    said = [f"skipped {s['path']}: {s['why']}" for s in rk.get("skipped") or []] + list(rk.get("notes") or [])
+    said += [f"rank {t.get('rank')}: {n}" for t in result.get("traces") or [] for n in t.get("notes") or []]
+    notes = ("<h2>Notes</h2><ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in said) + "</ul>") if said else ""
     body = (f"<h1>trainperf report: {html.escape(str(path))}</h1>"
-            f"<h2>Per rank</h2>{table}<div class=\"charts\">{figs}</div><h2>Findings</h2>{findings_html(result)}"
+            f"<h2>Per rank</h2>{table}<div class=\"charts\">{figs}</div>{notes}<h2>Findings</h2>{findings_html(result)}"
             f"<h2>Not measured</h2><ul>{missing or '<li>nothing</li>'}</ul>")
     out = Path(out) if out else default_out(path)
     from trainperf.runio import atomic_write_text

@@ -68,7 +68,8 @@ def ranks_lines(r: dict) -> list[str]:
 
 
 def skipped_lines(r: dict) -> list[str]:
-    return [f"  skipped {s['path']}: {s['why']}" for s in (r or {}).get("skipped") or []]
+    return ([f"  skipped {s['path']}: {s['why']}" for s in (r or {}).get("skipped") or []]
+            + [f"  note: {n}" for n in (r or {}).get("notes") or []])
 
 
 def findings_lines(result: dict) -> list[str]:

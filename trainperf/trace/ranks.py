@@ -282,7 +282,8 @@ def across_ranks(results: list[dict]) -> dict[str, Any]:
     cpu = bool(results) and all(res.get("cpu_only") for res in results)
     out: dict[str, Any] = {"count": len(per), "per_rank": per, "straggler": None,
                            "wait_definition": CPU_WAIT_DEFINITION if cpu else WAIT_DEFINITION, "matching": None,
-                           "compute_definition": CPU_COMPUTE_DEFINITION if cpu else COMPUTE_DEFINITION}
+                           "compute_definition": CPU_COMPUTE_DEFINITION if cpu else COMPUTE_DEFINITION,
+                           "notes": _job_notes(results)}
     if len(per) < 2:
         out["note"] = "one rank: the straggler and the communication wait need the traces of two or more ranks"
         for p in per:
@@ -297,6 +298,29 @@ def across_ranks(results: list[dict]) -> dict[str, Any]:
         p.pop("_steps")
     out["straggler"] = straggler(per)
     return out
+
+
+def _job_notes(results: list[dict]) -> list[str]:
+    """What the set of traces says about itself: ranks of the job that have no trace here (from
+    ``distributedInfo.world_size``), and two files that hold the same trace (one copied under two names)."""
+    notes = []
+    worlds = {_dist_rank(r.get("distributed_info"))[1] for r in results} - {None}
+    if len(worlds) == 1:
+        world = worlds.pop()
+        have = {r["rank"] for r in results}
+        missing = [k for k in range(world) if k not in have]
+        if missing:
+            shown = ", ".join(map(str, missing[:8])) + (" ..." if len(missing) > 8 else "")
+            notes.append(f"the job had {world} ranks (distributedInfo.world_size) and {len(have)} trace(s) are here: "
+                         f"rank(s) {shown} missing, so the figures across ranks (straggler, waits) leave them out")
+    seen: dict[tuple, int] = {}
+    for r in sorted(results, key=lambda r: r["rank"]):
+        key = (r.get("events"), r.get("base_time_us"), r.get("step_time_us"), tuple(r.get("step_numbers") or ()))
+        if key[0] and key in seen:
+            notes.append(f"the traces of ranks {seen[key]} and {r['rank']} are the same trace (same events, start "
+                         "time and steps): a file copied under two names? the figures across ranks count it twice")
+        seen.setdefault(key, r["rank"])
+    return notes
 
 
 def straggler(per: list[dict]) -> dict | None:
