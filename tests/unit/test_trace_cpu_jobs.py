@@ -156,3 +156,13 @@ def test_the_html_report_lists_the_notes_a_reader_needs(tmp_path, capsys):
     capsys.readouterr()
     page = out.read_text()
     assert "<h2>Notes</h2>" in page and "rank(s) 0 missing" in page and "mem.json" in page
+
+
+def test_a_comm_pattern_that_swallows_the_gemms_is_noted(capsys):
+    fp8 = DATA / "fp8_tuned_gen_single_ns.json.gz"
+    r = json.loads((lambda: (main(["diagnose", str(fp8), "--json", "--comm-pattern", "."]),
+                             capsys.readouterr().out)[1])())
+    (t,) = r["traces"]
+    assert any("also match GEMM/convolution kernels" in n for n in t["notes"])
+    assert main(["diagnose", str(fp8), "--json", "--comm-pattern", "ncclDevKernel"]) == 0
+    assert not any("also match" in n for n in json.loads(capsys.readouterr().out)["traces"][0]["notes"])

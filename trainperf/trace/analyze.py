@@ -72,12 +72,31 @@ def timeline_notes(tl: Timeline) -> list[str]:
     return out
 
 
+def _pattern_notes(tl: Timeline, pats: Any, cls: dict) -> list[str]:
+    """A user's communication pattern that also matched kernels the built-in table calls GEMM or convolution
+    (``--comm-pattern .`` matches everything): their time then counts as communication; the note says how much."""
+    from trainperf.trace.patterns import DEFAULT
+
+    if not getattr(pats, "communication", None) or not tl.g_ts.size:
+        return []
+    kern = tl.g_kind == 0
+    was_compute = np.array([DEFAULT.describe(n)[0] == "compute" and DEFAULT.describe(n)[3] for n in tl.names] or [False])
+    caught = kern & (cls["kind"] == 1) & was_compute[tl.g_name]
+    if not caught.any():
+        return []
+    share = float(tl.g_dur[caught].sum()) / max(float(tl.g_dur[kern].sum()), 1e-9)
+    example = tl.names[int(tl.g_name[np.flatnonzero(caught)[0]])]
+    return [f"the communication pattern(s) {', '.join(map(repr, pats.communication))} also match GEMM/convolution "
+            f"kernels ({100 * share:.0f}% of kernel time, e.g. {str(example)[:60]!r}): they count as communication "
+            "here; narrow the pattern to the collective kernels' names"]
+
+
 def analyze_timeline(tl: Timeline, *, path: str = "", rank: int | None = None, patterns: Any = None,
                      top_n: int = 10) -> dict[str, Any]:
     pats = load_patterns(patterns)
-    notes: list[str] = []
     launch = tb.launch_index(tl)
     cls = fg.classify(tl, pats)
+    notes = _pattern_notes(tl, pats, cls)
     tc_tb = np.array([tb_tensor_core(n) for n in tl.names], dtype=bool)[tl.g_name] if tl.names else \
         np.zeros(tl.g_ts.size, dtype=bool)
     tc_tb &= tl.g_kind == 0
