@@ -187,3 +187,18 @@ def test_compare_says_a_run_did_not_finish_and_that_a_short_run_has_no_steady_st
             "loss' is the last logged one") in text
     assert "C has 1 step record(s): no steady steps after warm-up" in text
     assert "A did not finish" not in text and "A has" not in text
+
+
+# ------------------------------------------------------------------------- 13. a 64-rank chart
+def test_a_bar_chart_of_64_ranks_labels_every_fourth_and_no_values_on_top():
+    import re
+
+    from trainperf.monitor import charts as C
+
+    cats = [f"rank {i}" for i in range(64)]
+    svg = C.stacked_bars(cats, [("compute", [1.0 + i / 64 for i in range(64)], "#123456")], title="t", ylabel="ms")
+    labels = re.findall(r'font-size="11">(rank \d+)</text>', svg)
+    assert labels == [f"rank {i}" for i in range(0, 64, 4)]
+    assert svg.count("<rect") == 64 + 3  # the bars, the background, the frame and the legend box
+    few = C.stacked_bars(cats[:4], [("compute", [1, 2, 3, 4], "#123456")], title="t", ylabel="ms")
+    assert re.findall(r'font-size="11">(rank \d+)</text>', few) == cats[:4]

@@ -17,6 +17,7 @@ PHASE_COLORS = {"data": "#e4572e", "forward": "#17bebb", "backward": "#2e86ab", 
                 "comm": "#ffc914", "compile": "#9b59b6"}
 W, H = 680, 320
 LEFT, RIGHT, TOP, BOTTOM = 72, 72, 34, 46
+MAX_LABELS = 16  # category labels (and bar values) drawn at most; more bars: every k-th label
 MAX_POINTS = 1500  # longer series are averaged per bucket
 
 
@@ -92,7 +93,10 @@ class _Frame:
                          f'<text x="{x:.1f}" y="{H - BOTTOM + 15}" text-anchor="middle" font-size="11">'
                          f'{fmt_tick(t)}</text>')
         else:
+            every = max(1, math.ceil(len(xcats) / MAX_LABELS))  # 64 ranks: every 4th label, never overlapping
             for i, c in enumerate(xcats):
+                if i % every:
+                    continue
                 g.append(f'<text x="{self.px(i):.1f}" y="{H - BOTTOM + 15}" text-anchor="middle" font-size="11">'
                          f'{_esc(c)}</text>')
         g.append(f'<rect x="{LEFT}" y="{TOP}" width="{W - LEFT - RIGHT}" height="{H - TOP - BOTTOM}" fill="none" '
@@ -216,7 +220,7 @@ def stacked_bars(cats: list[str], stacks: list[tuple[str, list[float], str]], *,
                            f'height="{y_bot - y_top:.1f}" fill="{color}"><title>{_esc(cats[i])}: {_esc(name)} '
                            f'{v:.4g}</title></rect>')
         base = [b + v for b, v in zip(base, vals)]
-    for i, t in enumerate(tops):
+    for i, t in enumerate(tops if len(cats) <= MAX_LABELS else []):  # many bars: the values are in each bar's title
         f.parts.append(f'<text x="{f.px(i):.1f}" y="{f.py(t) - 4:.1f}" text-anchor="middle" font-size="11">'
                        f'{fmt_tick(t)}</text>')
     f.legend([(n, c, False) for n, _, c in reversed(stacks) if any(vals)])
