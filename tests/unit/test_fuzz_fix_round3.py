@@ -202,3 +202,15 @@ def test_a_bar_chart_of_64_ranks_labels_every_fourth_and_no_values_on_top():
     assert svg.count("<rect") == 64 + 3  # the bars, the background, the frame and the legend box
     few = C.stacked_bars(cats[:4], [("compute", [1, 2, 3, 4], "#123456")], title="t", ylabel="ms")
     assert re.findall(r'font-size="11">(rank \d+)</text>', few) == cats[:4]
+
+
+def test_compare_shows_a_null_or_absent_key_as_the_default(tmp_path, capsys):
+    """model.n_layer null (the preset's 4) against 2 read '(absent) -> 2', hiding that the preset applied."""
+    from tests.unit.test_compare import config, write_run
+
+    ca, cb = config(False, d="a"), config(False, d="b")
+    ca["model"], cb["model"] = {"preset": "gpt-tiny", "n_layer": None}, {"preset": "gpt-tiny", "n_layer": 2}
+    a = write_run(tmp_path / "a", step_s=0.1, config=ca)
+    b = write_run(tmp_path / "b", step_s=0.1, config=cb)
+    rc, text = _rc_err(capsys, "compare", str(a), str(b))
+    assert rc == 0 and "model.n_layer (default) -> 2" in text and "(absent)" not in text

@@ -119,7 +119,8 @@ def labels(n: int) -> list[str]:
 
 
 def _v(v: Any) -> str:
-    return "(absent)" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
+    # None: the key is absent or null; either way the default applies (a preset's shape, an auto value)
+    return "(default)" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
 
 
 def headlines(result: dict) -> list[str]:
