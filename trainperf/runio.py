@@ -250,3 +250,8 @@ def load_yaml(text: str, what: str, *, error: type[UserError] = UserError, max_v
                         "aliases")
     return data
 
+
+def previous_name(name: str) -> str:
+    """``summary.json`` -> ``summary.previous.json``: where a run directory keeps another run's records."""
+    stem, dot, ext = name.partition(".")
+    return f"{stem}.previous{dot}{ext}"

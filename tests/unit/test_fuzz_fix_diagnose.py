@@ -175,9 +175,25 @@ def test_all_nan_records_say_they_exist_but_hold_nan(tmp_path, capsys):
 def test_a_run_with_no_record_keeps_the_killed_message(tmp_path, capsys):
     d = _run(tmp_path)
     (d / "metrics.jsonl").write_text("")
+    (d / "summary.json").unlink()  # killed: no summary
     assert main(["diagnose", str(d)]) == 0
     text = capsys.readouterr().out
     assert "before its first record was written" in text and "malformed" not in text
+
+
+def test_a_finished_run_with_no_record_says_so_not_killed(tmp_path, capsys):
+    """A loop closed before its first step read 'the run ended (was killed?)'; a finished run whose log was
+    emptied says that instead."""
+    d = _run(tmp_path)
+    (d / "metrics.jsonl").write_text("")
+    _summary(d, steps=20)
+    assert main(["diagnose", str(d)]) == 0
+    text = capsys.readouterr().out
+    assert "metrics.jsonl holds no step record although summary.json counts 20 steps" in text
+    assert "killed" not in text
+    _summary(d, steps=0)
+    assert main(["diagnose", str(d)]) == 0
+    assert "the run finished (summary.json) without a step record" in capsys.readouterr().out
 
 
 # ---------------------------------------------------------------------------- 13: tune

@@ -313,6 +313,8 @@ def test_the_median_steps_hook_share_ignores_one_held_up_call(tmp_path):
         ovh = rec.finish()["monitor_overhead"]
     finally:
         rec.close()
-    assert ovh["fraction_of_step"] > 0.3, ovh  # 0.2 s of ~0.4 s in the hooks: the sum is honest about it
+    # 0.2 s in the hooks over ~0.4 s of steps plus those 0.2 s (~0.33; a busy machine's longer sleeps lower it):
+    # the sum is honest about the held-up call
+    assert ovh["fraction_of_step"] > 0.15, ovh
     assert 0 < ovh["median_fraction_of_step"] < 0.05, ovh
     assert ovh["cpu_s_per_step"] < 0.2 / 9, ovh  # a sleep is not CPU time: the held-up call computed nothing

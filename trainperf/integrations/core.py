@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import statistics
 import time
+import weakref
 from collections import deque
 from pathlib import Path
 from typing import Any
@@ -80,19 +81,135 @@ def model_flops_per_token(model, seq_len: int | None) -> tuple[float | None, str
     return formula_with_note(getattr(model, "module", model), seq_len)  # DDP wrappers; any submodule's HF config
 
 
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+_ACTIVE: "weakref.WeakValueDictionary[tuple[str, int], StepRecorder]" = weakref.WeakValueDictionary()
+"""(run directory, rank) -> the open recorder writing it in this process (one dropped unclosed frees its claim)."""
+
+
+def _check_args(run_dir, device, precision, log_every, monitor) -> tuple[Path, torch.device, int, Any]:
+    """The constructor's arguments as the recorder uses them, or a UserError naming the value and the fix."""
+    from pydantic import ValidationError
+
+    from trainperf.cli._common import ensure_dir
+    from trainperf.config.load import format_validation_error
+    from trainperf.config.schema import MonitorConfig
+    from trainperf.errors import ConfigError, UserError
+
+    if run_dir is None or not str(run_dir).strip():
+        raise UserError(f"run_dir={run_dir!r}: give the directory the run writes, e.g. 'runs/mine'")
+    ensure_dir(run_dir, "run_dir")
+    if precision not in PRECISIONS:
+        raise UserError(f"precision={precision!r} is not one of {', '.join(PRECISIONS)}: the dtype the model "
+                        "computes in (it picks the peak MFU divides by)")
+    if isinstance(log_every, bool) or not isinstance(log_every, int) or log_every < 1:
+        raise UserError(f"log_every={log_every!r}: give a whole number >= 1 (steps between writes to disk)")
+    try:
+        dev = torch.device(device) if device is not None else torch.device("cpu")
+    except (RuntimeError, TypeError) as exc:
+        raise UserError(f"device={device!r} is not a torch device ({exc}); use 'cpu', 'cuda', 'cuda:1', ...") from None
+    if dev.type == "meta":
+        raise UserError("device='meta' holds no data and runs no kernel: nothing to time; give the device the "
+                        "model trains on")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"device={device!r}: this torch build has no usable CUDA device; use device='cpu' (or "
+                        "leave it out: the model's device is taken)")
+    if monitor is not None and not isinstance(monitor, dict):
+        raise UserError(f"monitor={monitor!r}: give a dict of monitor settings (e.g. {{'flush_s': 2}}) or None")
+    try:
+        cfg = MonitorConfig(**(monitor or {}))
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, "monitor=").replace("\n  ", "\n  monitor.")) from None
+    return Path(run_dir), dev, log_every, cfg
+
+
+def _claim(run_dir: Path, rank: int, owner: "StepRecorder") -> Path:
+    """This recorder's claim on (run_dir, rank): refused while another recorder (this process or another
+    live one) writes there; returns the lock file it holds until :meth:`StepRecorder.finish`."""
+    import os
+
+    from trainperf.errors import UserError
+
+    key = (str(run_dir.resolve()), rank)
+    lock = run_dir / (".trainperf.lock" if rank == 0 else f".trainperf.rank{rank}.lock")
+    if _ACTIVE.get(key) is not None:
+        raise UserError(f"{run_dir} is already being written by another tracker in this process (rank {rank}); "
+                        "close it first (tp.close()), or give this one another run_dir")
+    try:
+        pid = int(lock.read_text().strip() or 0) if lock.is_file() else 0
+    except (OSError, ValueError):
+        pid = 0
+    if pid and pid != os.getpid():
+        try:
+            os.kill(pid, 0)
+            alive = True
+        except ProcessLookupError:
+            alive = False
+        except PermissionError:
+            alive = True
+        if alive:
+            raise UserError(f"{run_dir} is being written by process {pid} (its lock {lock.name}); give this run "
+                            "another run_dir, or wait for that run to end")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    lock.write_text(str(os.getpid()))
+    _ACTIVE[key] = owner
+    return lock
+
+
+def _release(run_dir: Path, rank: int, lock: Path | None) -> None:
+    import contextlib
+
+    _ACTIVE.pop((str(run_dir.resolve()), rank), None)
+    if lock is not None:
+        with contextlib.suppress(OSError):
+            lock.unlink()
+
+
+def _set_aside(run_dir: Path, rank: int) -> list[str]:
+    """Another run's records in this directory are renamed NAME.previous.EXT (NAME.previous2.EXT, ... when
+    that is taken), never deleted nor read as this run's: summary.json, metrics.jsonl and samples.jsonl (rank
+    r: metrics.rankR.jsonl, samples.rankR.jsonl)."""
+    from trainperf.runio import previous_name
+
+    names = (("summary.json", "metrics.jsonl", "samples.jsonl") if rank == 0
+             else (f"metrics.rank{rank}.jsonl", f"samples.rank{rank}.jsonl"))
+    moved = []
+    for name in names:
+        src = run_dir / name
+        if not src.is_file():
+            continue
+        dst, k = run_dir / previous_name(name), 2
+        while dst.exists():
+            stem, dot, ext = previous_name(name).partition(".previous")
+            dst = run_dir / f"{stem}.previous{k}{ext}"
+            k += 1
+        src.replace(dst)
+        moved.append(f"{name} -> {dst.name}")
+    return moved
+
+
 class StepRecorder:
     def __init__(self, run_dir: str | Path, *, framework: str, device: str | torch.device | None = None,
                  precision: str = "fp32", monitor: dict | None = None, count_flops: bool = True,
                  log_every: int = 10, rank: int | None = None, world: int | None = None):
-        from trainperf.config.schema import MonitorConfig
+        import warnings
 
-        self.run_dir = Path(run_dir)
+        run_dir, dev, log_every, mcfg = _check_args(run_dir, device, precision, log_every, monitor)
+        self.run_dir = run_dir
         self.framework = framework
         self.precision = precision
-        self.log_every = max(1, int(log_every))
+        self.log_every = log_every
         self.count_flops = count_flops
-        dev = torch.device(device) if device is not None else torch.device("cpu")
-        self.mon = Monitor(MonitorConfig(**(monitor or {})), self.run_dir, device=dev, rank=rank, world=world)
+        self._rank = rank or 0
+        self._lock = _claim(run_dir, self._rank, self)
+        moved = _set_aside(run_dir, rank or 0)
+        if moved:
+            warnings.warn(f"{run_dir} held another run's records: {'; '.join(moved)} (kept, not read as this run's)",
+                          UserWarning, stacklevel=3)
+        try:
+            self.mon = Monitor(mcfg, self.run_dir, device=dev, rank=rank, world=world)
+        except BaseException:
+            _release(run_dir, self._rank, self._lock)
+            raise
         self.timer = self.mon.timer
         self.device = dev
         self.step = 0
@@ -239,11 +356,17 @@ class StepRecorder:
     # ------------------------------------------------------------------ end of run
     def finish(self, extra: dict | None = None, *, verbose: bool = False) -> dict:
         """Write summary.json (rank 0) and stop the monitor's threads; returns the summary."""
-        from trainperf.monitor.flops import peak_flops
-
         if self._closed:
             return {}
         self._closed = True
+        try:
+            return self._finish(extra, verbose=verbose)
+        finally:
+            _release(self.run_dir, self._rank, self._lock)
+
+    def _finish(self, extra: dict | None, *, verbose: bool) -> dict:
+        from trainperf.monitor.flops import peak_flops
+
         self._stop_counter(None)
         self.timer.start_step()  # an open data phase after the last batch is not a step
         self.flush()
@@ -261,11 +384,15 @@ class StepRecorder:
         self.mon.seq_len = self.seq_len
         n_params = sum(p.numel() for p in self.model.parameters()) if self.model is not None else None
         steps = self.step
+        if steps and not self.tokens_total:
+            self.notes["tokens"] = ("no tokens counted: the steps passed no batch (or one with no tensor) and no "
+                                    "tokens=; step times and phases are measured, throughput and MFU are not "
+                                    "(pass the batch, or tokens=N, to tp.step())")
         summary: dict[str, Any] = {
             "final_loss": self.last_loss, "val_loss": None, "initial_val_loss": None,
             "steps": steps, "steps_this_run": steps, "resumed_from": None,
             "tokens": self.tokens_total,
-            "tokens_per_s": self.tokens_total / self.train_time_s if self.train_time_s else None,
+            "tokens_per_s": self.tokens_total / self.train_time_s if (self.train_time_s and self.tokens_total) else None,
             "elapsed_s": time.perf_counter() - self._t_start, "train_time_s": self.train_time_s,
             "params": n_params, "phase_seconds": dict(self.timer.totals), "device": str(self.device),
             "precision": self.precision, "notes": dict(self.notes), "sample": None,
@@ -274,13 +401,16 @@ class StepRecorder:
                                     "(the framework fetches and moves the batch in between)",
             "monitor_overhead": {
                 "s_per_step": self.overhead_s / steps if steps else None,
-                "fraction_of_step": (self.overhead_s / self.train_time_s) if self.train_time_s else None,
+                # over the steps' time plus the hooks' own (a flush after a step's end is outside its time):
+                # at most 1, where 5,000 empty steps once read 1.91
+                "fraction_of_step": (self.overhead_s / (self.train_time_s + self.overhead_s))
+                if self.train_time_s else None,
                 "median_fraction_of_step": (statistics.median(self._step_fractions) if self._step_fractions
                                             else None),
                 "cpu_s_per_step": self.overhead_cpu_s / steps if steps else None,
                 "cpu_fraction_of_step": (self.overhead_cpu_s / self.train_time_s) if self.train_time_s else None,
                 "method": "perf_counter time spent inside trainperf's hooks, over the run's steps "
-                          "(fraction_of_step: their sum over the steps' sum; median_fraction_of_step: the median "
+                          "(fraction_of_step: their sum over the steps' sum plus theirs; median_fraction_of_step: the median "
                           f"step's share, over the last {STEP_FRACTIONS:,} steps at most, which a few calls "
                           "held up by a loaded machine's scheduler do not move); cpu_*: the same calls' thread CPU "
                           "time (what they compute, without the time a busy machine or another thread holding "
@@ -300,3 +430,18 @@ class StepRecorder:
     def close(self) -> None:
         if not self._closed:
             self.finish()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def abandon(self) -> None:
+        """The run ended without its end hook (the framework raised): what reached the host is written, no
+        summary.json (so the directory reads as a run that did not finish) and the directory is free again."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.mon.close(wait=False)
+        finally:
+            _release(self.run_dir, self._rank, self._lock)

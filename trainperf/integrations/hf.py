@@ -61,7 +61,18 @@ class TrainperfCallback(TrainerCallback):
             rec.add_loss(loss)
 
     # ------------------------------------------------------------------ Trainer events
+    def _drop_hooks(self) -> None:
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+
     def on_train_begin(self, args, state, control, model=None, **kwargs):
+        # A train() that raised never reached on_train_end: its hooks would count every token twice in this one
+        # and its recorder would hold the directory. Both go; its records stay, as a run that did not finish.
+        self._drop_hooks()
+        if self.rec is not None and not self.rec.closed:
+            self.rec.abandon()
+        self.summary = None  # each train() is a run of its own (the previous one's records are set aside)
         precision = "bf16" if getattr(args, "bf16", False) else "fp16" if getattr(args, "fp16", False) else "fp32"
         device = getattr(args, "device", None) or "cpu"
         world = int(getattr(args, "world_size", 1) or 1)
@@ -102,9 +113,7 @@ class TrainperfCallback(TrainerCallback):
         self._restart()
 
     def on_train_end(self, args, state, control, **kwargs):
-        for h in self._hooks:
-            h.remove()
-        self._hooks = []
+        self._drop_hooks()
         if self.rec is not None and self.summary is None:
             self.summary = self.rec.finish(verbose=self.verbose)
 

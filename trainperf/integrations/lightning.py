@@ -44,6 +44,9 @@ class TrainperfCallback(Callback):
 
     # ------------------------------------------------------------------ run
     def on_train_start(self, trainer, pl_module):
+        if self.rec is not None and not self.rec.closed:  # a fit that raised before this one
+            self.rec.abandon()
+        self.summary = None  # each fit is a run of its own (the previous one's records are set aside)
         precision = _PRECISION.get(str(getattr(trainer, "precision", "32")), "fp32")
         self.rec = StepRecorder(self.run_dir, framework="lightning", device=pl_module.device,
                                 precision=precision, monitor=self.monitor, count_flops=self.count_flops,
@@ -96,4 +99,4 @@ class TrainperfCallback(Callback):
 
     def on_exception(self, trainer, pl_module, exception):
         if self.rec is not None:
-            self.rec.mon.close(wait=False)  # what is on the host is written; a crashed run stays diagnosable
+            self.rec.abandon()  # what is on the host is written; a crashed run stays diagnosable

@@ -388,8 +388,8 @@ def _loss_diverged(s: dict) -> dict | None:
     if not ev:
         return None
     if ev["step"] is not None:
-        where = (f"the loss became {ev['value']} at step {ev['step']}" + (" (null in the file: nan or inf)"
-                 if ev["value"] == "nan" else "") + f"; {ev['records']} of the {ev['of']} step records in "
+        what = "nan or inf (null in the file, which keeps no other)" if ev["value"] == "nan" else ev["value"]
+        where = (f"the loss became {what} at step {ev['step']}; {ev['records']} of the {ev['of']} step records in "
                  f"{ev['file']} hold a loss that is not a number")
     else:
         where = f"summary.json's final_loss is {ev['summary_final_loss']}"
@@ -553,6 +553,17 @@ def diagnose(run_dir: str | Path) -> dict[str, Any]:
     return diagnose_run(load_screened(run_dir))
 
 
+RUN_NOTE_KEYS = ("raised", "tokens")
+"""summary.json notes diagnose repeats: the run ended on an exception (closed by the caller), no tokens counted."""
+
+
+def _run_notes(run: dict) -> list[str]:
+    notes = (run.get("summary") or {}).get("notes")
+    if not isinstance(notes, dict):
+        return []
+    return [f"{k}: {notes[k]}" for k in RUN_NOTE_KEYS if isinstance(notes.get(k), str)]
+
+
 def diagnose_run(run: dict) -> dict[str, Any]:
     """The diagnosis of a run already loaded by :func:`load_run` (its metrics; the profile/ traces are
     read by :func:`trainperf.monitor.engine.diagnose_path`)."""
@@ -561,7 +572,8 @@ def diagnose_run(run: dict) -> dict[str, Any]:
     missing = _missing(run, s)
     out = {"run_dir": str(run["dir"]), "crashed": run["crashed"], "findings": findings, "summary": s,
            "missing": missing, "not_measured": [*not_measured, *({"id": None, "reason": m} for m in missing)],
-           "data_notes": list(run.get("data_notes") or [])}
+           "data_notes": list(run.get("data_notes") or []),
+           "run_notes": _run_notes(run)}
     if not any(run["ranks"].values()):  # ended (killed) before its first whole step record: say what it left
         out["known"] = known_state(run)
         if run.get("screened", {}).get(0, (0, {}))[0]:  # records exist, but every one is malformed (NaN, ...)
@@ -577,6 +589,12 @@ def known_lines(result: dict) -> list[str]:
     c = k.get("config") or {}
     if k.get("malformed"):
         lines = [f"  {k['malformed']}. No step figures exist. What it left:"]
+    elif not result.get("crashed") and not k.get("summary_steps"):  # it ended normally, having taken no step
+        lines = ["  the run finished (summary.json) without a step record in metrics.jsonl: it took no step, so no "
+                 "step figures exist. What it left:"]
+    elif not result.get("crashed"):
+        lines = [f"  metrics.jsonl holds no step record although summary.json counts {k['summary_steps']} steps: the "
+                 "log was lost or emptied, so no step figures exist. What it left:"]
     else:
         lines = ["  no step record reached metrics.jsonl: the run ended (was killed?) before its first record was "
                  "written, so no step figures exist. What it left:"]
@@ -601,6 +619,7 @@ def format_findings(result: dict) -> str:
         lines.extend(known_lines(result))
     elif result.get("crashed"):
         lines.append("  (no summary.json: the run did not finish; figures from metrics.jsonl)")
+    lines += [f"  note: {n}" for n in result.get("run_notes") or []]
     fr = s.get("phase_fractions") or {}
     if fr:
         lines.append("  time by phase: " + ", ".join(f"{k} {100 * v:.0f}%" for k, v in fr.items())

@@ -31,6 +31,7 @@ once per process and cached on disk per machine.
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import time
@@ -79,8 +80,14 @@ def formula_with_note(model: nn.Module, seq_len: int) -> tuple[float | None, str
     if getattr(type(model), "_trainperf_hf_base", None) is not None:  # model.hf: its flops_per_token is this
         return hf_flops_per_token(model, seq_len)
     if hasattr(model, "flops_per_token"):
-        fpt = model.flops_per_token(seq_len)
-        return (float(fpt) if fpt is not None else None), "the model's flops_per_token(seq_len)"
+        try:
+            fpt = model.flops_per_token(seq_len)
+            value = None if fpt is None else float(fpt)
+        except Exception as exc:  # noqa: BLE001 - a user's method: its failure costs the MFU, not the run
+            return None, f"no FLOP formula: the model's flops_per_token({seq_len}) raised {type(exc).__name__}: {exc}"[:300]
+        if value is not None and not (math.isfinite(value) and value > 0):
+            return None, f"no FLOP formula: the model's flops_per_token({seq_len}) returned {fpt!r}, not a positive number"
+        return value, "the model's flops_per_token(seq_len)"
 
     found = find_hf_module(model)  # a transformers model anywhere inside (a user's wrapper hides its config)
     if found is not None:

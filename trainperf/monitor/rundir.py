@@ -130,6 +130,8 @@ def known_state(run: dict) -> dict[str, Any]:
                    "model": model.get("preset") or model.get("entrypoint") or ("hf" if model.get("hf") else None)}
         if cfg else None,
         "checkpoint_steps": _checkpoint_steps(run["dir"], cfg),
+        "summary_steps": (run.get("summary") or {}).get("steps") if _is_num((run.get("summary") or {}).get("steps"))
+        else None,
         "samples": len(samples),
         "samples_span_s": max(spans) if spans else None,
         "last_sampled_step": max(steps) if steps else None,

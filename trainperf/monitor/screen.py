@@ -30,7 +30,8 @@ def _bad_step(r: dict) -> str | None:
     a real step's timing, or None when it can."""
     if not 0 < r["step_time_s"] <= MAX_STEP_TIME_S:
         return f"step_time_s not in (0, {MAX_STEP_TIME_S:g}] s"
-    if "tokens_per_s" in r and not (0 < (_num(r["tokens_per_s"]) or 0.0) <= MAX_TOKENS_PER_S):
+    # null: a step whose tokens were not counted (a loop that passed no batch): its timing stands
+    if r.get("tokens_per_s") is not None and not (0 < (_num(r["tokens_per_s"]) or 0.0) <= MAX_TOKENS_PER_S):
         return f"tokens_per_s not a number in (0, {MAX_TOKENS_PER_S:g}]"
     return None
 

@@ -12,7 +12,7 @@ import torch
 from trainperf.config.load import dump_yaml
 from trainperf.monitor.monitor import Monitor
 from trainperf.monitor.sinks import JSONLSink
-from trainperf.runio import write_json
+from trainperf.runio import previous_name, write_json  # noqa: F401 - previous_name: importable from here
 from trainperf.train.loop import Trainer
 
 
@@ -126,9 +126,6 @@ def fit(trainer: Trainer, *, resume: str = "auto", verbose: bool = True) -> dict
 PREVIOUS_RUN_FILES = ("summary.json", "metrics.jsonl", "samples.jsonl")
 
 
-def previous_name(name: str) -> str:
-    stem, dot, ext = name.partition(".")
-    return f"{stem}.previous{dot}{ext}"
 
 
 def _set_aside_previous_run(run_dir: Path, say) -> None:
