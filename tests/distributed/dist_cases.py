@@ -51,6 +51,8 @@ FOUR = {
     "data2_tensor2": {"parallelism.data": 2, "parallelism.tensor": 2},
     "pp2_data2": {"parallelism.data": 2, "parallelism.pipeline": 2},
     "fsdp2_tensor2": {"parallelism.data": 1, "parallelism.data_shard": 2, "parallelism.tensor": 2},
+    "fsdp2_tensor2_sp": {"parallelism.data": 1, "parallelism.data_shard": 2, "parallelism.tensor": 2,
+                         "parallelism.sequence_parallel": True},
     "hsdp_2x2": {"parallelism.data": 2, "parallelism.data_shard": 2},
     # pipeline x tensor with sequence parallelism and full activation checkpointing (memory issue's apply_ac)
     "pp2_tp2_sp_ac": {"parallelism.data": 1, "parallelism.pipeline": 2, "parallelism.tensor": 2,
@@ -72,6 +74,7 @@ def _one(name, overrides, rank, world, steps, repeat=False, **kw):
     ref = H.run_reference(cfg, data)
     return {"losses": got["losses"], "ref_losses": ref["losses"], "comm": got["comm"], "params": got["params"],
             "ref_params": ref["params"], "seconds": time.perf_counter() - t0,
+            "grad_norms": got["grad_norms"], "ref_grad_norms": ref["grad_norms"],
             "shares": [e.get("balance/shares") for e in got["extras"]]}
 
 
@@ -160,5 +163,6 @@ def hf_four_process(rank: int, world: int) -> dict:
         if rank == 0:
             ref = H.run_reference(cfg, data)
             out[name] = {"losses": got["losses"], "ref_losses": ref["losses"], "params": got["params"],
-                         "ref_params": ref["params"], "notes": got["notes"]}
+                         "ref_params": ref["params"], "notes": got["notes"], "grad_norms": got["grad_norms"],
+                         "ref_grad_norms": ref["grad_norms"]}
     return out if rank == 0 else None

@@ -4,9 +4,8 @@ through the real ``Trainer.train_step`` on both sides (trainperf.distributed.har
 Tolerances (fp32): per-step loss within a relative 1e-5 of the one-process loss of the same
 global batch, and every gathered parameter within an absolute 1e-4 after the steps (AdamW at
 lr 3e-3 moves a parameter by up to 3e-3 a step, so 1e-4 is a thirtieth of one step; only the
-summation order differs). FSDP2 x tensor (2-D sharded gradients and norms) gets 5e-4 on the
-parameters: measured 1.6e-4, Adam's normalized update amplifies reassociation differences on
-near-zero gradients. Compressed gradients (fp16, bf16, PowerSGD) change the numbers by design:
+summation order differs), and every step's clipped gradient norm within a relative 1e-5 (FSDP2 x
+tensor once read 1.5% low: its 2-D shards' norms were not summed over the FSDP group). Compressed gradients (fp16, bf16, PowerSGD) change the numbers by design:
 trained 6 steps on one repeated batch (the loss falls by > 0.5), every step's loss must stay
 within a relative 1e-2 of the one-process loss (fp16, bf16); PowerSGD rank 4 (a low-rank
 approximation, slower on this memorization task) must end within 15% of the reference's final
@@ -26,8 +25,8 @@ from trainperf.distributed.harness import spawn
 pytestmark = pytest.mark.distributed
 
 LOSS_RTOL = 1e-5
+GRAD_NORM_RTOL = 1e-5
 PARAM_ATOL = 1e-4
-PARAM_ATOL_2D = 5e-4
 COMPRESSED_LOSS_RTOL = 1e-2
 POWERSGD_FINAL_RTOL = 0.15
 
@@ -46,6 +45,10 @@ def four(tmp_path_factory):
 
 def _check(res, param_atol=PARAM_ATOL, loss_rtol=LOSS_RTOL):
     assert len(res["losses"]) == len(res["ref_losses"])
+    for got, ref in zip(res.get("grad_norms") or [], res.get("ref_grad_norms") or []):
+        # the clipped norm is the whole model's, every shard once (FSDP2 x TP once under-counted it by 1.5%)
+        assert got is not None and ref is not None and abs(got - ref) <= GRAD_NORM_RTOL * ref, (
+            res["grad_norms"], res["ref_grad_norms"])
     for got, ref in zip(res["losses"], res["ref_losses"]):
         assert abs(got - ref) <= loss_rtol * abs(ref), (res["losses"], res["ref_losses"])
     assert set(res["params"]) == set(res["ref_params"]), "gathered parameters must be the full model's"
@@ -116,8 +119,12 @@ def test_four_process_layout_matches_one_process(four, case):
     _check(four[case])
 
 
-def test_fsdp_x_tensor_matches_one_process(four):
-    _check(four["fsdp2_tensor2"], param_atol=PARAM_ATOL_2D)
+@pytest.mark.parametrize("case", ["fsdp2_tensor2", "fsdp2_tensor2_sp"])
+def test_fsdp_x_tensor_matches_one_process(four, case):
+    """FSDP2 over TP shards the data dim with _StridedShard, whose is_shard() is False in torch 2.13: its norms were
+    never summed over the FSDP group, so clipping used 8.72 where one process has 8.84, and the parameters
+    drifted 1.6e-4 in 3 steps (once put down to reassociation and given a 5x looser bound)."""
+    _check(four[case])
 
 
 @pytest.mark.parametrize("case", ["resume_data2_tensor2", "resume_pp2_data2"])

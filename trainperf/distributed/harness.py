@@ -143,17 +143,18 @@ def run_trainer(cfg, data: list[torch.Tensor], *, rank: int = 0, world: int = 1,
                        checkpointer=DcpCheckpointer(load_dir or save_dir or ".unused"))
     if load_dir:
         trainer.resume("auto")
-    losses, comm, times, extras = [], [], [], []
+    losses, comm, times, extras, norms = [], [], [], [], []
     while trainer.step < len(data):
         res = trainer.train_step()
         losses.append(res.loss.item())
+        norms.append(float(res.grad_norm) if res.grad_norm is not None else None)
         times.append(res.step_time)
         comm.append({k: v for k, v in res.extras.items() if k.startswith("comm_")})
         extras.append(res.extras)
     if save_dir:
         trainer.save_checkpoint()
-    out = {"losses": losses, "comm": comm, "step_s": times, "extras": extras, "notes": trainer.pm.notes,
-           "trainer": trainer}
+    out = {"losses": losses, "grad_norms": norms, "comm": comm, "step_s": times, "extras": extras,
+           "notes": trainer.pm.notes, "trainer": trainer}
     if gather:
         out["params"] = full_params(trainer.pm)
     return out
@@ -162,7 +163,7 @@ def run_trainer(cfg, data: list[torch.Tensor], *, rank: int = 0, world: int = 1,
 def run_reference(cfg, data: list[torch.Tensor]) -> dict:
     """One process (every degree 1), the same Trainer: what every layout must reproduce."""
     got = run_trainer(one_process(cfg), data)
-    return {"losses": got["losses"], "params": got["params"]}
+    return {"losses": got["losses"], "grad_norms": got["grad_norms"], "params": got["params"]}
 
 
 def compare(ref: dict, got: dict) -> dict:

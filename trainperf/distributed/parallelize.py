@@ -291,17 +291,22 @@ class ParallelModel:
 def clip_grad_norm_(params, max_norm: float, dims: ParallelDims, device) -> torch.Tensor:
     """Global L2 norm of all gradients of the model (every shard counted once), clipped to ``max_norm``.
 
-    Plain tensors are replicated over tensor/data ranks: counted locally. DTensor gradients:
-    the local shard's sum of squares is summed over the mesh dims where it is sharded.
+    Plain tensors are replicated over tensor/data ranks: counted locally. DTensor gradients: partial ones
+    are summed first; the local shard's sum of squares is summed over the mesh dims where it is sharded
+    (``Shard`` or FSDP2-over-TP's ``_StridedShard``: every placement but ``Replicate``).
     Pipeline stages: summed over the pipeline group.
     """
-    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor import DTensor, Replicate
 
     grads = [p.grad for p in params if p.grad is not None]
     total = torch.zeros((), device=device, dtype=torch.float32)
     groups: dict = {}
     for g in grads:
         if isinstance(g, DTensor):
+            if any(pl.is_partial() for pl in g.placements):
+                # partial sums (sequence-parallel norms): the squared norm is of their sum, not the sum of theirs
+                g = g.detach().redistribute(g.device_mesh, [Replicate() if pl.is_partial() else pl
+                                                             for pl in g.placements])
             key = (id(g.device_mesh), tuple(g.placements))
             groups.setdefault(key, (g.device_mesh, g.placements, []))[2].append(g._local_tensor)
         else:
@@ -309,7 +314,7 @@ def clip_grad_norm_(params, max_norm: float, dims: ParallelDims, device) -> torc
     for mesh, placements, locs in groups.values():
         sq = torch.stack([t.detach().float().pow(2).sum() for t in locs]).sum()
         for d, pl in enumerate(placements):
-            if pl.is_shard() or pl.is_partial():
+            if not pl.is_replicate():  # Shard and _StridedShard (FSDP2 x TP: its is_shard() is False)
                 dist.all_reduce(sq, group=mesh.get_group(d))
         total += sq
     if dims.pp_enabled:
