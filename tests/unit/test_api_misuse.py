@@ -244,3 +244,31 @@ def test_hf_callback_after_a_train_that_raised_drops_its_hooks_and_frees_the_dir
     cb.on_train_end(args, None, None)
     assert not model._forward_pre_hooks and (tmp_path / "run" / "summary.json").is_file()
     assert Path(cb.run_dir) == tmp_path / "run"
+
+
+def test_a_run_set_aside_beside_this_one_is_never_read_as_it(tmp_path, capsys):
+    """metrics.previous.jsonl sorted after metrics.jsonl and was read in its place: diagnose showed the old run."""
+    d = tmp_path / "run"
+    _train(trainperf.track(d, model=Tiny()), steps=12)
+    with pytest.warns(UserWarning):
+        _train(trainperf.track(d, model=Tiny()), steps=5)
+    _, out = _diagnose(d, capsys)
+    assert out["summary"]["steps_recorded"] == 5
+
+
+def test_starting_over_sets_every_ranks_files_and_the_config_aside(tmp_path):
+    from trainperf.train.run import _set_aside_previous_run
+
+    d = tmp_path / "run"
+    d.mkdir()
+    names = ["summary.json", "metrics.jsonl", "samples.jsonl", "config.yaml", "metrics.rank1.jsonl",
+             "samples.rank1.jsonl", "metrics.rank3.jsonl"]
+    for n in names:
+        (d / n).write_text(n)
+    said = []
+    _set_aside_previous_run(d, said.append)
+    left = sorted(p.name for p in d.iterdir())
+    assert left == sorted(["summary.previous.json", "metrics.previous.jsonl", "samples.previous.jsonl",
+                           "config.previous.yaml", "metrics.previous.rank1.jsonl", "samples.previous.rank1.jsonl",
+                           "metrics.previous.rank3.jsonl"])
+    assert (d / "metrics.previous.rank3.jsonl").read_text() == "metrics.rank3.jsonl" and said

@@ -589,10 +589,10 @@ def known_lines(result: dict) -> list[str]:
     c = k.get("config") or {}
     if k.get("malformed"):
         lines = [f"  {k['malformed']}. No step figures exist. What it left:"]
-    elif not result.get("crashed") and not k.get("summary_steps"):  # it ended normally, having taken no step
+    elif k.get("finished") and not k.get("summary_steps"):  # it ended normally, having taken no step
         lines = ["  the run finished (summary.json) without a step record in metrics.jsonl: it took no step, so no "
                  "step figures exist. What it left:"]
-    elif not result.get("crashed"):
+    elif k.get("finished"):
         lines = [f"  metrics.jsonl holds no step record although summary.json counts {k['summary_steps']} steps: the "
                  "log was lost or emptied, so no step figures exist. What it left:"]
     else:

@@ -116,13 +116,15 @@ class Monitor:
                                getattr(cfg, "oom_snapshot", True) and self.cuda)
 
     def _remove_stale_rank_files(self) -> None:
-        """A fresh run must not be diagnosed with the files of an earlier, wider run in the same directory."""
+        """A run must not be diagnosed with the files of an earlier, wider run in the same directory: the ranks
+        beyond this run's world are renamed NAME.previous.EXT (kept, not read)."""
         from trainperf.monitor.diagnose import _rank_of
+        from trainperf.runio import previous_name
 
         for f in list(self.run_dir.glob("metrics.rank*.jsonl")) + list(self.run_dir.glob("samples.rank*.jsonl")):
             if _rank_of(f) >= self.world:
                 with contextlib.suppress(OSError):
-                    f.unlink()
+                    f.replace(f.with_name(previous_name(f.name)))
 
     # ------------------------------------------------------------------ setup from a Trainer
     @classmethod

@@ -73,6 +73,16 @@ def _is_num(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
+def run_files(d: Path, stem: str) -> list[Path]:
+    """This run's ``STEM.jsonl`` and ``STEM.rankN.jsonl``: never an earlier run's set aside beside them
+    (``STEM.previous.jsonl``, ``STEM.previous.rank1.jsonl``), which sorted after the live file and was once read
+    in its place."""
+    import re
+
+    pat = re.compile(rf"^{stem}(\.rank\d+)?\.jsonl$")
+    return sorted(p for p in d.glob(f"{stem}*.jsonl") if pat.match(p.name))
+
+
 def rank_of(path: Path) -> int:
     """``metrics.jsonl`` -> 0, ``metrics.rank3.jsonl`` -> 3."""
     for p in path.name.split("."):
@@ -130,6 +140,7 @@ def known_state(run: dict) -> dict[str, Any]:
                    "model": model.get("preset") or model.get("entrypoint") or ("hf" if model.get("hf") else None)}
         if cfg else None,
         "checkpoint_steps": _checkpoint_steps(run["dir"], cfg),
+        "finished": not run.get("crashed", True),  # summary.json is there
         "summary_steps": (run.get("summary") or {}).get("steps") if _is_num((run.get("summary") or {}).get("steps"))
         else None,
         "samples": len(samples),
@@ -146,7 +157,7 @@ def load_run(run_dir: str | Path) -> dict[str, Any]:
     if not d.is_dir():
         what = "is not a directory" if d.exists() else "does not exist"
         raise UserError(f"run directory {str(d)!r} {what}; pass the run.dir of a `trainperf train` run")
-    metric_files = sorted(d.glob("metrics*.jsonl"))
+    metric_files = run_files(d, "metrics")
     if not metric_files and not (d / "summary.json").is_file() and not (d / "config.yaml").is_file():
         raise UserError(f"{d} holds no metrics.jsonl, summary.json or config.yaml; is it a trainperf run directory "
                         "(the run.dir of `trainperf train`)?")
@@ -172,7 +183,7 @@ def load_run(run_dir: str | Path) -> dict[str, Any]:
             evals = [x for x in recs if "val_loss" in x]
     samples: dict[int, list[dict]] = {}
     sample_meta: dict[int, dict] = {}
-    for f in sorted(d.glob("samples*.jsonl")):
+    for f in run_files(d, "samples"):
         recs = read_jsonl(f)
         r = rank_of(f)
         samples[r] = [x for x in recs if "meta" not in x]

@@ -36,6 +36,8 @@ def fit(trainer: Trainer, *, resume: str = "auto", verbose: bool = True) -> dict
         if resumed_from is None:
             _set_aside_previous_run(run_dir, say)
         (run_dir / "config.yaml").write_text(dump_yaml(cfg))
+    if resumed_from is None and torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.barrier()  # every rank opens its log after rank 0 set the previous run's aside
     sink = JSONLSink(run_dir / "metrics.jsonl", truncate_after_step=resumed_from) if (main and cfg.monitor.jsonl) else None
     # Every rank: device sampler, profiler window, FLOPs/peak; records go through it (JSONL, TensorBoard, Prometheus).
     monitor = sink = Monitor.for_trainer(trainer, run_dir, jsonl=sink, resumed_from=resumed_from)
@@ -123,20 +125,23 @@ def fit(trainer: Trainer, *, resume: str = "auto", verbose: bool = True) -> dict
 
 
 # A previous run's records in the run directory: on a fresh start they are renamed, never read as this run's
-PREVIOUS_RUN_FILES = ("summary.json", "metrics.jsonl", "samples.jsonl")
+PREVIOUS_RUN_FILES = ("summary.json", "metrics.jsonl", "samples.jsonl", "config.yaml")
+"""With every rank's metrics.rankN.jsonl / samples.rankN.jsonl, set aside by rank 0 before any rank opens its log."""
 
 
 
 
 def _set_aside_previous_run(run_dir: Path, say) -> None:
     """A fresh start (``--resume never``, or no checkpoint) in a directory holding another run's records:
-    summary.json, metrics.jsonl and samples.jsonl are renamed to NAME.previous.EXT (nothing is deleted), so
+    summary.json, metrics.jsonl, samples.jsonl, config.yaml and every rank's metrics.rankN.jsonl /
+    samples.rankN.jsonl are renamed to NAME.previous.EXT (nothing is deleted), so
     diagnose/report never read the old run's summary as this run's. A finished run's records (it has a
     summary.json) replace older ``.previous`` ones; the records of an attempt that never finished do not replace
     the previous run's already set aside (the metrics sink starts this run's log afresh)."""
     finished = (run_dir / "summary.json").is_file()
     moved = []
-    for name in PREVIOUS_RUN_FILES:
+    ranks = sorted(p.name for pat in ("metrics.rank*.jsonl", "samples.rank*.jsonl") for p in run_dir.glob(pat))
+    for name in (*PREVIOUS_RUN_FILES, *ranks):
         src, dst = run_dir / name, run_dir / previous_name(name)
         if src.is_file() and (finished or not dst.exists()):
             src.replace(dst)
