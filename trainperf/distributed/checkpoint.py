@@ -4,6 +4,7 @@ Layout of one checkpoint::
 
     <dir>/step-00000100/            DCP files: every rank writes its own shards, in parallel
     <dir>/step-00000100/trainer.pt  rank 0: step, schedule, loader position, RNG, config
+    <dir>/step-00000100/MANIFEST.json  rank 0: every file's bytes and sha256, checked before a resume
     <dir>/step-00000100/COMPLETE    written last, after every rank finished (marks it usable)
 
 Model and optimizer states are keyed by the parameter names of the full model (pipeline stages
@@ -88,10 +89,56 @@ def save(ckpt_dir: str | Path, step: int, modules: list, optimizers: list, extra
         torch.save(extra, path / "trainer.pt")
     _barrier()
     if _rank() == 0:
+        write_manifest(path)  # every shard's size and sha256: a flipped byte is found before it trains
         (path / "COMPLETE").write_text(str(step))
         _prune(Path(ckpt_dir), keep)
     _barrier()
     return path
+
+
+MANIFEST = "MANIFEST.json"
+
+
+def _sha256(f: Path) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(f, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def write_manifest(path: Path) -> None:
+    """``MANIFEST.json``: the bytes and sha256 of every file of the checkpoint (shards, .metadata, trainer.pt),
+    written atomically before ``COMPLETE``."""
+    from trainperf.runio import write_json
+
+    files = {f.name: {"bytes": f.stat().st_size, "sha256": _sha256(f)}
+             for f in sorted(path.iterdir()) if f.is_file() and f.name not in (MANIFEST, "COMPLETE")}
+    write_json(path / MANIFEST, {"files": files})
+
+
+def verify_manifest(path: Path) -> None:
+    """Each file the manifest lists is there with its bytes and sha256 (CheckpointError naming the first that is
+    not). A checkpoint saved before manifests were written has none: nothing to check."""
+    import json
+
+    m = path / MANIFEST
+    if not m.is_file():
+        return
+    try:
+        files = json.loads(m.read_text())["files"]
+        assert isinstance(files, dict)
+    except Exception:  # noqa: BLE001 - any damage to the manifest itself
+        raise CheckpointError(f"{m}: unreadable; {_FIX}") from None
+    for name, want in files.items():
+        f = path / name
+        if not f.is_file():
+            raise CheckpointError(f"{f}: missing (the manifest lists it); {_FIX}")
+        if f.stat().st_size != want.get("bytes") or _sha256(f) != want.get("sha256"):
+            raise CheckpointError(f"{f}: its bytes differ from those saved (size or sha256 does not match "
+                                  f"{MANIFEST}): the file is corrupt; {_FIX}")
 
 
 def _prune(ckpt_dir: Path, keep: int) -> None:
@@ -148,6 +195,7 @@ def check_readable(path: str | Path) -> dict:
         FileSystemReader(str(path)).read_metadata()
     except Exception as exc:  # noqa: BLE001 - any failure to unpickle means unusable
         raise CheckpointError(f"{path}: DCP metadata (.metadata) unreadable ({_why(exc)}); {_FIX}") from None
+    verify_manifest(path)
     return read_trainer_state(path)
 
 
