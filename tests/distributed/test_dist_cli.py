@@ -210,3 +210,25 @@ def test_launch_names_a_divergence_and_suggests_no_restart(tmp_path):
     assert proc.returncode == 1, out[-3000:]
     assert "training diverged" in out and "trainperf launch: failed: the loss diverged on rank" in out, out[-3000:]
     assert "--max-restarts N restarts" not in out and "Traceback" not in out, out[-3000:]
+
+
+def test_one_process_resumes_a_sharded_checkpoint_of_a_distributed_run(tmp_path):
+    """The docs say a DCP checkpoint resumes in one process; `trainperf train` in one process started over
+    instead (its single-file checkpointer did not look at DCP directories) (fuzzing)."""
+    p = tmp_path / "c.yaml"
+    p.write_text(TINY.replace("run: {name: t,", f"run: {{dir: {tmp_path / 'run'}, name: t,")
+                 .replace("checkpoint: {every: 0, at_end: false}", "checkpoint: {every: 2, at_end: false}"))
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    proc = subprocess.run([sys.executable, "-m", "trainperf", "launch", "--nproc-per-node", "2", str(p),
+                           "--set", "parallelism.data=1", "--set", "parallelism.data_shard=2"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    assert (tmp_path / "run" / "checkpoints" / "step-00000002" / "COMPLETE").is_file()  # at_end: false
+    one = subprocess.run([sys.executable, "-m", "trainperf", "train", str(p), "--set", "run.steps=6"],
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
+    out = one.stdout + one.stderr
+    assert one.returncode == 0, out[-3000:]
+    assert "resume: step 2 from the sharded checkpoint" in out and "starting over" not in out, out[-3000:]
+    steps = [json.loads(x)["step"] for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+             if '"step_time_s"' in x]
+    assert steps == [1, 2, 3, 4, 5, 6], steps  # 1-2 from the distributed run, 3-6 resumed: none twice

@@ -214,3 +214,45 @@ def test_compare_shows_a_null_or_absent_key_as_the_default(tmp_path, capsys):
     b = write_run(tmp_path / "b", step_s=0.1, config=cb)
     rc, text = _rc_err(capsys, "compare", str(a), str(b))
     assert rc == 0 and "model.n_layer (default) -> 2" in text and "(absent)" not in text
+
+
+def test_launch_names_the_rank_that_failed_first(monkeypatch, capsys):
+    """rank 1 was killed; rank 0 then ended through fail-fast; the last line said 'rank 0 ended ...'."""
+    import torch.distributed.run as torchrun
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    from trainperf.cli.launch import run_torchrun
+
+    def failure(rank, code, ts):
+        f = ProcessFailure(local_rank=rank, pid=1000 + rank, exitcode=code, error_file="")
+        f.timestamp = ts
+        return f
+
+    def boom(args):
+        raise ChildFailedError("trainperf", {0: failure(0, 1, 200), 1: failure(1, -9, 100)})
+    monkeypatch.setattr(torchrun, "run", boom)
+    monkeypatch.setattr(torchrun, "parse_args", lambda argv: argv)
+    assert run_torchrun(["--nproc-per-node=2", "-m", "trainperf", "train", "x.yaml"]) == 1
+    err = capsys.readouterr().err
+    assert "rank 1 ended first, with signal SIGKILL" in err and "rank(s) 0 ended after it" in err
+
+
+@pytest.mark.parametrize("sets,says", [
+    (["parallelism.pipeline=2", "parallelism.interleave=2", "parallelism.pipeline_schedule=gpipe"],
+     "parallelism.interleave=2 applies to pipeline_schedule: interleaved_1f1b only (got 'gpipe'"),
+    (["parallelism.pipeline=2", "parallelism.interleave=4", "parallelism.pipeline_schedule=1f1b",
+      "parallelism.microbatches=2"], "parallelism.interleave=4 applies to pipeline_schedule: interleaved_1f1b"),
+    (["parallelism.sequence_parallel=true"], "parallelism.sequence_parallel=true needs parallelism.tensor >= 2"),
+])
+def test_layout_options_that_were_silently_ignored_are_refused(capsys, monkeypatch, sets, says):
+    """interleave=2 with gpipe was ignored, interleave=4 refused with 'choose pipeline <= 1'; sequence_parallel
+    without tensor parallelism was ignored."""
+    from trainperf.config import load_config
+    from trainperf.config.resolve import resolve
+    from trainperf.errors import ConfigError
+
+    world = 2 if any("pipeline" in s for s in sets) else 1
+    cfg = load_config(CFG, [*sets, "train.global_batch=auto"])
+    with pytest.raises(ConfigError, match=None) as exc:
+        resolve(cfg, world_size=world)
+    assert says in str(exc.value), str(exc.value)

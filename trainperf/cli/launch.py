@@ -338,7 +338,8 @@ def run_torchrun(torchrun_argv: list[str]) -> int:
             print("trainperf launch: stopped: the run was refused (the message above); nothing was trained "
                   "past that point", file=sys.stderr)
             return 2
-        rank, f = failures[0]
+        # the rank that failed first (the others end after it, through fail-fast): by the agent's timestamps
+        rank, f = min(failures, key=lambda rf: (getattr(rf[1], "timestamp", 0) or 0, rf[0]))
         how = f"signal {f.signal_name()}" if f.exitcode < 0 else f"exit code {f.exitcode}"
         diverged = [r for r, x in failures if _failure_message(x).startswith("DivergedError")]
         if diverged:
@@ -348,7 +349,10 @@ def run_torchrun(torchrun_argv: list[str]) -> int:
             return 1
         hint = "" if any(a.startswith("--max-restarts") for a in torchrun_argv) else \
             "; --max-restarts N restarts the job from its newest checkpoint"
-        print(f"trainperf launch: failed: rank {rank} ended with {how} (its report is above{hint})", file=sys.stderr)
+        others = [r for r, _ in failures if r != rank]
+        also = f"; rank(s) {', '.join(map(str, others))} ended after it" if others else ""
+        print(f"trainperf launch: failed: rank {rank} ended first, with {how} (its report is above{hint}{also})",
+              file=sys.stderr)
         return 1
     except Exception as exc:  # noqa: BLE001 - torchrun itself (rendezvous, ports): one line, not its traceback
         first = next((ln for ln in str(exc).splitlines() if ln.strip()), "")[:300]

@@ -318,6 +318,14 @@ def check_pipeline_schedule(cfg: Config) -> None:
     ValueError on one rank mid-launch): 1F1B at least one micro-batch per stage; interleaved 1F1B a multiple
     of its rounds (microbatches // pipeline, at least 1). GPipe takes any count."""
     p = cfg.parallelism
+    if p.sequence_parallel and p.tensor <= 1:
+        raise ConfigError("parallelism.sequence_parallel=true needs parallelism.tensor >= 2 (it shards the norms and "
+                          "dropouts along the sequence over the tensor-parallel ranks); set parallelism.tensor or "
+                          "sequence_parallel: false")
+    if p.interleave > 1 and p.pipeline > 1 and p.pipeline_schedule != "interleaved_1f1b":
+        raise ConfigError(f"parallelism.interleave={p.interleave} applies to pipeline_schedule: interleaved_1f1b "
+                          f"only (got {p.pipeline_schedule!r}, which runs one stage per rank); set "
+                          "parallelism.pipeline_schedule: interleaved_1f1b, or interleave: 1")
     if p.pipeline <= 1:
         return
     m, pp = p.microbatches, p.pipeline
@@ -426,9 +434,10 @@ def check_model_shape(cfg: Config) -> None:
             f"{cfg.model.preset!r}); choose parallelism.tensor among {_divisors(s['n_head'])}, or a model whose head "
             f"count is a multiple of {p.tensor} (model.n_head, or a model.preset such as {', '.join(fits[:3]) or '(none)'})"
         )
-    stages = p.pipeline * (p.interleave if p.pipeline > 1 else 1)
+    virtual = p.interleave if (p.pipeline > 1 and p.pipeline_schedule == "interleaved_1f1b") else 1
+    stages = p.pipeline * virtual
     if stages > s["n_layer"]:
-        best = max(1, s["n_layer"] // p.interleave)
+        best = max(1, s["n_layer"] // virtual)
         raise ConfigError(
             f"parallelism.pipeline x interleave = {p.pipeline} x {p.interleave} = {stages} stages exceeds "
             f"model.n_layer={s['n_layer']} blocks (every stage needs at least one block); choose pipeline <= {best} "

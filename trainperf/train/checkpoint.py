@@ -366,12 +366,50 @@ class FileCheckpointer:
               f"writes its first checkpoint (to go back to them, move {aside} back to {self.dir} and resume)",
               flush=True)
 
+    def _sharded(self, mode: str) -> Path | None:
+        """A sharded (DCP) checkpoint to resume from: PATH when it is one (a step-XXXXXXXX directory), or with
+        ``auto`` the newest usable one in the directory when it is newer than every single-file checkpoint."""
+        from trainperf.distributed import checkpoint as dcp_ckpt
+
+        if mode not in ("auto", "never"):
+            p = Path(mode)
+            return p if p.is_dir() else None
+        if mode != "auto" or not dcp_ckpt.list_checkpoints(self.dir):
+            return None
+        newest_file = max(self.manager.steps(), default=-1)
+        if dcp_ckpt.list_checkpoints(self.dir)[-1][0] <= newest_file:
+            return None
+        found = dcp_ckpt.latest(self.dir)
+        return found if found is not None and int(found.name[5:]) > newest_file else None
+
+    def _resume_sharded(self, trainer, path: Path) -> int:
+        from trainperf.distributed import checkpoint as dcp_ckpt
+
+        saved = dcp_ckpt.read_trainer_state(path).get("config", {})
+        current = trainer.cfg.model_dump(mode="json")
+        check_resume_compatible(saved, current)
+        if trainer.is_main:
+            for line in schedule_change_notes(saved, current):
+                print(line, flush=True)
+
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*assuming the intent is to")  # DCP in one process
+            extra = dcp_ckpt.load(path, trainer.pm.modules, trainer.optimizer.optimizers)
+        trainer.load_extra_state(extra)
+        print(f"resume: step {trainer.step} from the sharded checkpoint {path} (a distributed run's); this run "
+              "saves single-file checkpoints beside it", flush=True)
+        return trainer.step
+
     def resume(self, trainer, mode: str) -> int | None:
-        """``--resume auto | never | PATH``. Returns the step resumed from, or None for a fresh start."""
+        """``--resume auto | never | PATH``. Returns the step resumed from, or None for a fresh start. A sharded
+        (DCP) checkpoint of a distributed run, newer than the single-file ones (or named), loads too."""
         if mode == "never":
             if trainer.is_main:
                 self._start_over()
             return None
+        sharded = self._sharded(mode)
+        if sharded is not None:  # saved by a distributed run: DCP loads it into this one process
+            return self._resume_sharded(trainer, sharded)
         where = trainer.backend.map_location
         if mode == "auto":
             found = self.manager.load_latest(map_location=where)
