@@ -63,3 +63,15 @@ def test_killed_rank_ends_the_job_with_a_named_report(tmp_path):
     assert report, out[-3000:]
     assert re.search(r"rank 1 died \(no sign of life for [\d.]+s; it was in step 3\)", report[0]), report[0]
     assert elapsed < TIMEOUT_S + 15, elapsed
+
+
+def test_a_failed_job_tells_diagnose_which_rank_ended_it(tmp_path):
+    """The fail-fast report went to stderr only; `trainperf diagnose RUN_DIR` afterwards said nothing of it."""
+    from trainperf.monitor.diagnose import diagnose
+
+    proc, _, out = _run(tmp_path, "exit")
+    assert proc.returncode != 0
+    lines = (tmp_path / "run" / "failures.jsonl").read_text().splitlines()
+    assert lines and any('"rank": 0' in ln and "rank 1 died" in ln for ln in lines), lines
+    notes = diagnose(tmp_path / "run")["run_notes"]
+    assert any(n.startswith("failure: rank 0 stopped at step 3") and "rank 1 died" in n for n in notes), notes

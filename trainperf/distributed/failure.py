@@ -56,8 +56,9 @@ class FailFast:
     """Heartbeats, failure reports and a watchdog for one rank."""
 
     def __init__(self, rank: int, world: int, timeout_s: float, *, store=None, watchdog: bool = True,
-                 out=None, fault: tuple[str, int, int] | None = None):
+                 out=None, fault: tuple[str, int, int] | None = None, record_to=None):
         self.rank, self.world, self.timeout_s = rank, world, timeout_s
+        self.record_to = record_to  # the run directory's failures.jsonl: the report, for diagnose afterwards
         self.fault = fault
         self.store = store if store is not None else _store()
         self.step = 0
@@ -154,11 +155,27 @@ class FailFast:
                 return
             self._failing = True
         try:
-            print(self.report(reason), file=self.out, flush=True)
+            text = self.report(reason)
+            print(text, file=self.out, flush=True)
+            self._record(reason, text)
         except Exception:  # noqa: BLE001
             pass
         finally:
             os._exit(code)
+
+    def _record(self, reason: str, text: str) -> None:
+        """One line in failures.jsonl (each rank its own, appended whole): what `trainperf diagnose` says later."""
+        if self.record_to is None:
+            return
+        import json
+
+        line = json.dumps({"rank": self.rank, "step": self.step, "reason": reason, "report": text,
+                           "time": time.time()}) + "\n"
+        fd = os.open(self.record_to, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            os.write(fd, line.encode())
+        finally:
+            os.close(fd)
 
     def close(self) -> None:
         self._done.set()

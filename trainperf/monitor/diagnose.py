@@ -558,10 +558,15 @@ RUN_NOTE_KEYS = ("raised", "tokens")
 
 
 def _run_notes(run: dict) -> list[str]:
+    """summary.json's notes that say how the run ended, and the fail-fast reports of ranks that stopped
+    (failures.jsonl: a rank that died, hung or raised ended the job; each rank's report, earliest first)."""
+    out = []
+    for f in sorted(run.get("failures") or [], key=lambda f: f.get("time") or 0):
+        out.append(f"failure: {f['report'].removeprefix('trainperf: ')}")
     notes = (run.get("summary") or {}).get("notes")
-    if not isinstance(notes, dict):
-        return []
-    return [f"{k}: {notes[k]}" for k in RUN_NOTE_KEYS if isinstance(notes.get(k), str)]
+    if isinstance(notes, dict):
+        out += [f"{k}: {notes[k]}" for k in RUN_NOTE_KEYS if isinstance(notes.get(k), str)]
+    return out
 
 
 def diagnose_run(run: dict) -> dict[str, Any]:

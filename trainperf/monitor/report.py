@@ -204,6 +204,7 @@ def build_report(run_dir: str | Path, out: str | Path | None = None) -> dict[str
         if run["crashed"] else ""
     if result.get("known") is not None:  # killed before its first step record: say so, and what it left
         crashed = "<p class='critical'>" + "<br>".join(html.escape(x.strip()) for x in known_lines(result)) + "</p>"
+    crashed += "".join(f"<p class='critical'>{html.escape(n)}</p>" for n in result.get("run_notes", []))
     crashed += "".join(f"<p class='warning'>{html.escape(n)}</p>" for n in result.get("data_notes", []))
     body = (f"<h1>trainperf report: {html.escape(str(run_dir))}</h1>\n{crashed}"
             f"<h2>Summary</h2>{C.table(summary_rows(s, run['summary']))}"

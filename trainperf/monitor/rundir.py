@@ -193,4 +193,5 @@ def load_run(run_dir: str | Path) -> dict[str, Any]:
     return {"dir": d, "ranks": ranks, "evals": evals, "samples": samples, "sample_meta": sample_meta,
             "rank_files": rank_files, "malformed": malformed, "skipped_lines": skipped, "out_of_order": out_of_order,
             "summary": _read_json(d / "summary.json"), "config": _read_yaml(d / "config.yaml"),
+            "failures": [f for f in read_jsonl(d / "failures.jsonl") if isinstance(f.get("report"), str)],
             "crashed": not (d / "summary.json").is_file()}

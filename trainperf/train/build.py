@@ -130,7 +130,10 @@ def train(resolved: Resolved, *, resume: str = "auto", verbose: bool = True, kno
         device_type = "cuda" if cfg.run.device == "cuda" else cfg.run.device
         env = init_distributed(backend=cfg.distributed.backend, device_type=device_type,
                                timeout_s=cfg.distributed.timeout_s, flight_recorder=cfg.distributed.flight_recorder)
-        ff = FailFast(env.rank, env.world_size, cfg.distributed.timeout_s, fault=knobs.fault)
+        from pathlib import Path
+
+        ff = FailFast(env.rank, env.world_size, cfg.distributed.timeout_s, fault=knobs.fault,
+                      record_to=Path(cfg.run_dir()) / "failures.jsonl")
     trainer = None
     try:
         with ff.guard() if ff else contextlib.nullcontext():

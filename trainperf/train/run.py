@@ -125,7 +125,7 @@ def fit(trainer: Trainer, *, resume: str = "auto", verbose: bool = True) -> dict
 
 
 # A previous run's records in the run directory: on a fresh start they are renamed, never read as this run's
-PREVIOUS_RUN_FILES = ("summary.json", "metrics.jsonl", "samples.jsonl", "config.yaml")
+PREVIOUS_RUN_FILES = ("summary.json", "metrics.jsonl", "samples.jsonl", "config.yaml", "failures.jsonl")
 """With every rank's metrics.rankN.jsonl / samples.rankN.jsonl, set aside by rank 0 before any rank opens its log."""
 
 
