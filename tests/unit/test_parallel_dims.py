@@ -48,9 +48,10 @@ def test_model_shape_checks_name_the_choices():
     with pytest.raises(ConfigError, match=r"tensor=3 does not divide model.n_head=8 .*choose parallelism.tensor among "
                                           r"1, 2, 4, 8"):
         check_model_shape(load_config(None, base + ["parallelism.tensor=3"]))
+    inter = ["parallelism.pipeline_schedule=interleaved_1f1b"]  # interleave counts for that schedule only
     with pytest.raises(ConfigError, match=r"4 x 2 = 8 stages exceeds model.n_layer=4 .*choose pipeline <= 2"):
-        check_model_shape(load_config(None, base + ["parallelism.pipeline=4", "parallelism.interleave=2"]))
-    check_model_shape(load_config(None, base + ["parallelism.pipeline=2", "parallelism.interleave=2"]))
+        check_model_shape(load_config(None, base + inter + ["parallelism.pipeline=4", "parallelism.interleave=2"]))
+    check_model_shape(load_config(None, base + inter + ["parallelism.pipeline=2", "parallelism.interleave=2"]))
 
 
 def test_compression_checks():

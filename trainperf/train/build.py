@@ -92,9 +92,11 @@ def make_checkpointer(cfg, dims, knobs: Knobs):
         from trainperf.distributed.checkpoint import DcpCheckpointer
 
         return DcpCheckpointer(directory, keep=cfg.checkpoint.keep)
+    from trainperf.distributed import checkpoint as sharded
     from trainperf.train.checkpoint import FileCheckpointer
 
-    return FileCheckpointer(directory, keep=cfg.checkpoint.keep, kill_step=knobs.checkpoint_kill_step)
+    return FileCheckpointer(directory, keep=cfg.checkpoint.keep, kill_step=knobs.checkpoint_kill_step,
+                            sharded=sharded)
 
 
 def close_data(trainer) -> None:

@@ -320,10 +320,14 @@ class FileCheckpointer:
     ``<dir>.previous`` and deleted only once this run has written its first checkpoint (or finished), so a run
     that fails or is killed before then leaves the old ones where the user can take them back."""
 
-    def __init__(self, directory: str | os.PathLike, keep: int = 3, *, kill_step: int | None = None):
+    def __init__(self, directory: str | os.PathLike, keep: int = 3, *, kill_step: int | None = None,
+                 sharded=None):
         self.manager = CheckpointManager(directory, keep, kill_step=kill_step)
         self.dir = self.manager.dir
         self.set_aside: Path | None = None  # the previous run's checkpoints, while this run has none
+        # trainperf.distributed.checkpoint, handed in by the builder (it imports this module): resumes a
+        # distributed run's sharded checkpoint in this one process
+        self.sharded = sharded
 
     def save(self, trainer) -> Path | None:
         if not trainer.is_main:
@@ -369,8 +373,9 @@ class FileCheckpointer:
     def _sharded(self, mode: str) -> Path | None:
         """A sharded (DCP) checkpoint to resume from: PATH when it is one (a step-XXXXXXXX directory), or with
         ``auto`` the newest usable one in the directory when it is newer than every single-file checkpoint."""
-        from trainperf.distributed import checkpoint as dcp_ckpt
-
+        dcp_ckpt = self.sharded
+        if dcp_ckpt is None:
+            return None
         if mode not in ("auto", "never"):
             p = Path(mode)
             return p if p.is_dir() else None
@@ -383,8 +388,7 @@ class FileCheckpointer:
         return found if found is not None and int(found.name[5:]) > newest_file else None
 
     def _resume_sharded(self, trainer, path: Path) -> int:
-        from trainperf.distributed import checkpoint as dcp_ckpt
-
+        dcp_ckpt = self.sharded
         saved = dcp_ckpt.read_trainer_state(path).get("config", {})
         current = trainer.cfg.model_dump(mode="json")
         check_resume_compatible(saved, current)
