@@ -382,3 +382,17 @@ def test_not_measured_mfu_gives_the_real_reason(tmp_path, summary, config, reaso
     (d / "config.yaml").write_text(yaml.safe_dump(config))
     missing = " ".join(diagnose(d)["missing"])
     assert reason in missing, missing
+
+
+def test_straggler_fix_does_not_suggest_the_balancer_when_it_is_on(tmp_path):
+    """With parallelism.balance.enabled=true the fix still said 'parallelism.balance.enabled=true' (fuzzing)."""
+    import yaml
+
+    fast = steps(forward=0.03, backward=0.05, comm=0.04)
+    slow = steps(forward=0.05, backward=0.08, comm=0.0)
+    d = write_run(tmp_path / "r", {0: fast, 1: slow})
+    f = next(f for f in diagnose(d)["findings"] if f["id"] == "straggler")
+    assert f["fix"].startswith("parallelism.balance.enabled=true")
+    (d / "config.yaml").write_text(yaml.safe_dump({"parallelism": {"balance": {"enabled": True}}}))
+    f = next(f for f in diagnose(d)["findings"] if f["id"] == "straggler")
+    assert f["fix"].startswith("the balancer is on") and "min_share" in f["fix"]

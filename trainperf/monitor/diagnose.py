@@ -154,6 +154,7 @@ def compute_summary(run: dict) -> dict[str, Any]:
     main = _steady(recs0)
     s["steps_recorded"] = len(ranks.get(0, []))
     s["steps_used"] = len(main)
+    s["balance_enabled"] = _cfg(run, "parallelism.balance.enabled") is True  # the straggler's fix depends on it
     phase_tot: dict[str, float] = {}
     cpu_tot: dict[str, float] = {}
     for r in main:

@@ -137,8 +137,13 @@ def straggler(s: dict) -> dict | None:
     r = got["rank"]
     got["gain"] = step_gain(s.get("step_time_s"), got.pop("_excess_s", None),
                             f"rank {r} computed as fast as the median rank (every rank waits for it)")
-    got["fix"] = (f"parallelism.balance.enabled=true (moves micro-batches off rank {r}); check rank {r}'s host "
-                  "load, clocks and temperature (samples.jsonl)")
+    if s.get("balance_enabled"):  # already on: suggesting it again was the fix users got
+        got["fix"] = (f"the balancer is on (parallelism.balance.enabled=true) and rank {r} is still slower: check "
+                      f"rank {r}'s host load, clocks and temperature (samples.jsonl); a lower "
+                      "parallelism.balance.min_share lets it move more of the batch off that rank")
+    else:
+        got["fix"] = (f"parallelism.balance.enabled=true (moves micro-batches off rank {r}); check rank {r}'s host "
+                      "load, clocks and temperature (samples.jsonl)")
     return got
 
 
