@@ -1,7 +1,7 @@
 """Evidence from profiler traces, in the shape the diagnosis rules read (the same keys as a run's).
 
-:func:`read_traces` analyses each trace file of a PATH (``trainperf.trace.analyze_file``: streamed,
-torch-free), gives each its rank (:mod:`trainperf.trace.ranks`) and computes the figures across ranks.
+:func:`trainperf.trace.ranks.read_traces` analyses each trace file of a PATH (streamed, torch-free), gives each
+its rank and computes the figures across ranks.
 :func:`evidence` turns one rank's figures into the evidence dict of :mod:`trainperf.monitor.diagnose`:
 
 * ``phase_fractions`` / ``phase_mean_s``: ``data`` = the DataLoader share of the step (the TensorBoard
@@ -16,54 +16,13 @@ torch-free), gives each its rank (:mod:`trainperf.trace.ranks`) and computes the
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from trainperf.errors import UserError
-from trainperf.trace.ranks import across_ranks, assign_ranks
+from trainperf.trace.ranks import read_traces  # noqa: F401  (moved to trainperf.trace.ranks)
 
 
 def _f(v) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
-
-
-def read_traces(files: list[Path], *, top_n: int = 10, patterns: list[str] | None = None,
-                progress: Callable[[int], None] | None = None) -> tuple[list[dict], dict]:
-    """(each rank's analysis, in rank order, with "rank" and "rank_from"; the figures across ranks). Among
-    several files, one that is valid JSON but no profiler trace (an execution trace, a config next to the
-    traces) is skipped and listed in the figures across ranks (``skipped``); a broken trace is an error."""
-    from trainperf.trace import analyze_file
-    from trainperf.trace.reader import NotATrace
-
-    results, skipped = [], []
-    done = 0  # bytes of the files read so far: ``progress`` gets a running total over every file
-    for p in files:
-        cb = (lambda n, base=done: progress(base + n)) if progress else None
-        try:
-            res = analyze_file(p, patterns=patterns, top_n=top_n, progress=cb)
-        except NotATrace as exc:
-            if len(files) == 1:
-                raise
-            skipped.append({"path": str(p), "why": exc.what})
-            continue
-        finally:
-            done += p.stat().st_size
-            if progress:
-                progress(done)
-        res["path"] = str(p)
-        results.append(res)
-    if not results:
-        each = "; ".join(f"{Path(x['path']).name} {x['why']}" for x in skipped[:5])
-        raise UserError(f"{files[0].parent}: none of its {len(files)} JSON files is a profiler trace ({each}). "
-                        "Pass a directory of torch.profiler traces (one per rank), or one trace file")
-    got = assign_ranks([Path(r["path"]) for r in results], [r.get("distributed_info") for r in results])
-    for res, (rank, how) in zip(results, got):
-        res["rank"], res["rank_from"] = rank, how
-    results.sort(key=lambda r: r["rank"])
-    across = across_ranks(results)
-    if skipped:
-        across["skipped"] = skipped
-    return results, across
 
 
 def public(res: dict) -> dict:

@@ -34,7 +34,7 @@ from __future__ import annotations
 import re
 import statistics
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from trainperf.errors import UserError
 
@@ -341,5 +341,45 @@ def straggler(per: list[dict]) -> dict | None:
             "others_wait_us_per_step": statistics.median(others_wait) if others_wait else None}
 
 
-__all__ = ["across_ranks", "aside", "assign_ranks", "comm_waits", "discover", "rank_from_name", "straggler",
+# ---------------------------------------------------------------------------- reading a job
+def read_traces(files: list[Path], *, top_n: int = 10, patterns: list[str] | None = None,
+                progress: Callable[[int], None] | None = None) -> tuple[list[dict], dict]:
+    """(each rank's analysis, in rank order, with "rank" and "rank_from"; the figures across ranks). Among
+    several files, one that is valid JSON but no profiler trace (an execution trace, a config next to the
+    traces) is skipped and listed in the figures across ranks (``skipped``); a broken trace is an error."""
+    from trainperf.trace.analyze import analyze_file
+    from trainperf.trace.reader import NotATrace
+
+    results, skipped = [], []
+    done = 0  # bytes of the files read so far: ``progress`` gets a running total over every file
+    for p in files:
+        cb = (lambda n, base=done: progress(base + n)) if progress else None
+        try:
+            res = analyze_file(p, patterns=patterns, top_n=top_n, progress=cb)
+        except NotATrace as exc:
+            if len(files) == 1:
+                raise
+            skipped.append({"path": str(p), "why": exc.what})
+            continue
+        finally:
+            done += p.stat().st_size
+            if progress:
+                progress(done)
+        res["path"] = str(p)
+        results.append(res)
+    if not results:
+        each = "; ".join(f"{Path(x['path']).name} {x['why']}" for x in skipped[:5])
+        raise UserError(f"{files[0].parent}: none of its {len(files)} JSON files is a profiler trace ({each}). "
+                        "Pass a directory of torch.profiler traces (one per rank), or one trace file")
+    got = assign_ranks([Path(r["path"]) for r in results], [r.get("distributed_info") for r in results])
+    for res, (rank, how) in zip(results, got):
+        res["rank"], res["rank_from"] = rank, how
+    results.sort(key=lambda r: r["rank"])
+    across = across_ranks(results)
+    if skipped:
+        across["skipped"] = skipped
+    return results, across
+
+
+__all__ = ["across_ranks", "read_traces", "aside", "assign_ranks", "comm_waits", "discover", "rank_from_name", "straggler",
            "COMPUTE_DEFINITION", "CPU_COMPUTE_DEFINITION", "STRAGGLER_RATIO", "WAIT_DEFINITION"]
