@@ -1,11 +1,9 @@
 """Names a package hands on without importing them (PEP 562): importing ``trainperf`` (or one of its
-packages) loads no torch until a name that needs it is used. :func:`moved_names` does the same for the
-names a module held before they moved to their own place, for one release, with a DeprecationWarning."""
+packages) loads no torch until a name that needs it is used."""
 
 from __future__ import annotations
 
 import importlib
-import warnings
 
 
 def lazy_names(package: str, namespace: dict, table: dict[str, tuple[str, str]]):
@@ -23,18 +21,19 @@ def lazy_names(package: str, namespace: dict, table: dict[str, tuple[str, str]])
     return __getattr__
 
 
-def moved_names(module: str, table: dict[str, str], *, removed_in: str):
-    """The module ``__getattr__`` of an old import path: ``table`` maps each name that left ``module`` to the
-    module that holds it now. ``from module import name`` keeps working (imported from its new place on use,
-    so the old path imports nothing above it) and warns (DeprecationWarning) with the new path, which the
-    old one stops offering in release ``removed_in``. tests/unit/test_imports.py reads these tables: each
-    is an import of the old module, listed apart from the layers' own."""
+def moved_names(old: str, new: str | dict[str, str], names=None):
+    """The ``__getattr__`` of a module whose names moved: ``new`` is the module they moved to (``names``:
+    which), or a table name -> new module. Each use warns (DeprecationWarning) and hands on the new object;
+    the old path is kept for one release."""
+    table = dict(new) if isinstance(new, dict) else {n: new for n in names or ()}
 
     def __getattr__(name: str):
         if name in table:
-            warnings.warn(f"{module}.{name} moved to {table[name]}.{name}; import it from there "
-                          f"({module} stops offering it in trainperf {removed_in})", DeprecationWarning, stacklevel=2)
+            import warnings
+
+            warnings.warn(f"{old}.{name} moved to {table[name]}.{name}; the old path goes in the next release",
+                          DeprecationWarning, stacklevel=2)
             return getattr(importlib.import_module(table[name]), name)
-        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        raise AttributeError(f"module {old!r} has no attribute {name!r}")
 
     return __getattr__

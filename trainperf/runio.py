@@ -86,6 +86,25 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     return path
 
 
+def ensure_dir(path, what: str) -> None:
+    """Check that the output directory ``path`` (``what``: the flag or field naming it) can be created and
+    written, without creating it (a command refused later for another reason leaves nothing behind); raise
+    a UserError that says why not: a file in the way, a file above it, no permission (never an OSError
+    traceback later)."""
+    if path is None:
+        return
+    p = Path(path).absolute()
+    if p.exists() and not p.is_dir():
+        raise UserError(f"{what} {str(path)!r} is a file, not a directory; choose a directory path")
+    probe = p
+    while not probe.exists():  # the nearest existing ancestor decides
+        probe = probe.parent
+    if not probe.is_dir():
+        raise UserError(f"{what} {str(path)!r} cannot be created ({probe} is a file); choose a directory path")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise UserError(f"{what} {str(path)!r} is not writable by this user ({probe}); choose a writable directory")
+
+
 def _nan_as_none(_constant: str) -> None:
     return None
 
@@ -259,22 +278,3 @@ def previous_name(name: str) -> str:
     """``summary.json`` -> ``summary.previous.json``: where a run directory keeps another run's records."""
     stem, dot, ext = name.partition(".")
     return f"{stem}.previous{dot}{ext}"
-
-
-def ensure_dir(path, what: str) -> None:
-    """Check that the output directory ``path`` (``what``: the flag or field naming it) can be created and
-    written, without creating it (a command refused later for another reason leaves nothing behind); raise
-    a UserError that says why not: a file in the way, a file above it, no permission (never an OSError
-    traceback later)."""
-    if path is None:
-        return
-    p = Path(path).absolute()
-    if p.exists() and not p.is_dir():
-        raise UserError(f"{what} {str(path)!r} is a file, not a directory; choose a directory path")
-    probe = p
-    while not probe.exists():  # the nearest existing ancestor decides
-        probe = probe.parent
-    if not probe.is_dir():
-        raise UserError(f"{what} {str(path)!r} cannot be created ({probe} is a file); choose a directory path")
-    if not os.access(probe, os.W_OK | os.X_OK):
-        raise UserError(f"{what} {str(path)!r} is not writable by this user ({probe}); choose a writable directory")

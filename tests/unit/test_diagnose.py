@@ -13,7 +13,7 @@ import pytest
 from tests.conftest import TINY
 from trainperf.cli import main
 from trainperf.config import load_config
-from trainperf.config.resolve import resolve
+from trainperf.train.resolve import resolve
 from trainperf.monitor.diagnose import RULES, diagnose, format_findings, rules_markdown
 from trainperf.train.build import build_trainer
 from trainperf.train.run import fit

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainperf.distributed import harness as H
+from trainperf.bench import harness as H
 from trainperf.distributed.parallelize import is_oom
 from trainperf.train.knobs import Knobs, from_environ
 

@@ -27,7 +27,7 @@ RUN_CHARTS = {"loss", "throughput", "phases", "utilization", "ranks", "memory"}
 
 def tiny_run(d: Path, *overrides: str) -> Path:
     from trainperf.config import load_config
-    from trainperf.config.resolve import resolve
+    from trainperf.train.resolve import resolve
     from trainperf.train.build import build_trainer
     from trainperf.train.run import fit
 

@@ -190,7 +190,7 @@ sys.path.insert(0, {root!r})
 {side}
 from tests.conftest import TINY
 from trainperf.config import load_config
-from trainperf.config.resolve import resolve
+from trainperf.train.resolve import resolve
 from trainperf.train.build import build_trainer
 from trainperf.train.run import fit
 cfg = load_config(None, TINY + ["data.source=synthetic", "run.steps=1000000", "run.log_every=1000000",

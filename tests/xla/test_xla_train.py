@@ -13,7 +13,7 @@ import torch
 
 from tests.conftest import ROOT, TINY
 from trainperf.config import load_config
-from trainperf.config.resolve import resolve
+from trainperf.train.resolve import resolve
 from trainperf.monitor.diagnose import diagnose
 from trainperf.train.checkpoint import CheckpointManager
 from trainperf.train.build import build_trainer

@@ -7,7 +7,7 @@ from typing import Any
 
 from trainperf.lazy import moved_names
 
-__getattr__ = moved_names(__name__, {"ensure_dir": "trainperf.runio"}, removed_in="0.2.0")
+__getattr__ = moved_names(__name__, {"ensure_dir": "trainperf.runio"})
 
 
 def whole(minimum: int = 1, maximum: int = 2**53):

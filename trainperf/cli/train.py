@@ -101,7 +101,7 @@ def _train(args) -> int:
     import os
 
     from trainperf.config import load_config
-    from trainperf.config.resolve import resolve
+    from trainperf.train.resolve import resolve
     from trainperf.memory import preflight
     from trainperf.train.build import train
     from trainperf.train.knobs import from_environ
