@@ -1,7 +1,7 @@
 """Which JSON parser reads a profiler trace: parse-only time and peak memory of each candidate, side by side.
 
     python benchmarks/trace_parsers.py [--events 1200000] [--kind a100_ddp] [--repeat 1] [--workdir DIR]
-                                       [--peer-python /work/peers/venv/bin/python] [--no-hta] [--json OUT]
+                                       [--peer-python PEERS/bin/python] [--no-hta] [--json OUT]
 
 Makes one generated trace of about ``--events`` events (``make_trace(kind, steps=50)`` repeated by
 ``trainperf.trace.synth.repeat`` with shifted timestamps and ids) in both layouts, gzipped: ``lines`` (one
@@ -97,7 +97,8 @@ def main(argv=None) -> int:
     ap.add_argument("--kind", default="a100_ddp")
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--workdir", default=None)
-    ap.add_argument("--peer-python", default="/work/peers/venv/bin/python")
+    ap.add_argument("--peer-python", default=None,
+                    help="an interpreter holding the candidates trainperf does not install (HTA, orjson, ijson)")
     ap.add_argument("--no-hta", action="store_true")
     ap.add_argument("--layouts", default="single,lines")
     ap.add_argument("--json", default=None)

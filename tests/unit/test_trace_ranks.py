@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.unit.trace_factory import base_rank, comm_rows, read_json
-from tests.unit.trace_fixtures import missing, real_trace
+from tests.unit.trace_fixtures import real_trace
 from trainperf.errors import UserError
 from trainperf.trace import synth
 from trainperf.trace.ranks import across_ranks, assign_ranks, comm_waits, discover, rank_from_name
@@ -118,7 +118,6 @@ def test_generated_ranks_from_a_generated_rank_have_known_waits(tmp_path):
     assert comm_waits(rows)["by"] == ["stream order"]
 
 
-@pytest.mark.skipif(real_trace(HTA_A100) is None, reason=missing(HTA_A100))
 def test_generated_ranks_from_a_real_a100_rank_have_known_waits(tmp_path):
     truth = _check_generated(real_trace(HTA_A100), tmp_path / "mr", world=4, straggler=1, slowdown=1.3)
     assert truth["comm_kernels"] == 21 and truth["steps"] == 3
