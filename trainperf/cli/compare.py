@@ -16,7 +16,7 @@ def register(subparsers) -> None:
 def run(args) -> int:
     import sys
 
-    from trainperf.monitor.compare import compare_json, compare_text
+    from trainperf.diagnosis.compare import compare_json, compare_text
     from trainperf.runio import dumps_strict
 
     if not args.json:

@@ -109,7 +109,7 @@ def run(args) -> int:
         print(f"report: {result['html']} ({len(result['charts'])} charts"
               + (f"; no data for {', '.join(result['skipped'])}" if result["skipped"] else "") + ")")
         if result.get("known") is not None:  # a run killed before its first step record: what it left
-            from trainperf.monitor.diagnose import known_lines
+            from trainperf.diagnosis.text import known_lines
 
             print("\n".join(known_lines(result)))
     return 0
@@ -121,14 +121,15 @@ def _build(args) -> dict:
     if len(args.run_dirs) == 1:
         from trainperf.trace.ranks import discover
 
-        if discover(args.run_dirs[0])["kind"] == "run":
-            from trainperf.monitor.report import build_report
+        found = discover(args.run_dirs[0])  # looked at once, handed on
+        if found["kind"] == "run":
+            from trainperf.diagnosis.report import build_report
 
-            result = build_report(args.run_dirs[0], args.out)
+            result = build_report(args.run_dirs[0], args.out, found=found)
         else:
-            from trainperf.monitor.trace_report import build_trace_report
+            from trainperf.diagnosis.trace_report import build_trace_report
 
-            result = build_trace_report(args.run_dirs[0], args.out, top_n=args.top,
+            result = build_trace_report(args.run_dirs[0], args.out, found=found, top_n=args.top,
                                         patterns=args.comm_patterns or None)
     else:
         from trainperf.trace.ranks import discover
@@ -138,7 +139,7 @@ def _build(args) -> dict:
                 raise UserError(f"{p} is a trace (or a directory of traces), not a run directory: with several paths "
                                 "`trainperf report` puts runs side by side; write one trace report per path "
                                 f"(`trainperf report {p}`), or give a directory holding each rank's trace")
-        from trainperf.monitor.compare import build_compare_report
+        from trainperf.diagnosis.compare import build_compare_report
 
         result = build_compare_report(args.run_dirs, args.out)
     return result
