@@ -134,11 +134,17 @@ def _build(args) -> dict:
     else:
         from trainperf.trace.ranks import discover
 
+        kinds = [discover(p)["kind"] if os.path.exists(p) else None for p in args.run_dirs]
+        if len(args.run_dirs) == 2 and None not in kinds and "run" not in kinds:  # two profiles: A against B
+            from trainperf.diagnosis.trace_compare import build_profiles_report
+
+            return build_profiles_report(*args.run_dirs, args.out, patterns=args.comm_patterns or None)
         for p in args.run_dirs:
             if os.path.exists(p) and discover(p)["kind"] != "run":
                 raise UserError(f"{p} is a trace (or a directory of traces), not a run directory: with several paths "
-                                "`trainperf report` puts runs side by side; write one trace report per path "
-                                f"(`trainperf report {p}`), or give a directory holding each rank's trace")
+                                "`trainperf report` puts runs side by side, or two profiles (A B) against each other; "
+                                f"write one trace report per path (`trainperf report {p}`), give two profiles, or a "
+                                "directory holding each rank's trace")
         from trainperf.diagnosis.compare import build_compare_report
 
         result = build_compare_report(args.run_dirs, args.out)
