@@ -69,24 +69,31 @@ def _ms(us) -> str:
     return f"{us / 1000:.2f} ms" if isinstance(us, (int, float)) else "-"
 
 
+GPU_COLUMNS = (("gpu_utilization_pct", "GPU utilization"), ("sm_efficiency_pct", "est. SM efficiency"),
+               ("achieved_occupancy_pct", "est. achieved occupancy"), ("tensor_core_kernel_pct", "tensor-core kernel time"),
+               ("comm_compute_overlap_pct", "comm/compute overlap"))
+
+
 def rank_table(traces: list[dict]) -> str:
-    header = ["figure"] + _labels(traces)
-    rows = [["file"] + [Path(str(t.get("path"))).name for t in traces],
-            ["device"] + [str((t.get("device_info") or {}).get("name") if isinstance(t.get("device_info"), dict)
-                              else t.get("device") or "CPU only") for t in traces],
-            ["profiler steps"] + [str(t.get("steps") or "none: the whole trace") for t in traces],
-            ["step time"] + [_ms(t.get("step_time_us")) for t in traces]]
-    rows += [[f"{k} % of step"] + [_p((t.get("step_breakdown_pct") or {}).get(k)) for t in traces] for k in BREAKDOWN]
-    for key, label in (("gpu_utilization_pct", "GPU utilization"), ("sm_efficiency_pct", "est. SM efficiency"),
-                       ("achieved_occupancy_pct", "est. achieved occupancy"),
-                       ("tensor_core_kernel_pct", "tensor-core kernel time"),
-                       ("comm_compute_overlap_pct", "comm/compute overlap")):
-        rows.append([label] + [_p(t.get(key)) for t in traces])
-    for part in ("compute", "non_compute", "idle"):
-        rows.append([f"temporal {part}"] + [_p((t.get("temporal_pct") or {}).get(part)) for t in traces])
-    for part in ("host_wait", "kernel_wait", "other"):
-        rows.append([f"idle: {part}"] + [_p((t.get("idle_pct") or {}).get(part)) for t in traces])
-    return C.table(rows, header)
+    """Each rank's figures, one rank per row (a job of 256 ranks reads down, never sideways): the step and its
+    breakdown, then the GPU's figures and HTA's temporal and idle breakdowns."""
+    step = C.table([[str(t.get("rank")), Path(str(t.get("path"))).name,
+                     str((t.get("device_info") or {}).get("name") if isinstance(t.get("device_info"), dict)
+                         else t.get("device") or "CPU only"),
+                     str(t.get("steps") or "none: the whole trace"), _ms(t.get("step_time_us"))]
+                    + [_p((t.get("step_breakdown_pct") or {}).get(k)) for k in BREAKDOWN] for t in traces],
+                   ["rank", "file", "device", "profiler steps", "step time"] + [f"{k} %" for k in BREAKDOWN],
+                   num_cols=range(4, 5 + len(BREAKDOWN)))
+    gpu = C.table([[str(t.get("rank"))] + [_p(t.get(key)) for key, _ in GPU_COLUMNS]
+                   + [_p((t.get("temporal_pct") or {}).get(k)) for k in ("compute", "non_compute", "idle")]
+                   + [_p((t.get("idle_pct") or {}).get(k)) for k in ("host_wait", "kernel_wait", "other")]
+                   for t in traces],
+                  ["rank"] + [label for _, label in GPU_COLUMNS]
+                  + [f"temporal {k}" for k in ("compute", "non_compute", "idle")]
+                  + [f"idle: {k}" for k in ("host_wait", "kernel_wait", "other")],
+                  num_cols=range(1, 12))
+    return (f"<h3>The step, per rank (% of the step time)</h3>{step}"
+            f"<h3>The GPU, per rank (HTA's temporal and idle breakdowns, % of the GPU timeline)</h3>{gpu}")
 
 
 def trace_section(result: dict) -> tuple[str, list[tuple[str, str | None]]]:
