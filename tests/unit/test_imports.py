@@ -271,14 +271,14 @@ def test_the_walker_sees_imports_inside_functions_and_tables_of_names_loaded_on_
         "config/schema.py": "class Config: ...\n", "cli/__init__.py": "def go(): ...\n", "lazy.py": "",
         "runio.py": ("from trainperf.lazy import moved_names\n"
                      "__getattr__ = moved_names(__name__, 'trainperf.cli', ('go',))\n"),
-        "limits.py": ("from trainperf.lazy import moved_names\n_MOVED = {'go': 'trainperf.cli'}\n"
-                      "_moved = moved_names('trainperf.limits', _MOVED)\n"),
+        "data.py": ("from trainperf.lazy import moved_names\n_MOVED = {'go': 'trainperf.cli'}\n"
+                    "_moved = moved_names('trainperf.data', _MOVED)\n"),
     })
     got = {(e.src, e.dst, e.kind, e.where) for e in edges(pkg)}
     assert ("trainperf.errors", "trainperf.config.schema", "import", "f()") in got
     assert ("trainperf.config", "trainperf.cli", "lazy", "module level") in got
     assert ("trainperf.runio", "trainperf.cli", "moved", "module level") in got
-    assert ("trainperf.limits", "trainperf.cli", "moved", "module level") in got
+    assert ("trainperf.data", "trainperf.cli", "moved", "module level") in got
     up = {(e.src, e.dst) for e in upward(edges(pkg))}
     assert up == {("trainperf.errors", "trainperf.config.schema"), ("trainperf.config", "trainperf.cli")}
     assert "trainperf.cli" not in module_graph(pkg)["trainperf.runio"]  # a moved name loads only when used
