@@ -33,7 +33,7 @@ import numpy as np
 from trainperf.trace.blame import DEFINITION as BLAME_DEFINITION
 from trainperf.trace.blame import LATE_MIN_US, Ledger
 from trainperf.trace.clocks import METHOD, estimate_offsets
-from trainperf.trace.collectives import CAUSES, from_rows
+from trainperf.trace.collectives import CAUSES, compact, from_rows
 
 STRAGGLER_RATIO = 1.15  # as the run-directory straggler rule (monitor/rules_runtime.py)
 STRAGGLER_MIN_GAP_US = 1000.0
@@ -65,7 +65,7 @@ def _mean(xs) -> float | None:
 def as_table(c: Any) -> dict:
     """A rank's ``_comm``: the columnar table, or the older list of rows, or nothing."""
     if isinstance(c, dict) and "ts" in c:
-        return c
+        return compact(c)
     return from_rows(c if isinstance(c, (list, tuple)) else [])
 
 

@@ -1,6 +1,7 @@
 """What one rank's analysis keeps of each collective for the figures across ranks (``analyze_timeline``'s
-``_comm``): one small columnar table, so that 256 ranks' worth travels from the worker processes and sits in
-memory as a few numpy arrays, not a Python list per kernel.
+``_comm``): one small columnar table. ``analyze_timeline`` returns it as plain lists (strict JSON, like the rest
+of its result); :func:`compact` turns it into numpy arrays (~100 bytes per collective instead of ~700), which is
+how :func:`trainperf.trace.job.read_traces` keeps 256 ranks' worth in memory.
 
 Per collective (a communication kernel; on a CPU-only trace a ``gloo:*`` / ``nccl:*`` CPU op), in time order:
 its start (``ts``, the trace's own clock, in us) and duration, stream, profiler step (index of the analysed
@@ -176,6 +177,26 @@ def table(ts, dur, stream, step, name: list, coll: list, pg: list) -> dict[str, 
             "cause_names": list(CAUSES), "attribution": None}
 
 
+_NUMERIC = {"ts": np.float64, "dur": np.float64, "stream": np.int64, "step": np.int32, "name": np.int32,
+            "coll": np.int32, "pg": np.int32, "seq": np.int32, "win": np.float64, "causes": np.float32}
+
+
+def compact(t: Any) -> Any:
+    """The table with numpy columns (in place; a table already compact, or not a table, is returned as is)."""
+    if isinstance(t, dict) and "ts" in t:
+        for k, dt in _NUMERIC.items():
+            if k in t and not isinstance(t[k], np.ndarray):
+                t[k] = np.asarray(t[k], dtype=dt)
+        if t["causes"].ndim != 2:
+            t["causes"] = t["causes"].reshape(len(t["ts"]), len(CAUSES))
+    return t
+
+
+def plain(t: dict) -> dict:
+    """The table with list columns (strict JSON, comparable with ==)."""
+    return {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in t.items()}
+
+
 def from_rows(rows: list) -> dict[str, Any]:
     """The table from the older list form ``[ts, dur, stream, name, step, collective, process group]``."""
     rows = [r for r in rows if isinstance(r, (list, tuple)) and len(r) >= 4]
@@ -188,8 +209,8 @@ def from_rows(rows: list) -> dict[str, Any]:
 
 
 def collectives(tl: Timeline, kind: np.ndarray | None, lo: np.ndarray, hi: np.ndarray) -> dict[str, Any]:
-    """One rank's table (module docstring): its communication kernels, or on a CPU-only trace its collective
-    CPU ops, with each window's causes. ``kind``: each GPU event's class (``figures.classify``); ``lo``/``hi``:
+    """One rank's table (module docstring), as plain lists: its communication kernels, or on a CPU-only trace
+    its collective CPU ops, with each window's causes. ``kind``: each GPU event's class (``figures.classify``); ``lo``/``hi``:
     the analysed steps (trace-relative)."""
     if tl.g_ts.size:
         idx = np.flatnonzero((kind == 1) & (tl.g_kind == GPU_KERNEL))
@@ -204,7 +225,7 @@ def collectives(tl: Timeline, kind: np.ndarray | None, lo: np.ndarray, hi: np.nd
         t = table(ts + tl.base_us, [c[1] for c in ops], np.zeros(len(ops), dtype=np.int64), step_of(ts, lo, hi),
                   [c[2] for c in ops], [None] * len(ops), [None] * len(ops))
     if not t["ts"].size:
-        return t
+        return plain(t)
     rel = t["ts"] - tl.base_us
     k = t["step"]
     start = np.full(rel.size, float(tl.all_min) if np.isfinite(tl.all_min) else float(rel.min()))
@@ -212,8 +233,8 @@ def collectives(tl: Timeline, kind: np.ndarray | None, lo: np.ndarray, hi: np.nd
     w_lo = windows(rel, t["seq"], start)
     t["win"] = rel - w_lo
     t["causes"], t["attribution"] = attribute(tl, w_lo, rel, kind)
-    return t
+    return plain(t)
 
 
-__all__ = ["ALLOCATOR_CALLS", "CAUSES", "HOST_CAUSES", "attribute", "collectives", "fallback_attribute_windows",
-           "from_rows", "sequences", "table", "window_causes", "windows"]
+__all__ = ["ALLOCATOR_CALLS", "CAUSES", "HOST_CAUSES", "attribute", "collectives", "compact",
+           "fallback_attribute_windows", "from_rows", "plain", "sequences", "table", "window_causes", "windows"]

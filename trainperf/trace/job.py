@@ -62,6 +62,7 @@ def _init(q) -> None:
 def _one(i: int, path: str, top_n: int, patterns: list[str] | None) -> tuple[int, dict | None, str | None]:
     """In a worker: (file index, its result or None, why it is not a trace)."""
     from trainperf.trace.analyze import analyze_file
+    from trainperf.trace.collectives import compact
     from trainperf.trace.reader import NotATrace
 
     last = [0.0]
@@ -72,21 +73,25 @@ def _one(i: int, path: str, top_n: int, patterns: list[str] | None) -> tuple[int
             last[0] = now
             _PROGRESS.put((i, n))
     try:
-        return i, analyze_file(path, patterns=patterns, top_n=top_n,
-                               progress=report if _PROGRESS is not None else None), None
+        res = analyze_file(path, patterns=patterns, top_n=top_n, progress=report if _PROGRESS is not None else None)
+        res["_comm"] = compact(res.get("_comm"))  # numpy columns: what crosses the pipe and stays in the parent
+        return i, res, None
     except NotATrace as exc:
         return i, None, exc.what
 
 
 def _serial(files: list[Path], top_n: int, patterns, progress) -> list[tuple[dict | None, str | None]]:
     from trainperf.trace.analyze import analyze_file
+    from trainperf.trace.collectives import compact
     from trainperf.trace.reader import NotATrace
 
     out, done = [], 0  # done: bytes of the files read so far (``progress`` gets a running total)
     for p in files:
         cb = (lambda n, base=done: progress(base + n)) if progress else None
         try:
-            out.append((analyze_file(p, patterns=patterns, top_n=top_n, progress=cb), None))
+            res = analyze_file(p, patterns=patterns, top_n=top_n, progress=cb)
+            res["_comm"] = compact(res.get("_comm"))
+            out.append((res, None))
         except NotATrace as exc:
             if len(files) == 1:
                 raise
