@@ -132,7 +132,9 @@ def measure(tables: dict[int, dict], *, world: int | None = None, pg_sizes: dict
     for s in seqs:
         hs, rows = s["ranks"], s["rows"]
         size = (pg_sizes or {}).get(str(s["key"][1])) if s["key"][0] == "pg" else None
-        partial = bool((size or world or 0) > len(hs))
+        if not size or size < len(hs):  # no size recorded, or one the traces contradict: the job's
+            size = world
+        partial = bool((size or 0) > len(hs))
         partial_any |= partial
         arr = np.stack([tables[r]["ts"][rows[i]] - off[idx[r]] for i, r in enumerate(hs)])
         dur = np.stack([tables[r]["dur"][rows[i]] for i, r in enumerate(hs)])

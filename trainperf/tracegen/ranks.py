@@ -397,6 +397,9 @@ def make_job(src: str | Path, out_dir: str | Path, *, world: int = 4, late: int 
         di = dict(m.get("distributedInfo") or {})
         di.update({"rank": rank, "world_size": world})
         di.setdefault("backend", "nccl")
+        if isinstance(di.get("pg_config"), list):  # every process group of the source spans the new job
+            di["pg_config"] = [dict(g, pg_size=world, ranks=list(range(world))) if isinstance(g, dict) else g
+                               for g in di["pg_config"]]
         m["distributedInfo"] = di
         write_trace(out / name.format(rank=rank), m, _emit(late_ev if rank == late else follower, offsets[rank],
                                                            jitter), layout=layout)
