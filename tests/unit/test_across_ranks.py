@@ -211,3 +211,16 @@ def test_window_causes_partition_the_window_gpu_work_then_the_host_then_communic
     assert row["cpu_op"] == pytest.approx(300 - 50 - 10) and row["sync"] == pytest.approx(50)
     assert row["communication"] == pytest.approx(50) and row["untraced"] == pytest.approx(100)
     assert dict(zip(CAUSES, got[1]))["compute"] == pytest.approx(100)
+
+
+def test_ends_that_do_not_line_up_are_said_and_raise_the_late_threshold():
+    """Send/recv with peers not in the traces does not end together: a clock fit 1 ms off is said, and
+    arrivals closer than 3x that are not called late."""
+    rng = np.random.default_rng(2)
+    tabs = {}
+    for r in range(2):
+        starts = np.arange(8) * 10_000.0 + (500.0 if r else 0.0)
+        tabs[r] = _tab(starts, rng.uniform(1000.0, 3000.0, size=8))
+    out = across_ranks([_result(r, tabs[r]) for r in range(2)])
+    assert out["clocks"]["residual_us"] > 50 and out["late_threshold_us"] == pytest.approx(3 * out["clocks"]["residual_us"])
+    assert any("ends disagree" in n for n in out["notes"])

@@ -5,8 +5,8 @@ Each tool runs as a whole process on the same PATH (a trace file, or a directory
 
 * trainperf: ``python -m trainperf diagnose PATH --json`` (reading, every figure, the rules);
 * HTA: ``TraceAnalysis(trace_dir)`` (load) + ``get_temporal_breakdown`` + ``get_idle_time_breakdown``:
-  the work the speed claim is about. A single file is given to HTA as a temporary directory holding a
-  link to it. Once more, untimed against the claim, HTA's ``get_comm_comp_overlap`` and
+  the work the speed claim is about. A single file, or a directory holding other JSON beside the traces,
+  is given to HTA as a temporary directory of links to the trace files trainperf reads. Once more, untimed against the claim, HTA's ``get_comm_comp_overlap`` and
   ``get_gpu_kernel_breakdown`` for the figures that compare.
 
 Per tool: wall time (median over the repeats, and each run), CPU time (its worker processes included), peak
@@ -188,12 +188,17 @@ def _hta_json(stdout: str) -> dict | None:
     return None
 
 
-def _hta_dir(path: Path, tmp: Path) -> Path:
-    if path.is_dir():
+def _hta_dir(path: Path, tmp: Path, files: list[Path]) -> Path:
+    """The directory HTA is given: PATH when it holds the trace files and nothing else HTA would read (it
+    parses every .json / .json.gz there: a truth.json or a config beside the traces stops it); else a
+    temporary directory of links to the same trace files trainperf reads."""
+    if path.is_dir() and {p.resolve() for p in path.iterdir() if p.name.endswith((".json", ".json.gz"))} == \
+            {f.resolve() for f in files}:
         return path
     d = tmp / "hta_traces"
     d.mkdir()
-    (d / path.name).symlink_to(path.resolve())
+    for f in files:
+        (d / f.name).symlink_to(f.resolve())
     return d
 
 
@@ -251,7 +256,7 @@ def bench_traces(path: str | Path, *, repeat: int = 1, hta_python: str | None = 
     extra: dict | None = None
     notes = []
     with tempfile.TemporaryDirectory(prefix="bench-traces-") as tmp:
-        hdir = _hta_dir(path, Path(tmp)) if py else None
+        hdir = _hta_dir(path, Path(tmp), files) if py else None
         for _ in range(repeat):
             r = run_child(tp_argv, env=env, timeout=timeout)
             if r["rc"] != 0:

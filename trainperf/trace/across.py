@@ -37,6 +37,7 @@ from trainperf.trace.collectives import CAUSES, compact, from_rows
 
 STRAGGLER_RATIO = 1.15  # as the run-directory straggler rule (monitor/rules_runtime.py)
 STRAGGLER_MIN_GAP_US = 1000.0
+RESIDUAL_NOTE_US = 50.0  # a clock fit worse than this (median) is said in the notes
 COMPUTE_DEFINITION = "GPU time in non-communication kernels per step"
 CPU_COMPUTE_DEFINITION = ("step time less exposed communication: on CPU-only traces, the time the rank was not waiting "
                           "in a gloo/nccl collective")
@@ -247,6 +248,13 @@ def across_ranks(results: list[dict]) -> dict[str, Any]:
                                  if isinstance(res.get("_comm"), dict) and res["_comm"].get("attribution")), None)}
     if got["partial"]:
         out["notes"] = out["notes"] + [PARTIAL_NOTE]
+    resid = got["clocks"]["residual_us"]
+    if resid is not None and resid > RESIDUAL_NOTE_US:
+        out["notes"] = out["notes"] + [
+            f"the matched collectives' ends disagree by {resid / 1000:.2f} ms (median, after one clock offset per rank): "
+            "not collectives that end together (point-to-point send/recv with other peers, all-to-all of uneven "
+            "sizes) or clocks that drift during the trace; waits and late arrivals are uncertain by that much, and "
+            f"arrivals less than {got['threshold'] / 1000:.2f} ms apart are not called late"]
     return out
 
 
