@@ -255,3 +255,11 @@ def previous_name(name: str) -> str:
     """``summary.json`` -> ``summary.previous.json``: where a run directory keeps another run's records."""
     stem, dot, ext = name.partition(".")
     return f"{stem}.previous{dot}{ext}"
+
+
+def rank_of(path: Path) -> int:
+    """``metrics.jsonl`` -> 0, ``metrics.rank3.jsonl`` -> 3."""
+    for p in path.name.split("."):
+        if p.startswith("rank") and p[4:].isdigit():
+            return int(p[4:])
+    return 0

@@ -323,7 +323,7 @@ fit(tr, resume="never", verbose=False)
     assert [r["step"] for r in recs] == [1, 2, 3, 4]
     samples = (run_dir / "samples.jsonl").read_text().splitlines()
     assert "meta" in json.loads(samples[0])
-    from trainperf.monitor.diagnose import diagnose
+    from trainperf.diagnosis.engine import diagnose
 
     result = diagnose(run_dir)
     assert result["crashed"] and result["summary"]["steps_recorded"] == 4

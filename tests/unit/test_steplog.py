@@ -19,7 +19,7 @@ import torch
 
 from tests.conftest import ROOT, TINY, run_cli
 from trainperf.monitor import steplog
-from trainperf.monitor.rundir import load_run, merge_parts
+from trainperf.diagnosis.rundir import load_run, merge_parts
 from trainperf.monitor.sinks import JSONLSink
 from trainperf.runio import dumps_strict
 

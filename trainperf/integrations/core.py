@@ -424,7 +424,9 @@ class StepRecorder:
 
             write_json(self.run_dir / "summary.json", summary)  # strict JSON (NaN -> null), atomic
             if verbose:
-                self.mon.print_findings()
+                from trainperf.diagnosis.engine import print_findings
+
+                print_findings(self.run_dir)
         return summary
 
     def close(self) -> None:
