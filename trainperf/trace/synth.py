@@ -28,13 +28,13 @@ communication: ``trainperf.trace.classify_kernel`` when it is there, else a plai
 
 from __future__ import annotations
 
-import bisect
 import gzip
 import json
-import math
 import re
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Callable, Iterable, Iterator
+
+import msgspec
 
 _COMM_RE = re.compile(r"nccl|rccl|all_?to_?all|all_?gather|reduce_?scatter|all_?reduce|sendrecv|nvshmem|"
                       r"deep_?ep|dispatch|combine|notify", re.I)
@@ -64,7 +64,7 @@ def load_trace(path: str | Path) -> tuple[dict, list[dict]]:
     return d, events
 
 
-def _num(x: float) -> float | int:
+def num(x: float) -> float | int:
     if isinstance(x, float) and not x.is_integer():
         return round(x, 3)
     return int(x) if isinstance(x, float) and abs(x) < 2**53 else x
@@ -90,8 +90,9 @@ def write_trace(path: str | Path, meta: dict, events: Iterable[dict], *, layout:
         f.write('"traceEvents":[' + nl)
         first = True
         buf: list[str] = []
+        enc = msgspec.json.Encoder()  # 10x json.dumps; compact separators in both layouts
         for e in events:
-            buf.append(("" if first else "," + nl) + json.dumps(e, separators=sep))
+            buf.append(("" if first else "," + nl) + enc.encode(e).decode())
             first = False
             if len(buf) >= 4096:
                 f.write("".join(buf))
@@ -101,161 +102,20 @@ def write_trace(path: str | Path, meta: dict, events: Iterable[dict], *, layout:
     return p
 
 
-# ---------------------------------------------------------------------------- intervals
-def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    out: list[list[float]] = []
-    for s, e in sorted(intervals):
-        if out and s <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], e)
-        else:
-            out.append([s, e])
-    return [(s, e) for s, e in out]
-
-
-class _Covered:
-    """C(t): the length of a union of intervals that lies before t."""
-
-    def __init__(self, union: list[tuple[float, float]]):
-        self.starts = [s for s, _ in union]
-        self.ends = [e for _, e in union]
-        self.prefix = [0.0]
-        for s, e in union:
-            self.prefix.append(self.prefix[-1] + (e - s))
-
-    def __call__(self, t: float) -> float:
-        i = bisect.bisect_right(self.starts, t)  # intervals starting at or before t
-        if i == 0:
-            return 0.0
-        return self.prefix[i - 1] + min(t, self.ends[i - 1]) - self.starts[i - 1]
-
-    def within(self, a: float, b: float) -> float:
-        return self(b) - self(a)
-
-
-def _is_kernel(e: dict) -> bool:
-    return e.get("ph") == "X" and e.get("cat") in KERNEL_CATS and isinstance(e.get("dur"), (int, float))
-
-
-def _stream(e: dict) -> Any:
-    a = e.get("args") or {}
-    return a.get("stream", e.get("tid"))
-
-
-def _steps(events: list[dict]) -> list[tuple[float, float]]:
-    """Start and end of each profiler step (CPU-side spans), in time order."""
-    spans = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("ph") == "X"
-                   and e.get("cat") not in GPU_CATS and e.get("cat") != "gpu_user_annotation"
-                   and STEP_RE.match(str(e.get("name", ""))) and isinstance(e.get("dur"), (int, float)))
-    return spans
-
-
 # ---------------------------------------------------------------------------- several ranks
 def multi_rank(src: str | Path, out_dir: str | Path, *, world: int = 4, straggler: int = 2,
                slowdown: float = 1.3, is_comm: Callable[[str], bool] | None = None,
                name: str = "rank{rank}.pt.trace.json.gz", layout: str = "lines") -> dict:
-    """Write ``world`` ranks made from the one rank in ``src``; returns (and writes to truth.json) what a
-    reader should find. See the module docstring for the construction."""
+    """Write ``world`` ranks made from the one rank in ``src``, rank ``straggler`` slower in compute by
+    ``slowdown``; returns (and writes to truth.json) what a reader should find. The construction is
+    :func:`trainperf.tracegen.ranks.make_job` with ``cause="compute"`` (no DataLoader span added)."""
+    from trainperf.tracegen.ranks import make_job
+
     if world < 2 or not 0 <= straggler < world or slowdown < 1:
         raise ValueError(f"world={world}, straggler={straggler}, slowdown={slowdown}: need world >= 2, "
                          "0 <= straggler < world, slowdown >= 1")
-    is_comm = is_comm or default_is_comm
-    meta, events = load_trace(src)
-    out = Path(out_dir)
-    comm_ids = {i for i, e in enumerate(events) if _is_kernel(e) and is_comm(str(e.get("name", "")))}
-    compute = _union([(e["ts"], e["ts"] + e["dur"]) for i, e in enumerate(events)
-                      if _is_kernel(e) and i not in comm_ids and e["dur"] > 0])
-    cov = _Covered(compute)
-    k = slowdown - 1.0
-
-    def warp(t: float) -> float:
-        return t + k * cov(t)
-
-    steps = _steps(events)
-    starts = [s for s, _ in steps]
-
-    def step_of(t: float) -> int | None:
-        if not steps:
-            return 0
-        i = bisect.bisect_right(starts, t) - 1
-        return i if i >= 0 else None
-
-    shift = [warp(s) - s for s in starts] or [0.0]
-    base_compute = [cov.within(s, e) for s, e in steps] or [cov(math.inf)]
-    truth: dict[str, Any] = {"source": str(src), "world": world, "straggler": straggler, "slowdown": slowdown,
-                             "steps": len(steps) or 1, "comm_kernels": len(comm_ids), "ranks": {}}
-    order = sorted(comm_ids, key=lambda i: events[i]["ts"])
-    for rank in range(world):
-        slow = rank == straggler
-        waits: list[float] = []
-        waits_by_step = [0.0] * max(1, len(steps))
-        new_ts: dict[int, float] = {}  # event index -> its new start (kernels), for their flows
-        new_dur: dict[int, float] = {}
-        if slow:
-            for i, e in enumerate(events):
-                if "ts" not in e or not isinstance(e.get("ts"), (int, float)):
-                    continue
-                t0 = warp(e["ts"])
-                new_ts[i] = t0
-                if isinstance(e.get("dur"), (int, float)):
-                    new_dur[i] = e["dur"] if i in comm_ids else warp(e["ts"] + e["dur"]) - t0
-            waits = [0.0] * len(order)
-        else:
-            last_end: dict[Any, float] = {}
-            gpu = sorted((i for i, e in enumerate(events) if e.get("ph") == "X" and e.get("cat") in GPU_CATS
-                          and isinstance(e.get("dur"), (int, float))), key=lambda i: events[i]["ts"])
-            for i in gpu:
-                e = events[i]
-                st = step_of(e["ts"])
-                t0 = e["ts"] + (shift[st] if st is not None else 0.0)
-                t0 = max(t0, last_end.get(_stream(e), -math.inf))  # a stream runs one kernel at a time
-                if i in comm_ids:
-                    end = warp(e["ts"]) + e["dur"]  # when the slow rank's copy of it ends
-                    dur = max(e["dur"], end - t0)
-                    waits_by_step[st if st is not None else 0] += dur - e["dur"]
-                else:
-                    dur = e["dur"]
-                new_ts[i], new_dur[i] = t0, dur
-                last_end[_stream(e)] = t0 + dur
-            waits = [new_dur[i] - events[i]["dur"] for i in order]
-            for i, e in enumerate(events):
-                if i in new_ts or not isinstance(e.get("ts"), (int, float)):
-                    continue
-                if e.get("ph") == "X" and STEP_RE.match(str(e.get("name", ""))):
-                    new_ts[i] = warp(e["ts"])  # every rank's step spans end where the slow rank's do
-                    new_dur[i] = warp(e["ts"] + e["dur"]) - new_ts[i]
-                    continue
-                st = step_of(e["ts"])
-                new_ts[i] = e["ts"] + (shift[st] if st is not None else 0.0)
-        # flows into a moved kernel follow it (ac2g flows carry the kernel's correlation id)
-        corr_ts = {(events[i].get("args") or {}).get("correlation"): new_ts[i] for i in new_ts if _is_kernel(events[i])}
-        comp = [c * (slowdown if slow else 1.0) for c in base_compute]
-        truth["ranks"][rank] = {"compute_us_per_step": comp, "compute_us_mean": sum(comp) / len(comp),
-                                "wait_us_per_collective": waits, "wait_us_total": sum(waits),
-                                "wait_us_per_step": waits_by_step if not slow else [0.0] * len(waits_by_step),
-                                "wait_us_mean_per_step": (sum(waits) / len(waits_by_step)) if not slow else 0.0}
-
-        def gen(rank=rank, new_ts=new_ts, new_dur=new_dur, corr_ts=corr_ts) -> Iterator[dict]:
-            for i, e in enumerate(events):
-                if i not in new_ts:
-                    yield e
-                    continue
-                e2 = dict(e)
-                ts = new_ts[i]
-                if e.get("ph") == "f" and e.get("cat") in ("ac2g", "async") and e.get("id") in corr_ts:
-                    ts = corr_ts[e["id"]]
-                e2["ts"] = _num(ts)
-                if i in new_dur:
-                    e2["dur"] = _num(new_dur[i])
-                yield e2
-
-        m = dict(meta)
-        di = dict(m.get("distributedInfo") or {})
-        di.update({"rank": rank, "world_size": world})
-        di.setdefault("backend", "nccl")
-        m["distributedInfo"] = di
-        write_trace(out / name.format(rank=rank), m, gen(), layout=layout)
-    (out / "truth.json").write_text(json.dumps(truth, indent=1))
-    return truth
+    return make_job(src, out_dir, world=world, late=straggler, cause="compute", slowdown=slowdown, dataloader_us=0.0,
+                    is_comm=is_comm, name=name, layout=layout)
 
 
 # ---------------------------------------------------------------------------- a longer trace
@@ -299,7 +159,7 @@ def repeat(src: str | Path, out: str | Path, *, times: int = 16, layout: str = "
                     continue
                 e2 = dict(e)
                 if isinstance(e.get("ts"), (int, float)):
-                    e2["ts"] = _num(e["ts"] + c * span)
+                    e2["ts"] = num(e["ts"] + c * span)
                 if isinstance(e.get("id"), int) and not isinstance(e.get("id"), bool):
                     e2["id"] = e["id"] + c * (max_flow + 1) if e.get("cat") not in ("ac2g",) else e["id"] + c * id_off
                 m = STEP_RE.match(str(e.get("name", "")))
@@ -320,4 +180,4 @@ def repeat(src: str | Path, out: str | Path, *, times: int = 16, layout: str = "
     return {"path": str(p), "events": n, "steps": n_steps * times}
 
 
-__all__ = ["default_is_comm", "load_trace", "multi_rank", "repeat", "write_trace"]
+__all__ = ["default_is_comm", "load_trace", "multi_rank", "num", "repeat", "write_trace"]
