@@ -4,7 +4,7 @@
                                        [--peer-python PEERS/bin/python] [--no-hta] [--json OUT]
 
 Makes one generated trace of about ``--events`` events (``make_trace(kind, steps=50)`` repeated by
-``trainperf.trace.synth.repeat`` with shifted timestamps and ids) in both layouts, gzipped: ``lines`` (one
+``trainperf.tracegen.synth.repeat`` with shifted timestamps and ids) in both layouts, gzipped: ``lines`` (one
 event per line, as torch writes it) and ``single`` (one line, as tools re-save it). Then, on each file, each
 candidate runs in a process of its own, the candidates alternating within a repeat so that a change in the
 machine's load hits them alike:
@@ -75,8 +75,8 @@ def has(python: str, module: str | None) -> bool:
 
 
 def make_files(work: Path, events: int, kind: str) -> dict[str, tuple[Path, int]]:
-    from trainperf.trace import synth
-    from trainperf.trace.generate import make_trace
+    from trainperf.tracegen import synth
+    from trainperf.tracegen.generate import make_trace
 
     base = work / f"{kind}_50steps.json.gz"
     info = make_trace(base, kind=kind, steps=50, layout="lines", seed=11)

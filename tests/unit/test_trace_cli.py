@@ -20,7 +20,7 @@ from tests.conftest import ROOT
 from tests.unit.trace_factory import base_rank
 from tests.unit.trace_fixtures import real_trace
 from trainperf.cli import main
-from trainperf.trace import synth
+from trainperf.tracegen import ranks as tracegen_ranks
 
 A100 = "hta-data/tests/data/nccl_parser_config/nccl_data.json.gz"  # committed under tests/data/real
 TB0 = "tb-data/resnet50_num_workers_0/worker0.1623143089861.pt.trace.json.gz"  # committed
@@ -68,7 +68,7 @@ def test_diagnose_a_trace_prints_the_contract(rank_trace, capsys):
 
 
 def _straggler_case(src: Path, out_dir: Path, capsys, *, world: int, straggler: int, slowdown: float):
-    truth = synth.multi_rank(src, out_dir, world=world, straggler=straggler, slowdown=slowdown)
+    truth = tracegen_ranks.multi_rank(src, out_dir, world=world, straggler=straggler, slowdown=slowdown)
     out = diagnose_json(out_dir, capsys)
     assert [t["rank"] for t in out["traces"]] == list(range(world))
     st = out["ranks"]["straggler"]
@@ -213,7 +213,7 @@ def test_report_of_a_trace_and_of_a_directory_of_ranks(rank_trace, tmp_path, cap
     assert main(["report", str(rank_trace), "--out", str(tmp_path / "one.html"), "--json"]) == 0
     one = strict(capsys.readouterr().out)
     assert set(one["charts"]) == {"trace_breakdown", "trace_temporal"} and one["skipped"] == ["trace_ranks"]
-    synth.multi_rank(rank_trace, tmp_path / "mr", world=3, straggler=1, slowdown=1.4)
+    tracegen_ranks.multi_rank(rank_trace, tmp_path / "mr", world=3, straggler=1, slowdown=1.4)
     assert main(["report", str(tmp_path / "mr"), "--json"]) == 0
     many = strict(capsys.readouterr().out)
     html = Path(many["html"]).read_text()

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from trainperf.diagnosis.trace_compare import comparable, compare_profiles, family, format_profiles, speedup
-from trainperf.trace.generate import make_trace
+from trainperf.tracegen.generate import make_trace
 
 
 def _cli(*args, cwd=None):
@@ -76,7 +76,7 @@ def test_different_gpus_world_sizes_or_too_few_steps_are_refused_with_the_reason
 
 def test_the_finding_that_went_away_is_named(tmp_path):
     """A data-bound V100 job against the same V100 job without its DataLoader time: data_bound went away."""
-    from trainperf.trace.synth import load_trace, write_trace
+    from trainperf.tracegen.synth import load_trace, write_trace
 
     before = tmp_path / "before.json.gz"
     make_trace(before, kind="v100_18", steps=4, seed=3)

@@ -12,7 +12,7 @@ an artefact of its storage. The plugin's Kernel is compared as ``kernel + commun
 the time only communication kernels cover out of it (0.4.3 calls a kernel communication only when it was
 launched under an ``nccl:*`` op, which torch 2.x no longer records around most collectives).
 
-Generated traces (tests/data/traces, made by trainperf.trace.generate) and the real traces committed under
+Generated traces (tests/data/traces, made by trainperf.tracegen.generate) and the real traces committed under
 tests/data/real (every trace of HTA's tests and of the plugin's samples that the oracle file names and that
 their public repositories hold: A100 with NCCL, ns units, CPU only, no rank, ROCm, MTIA, sampled ranks,
 critical-path and trace-diff inputs, ResNet-50 on a V100, the plugin's GPU-metrics input) run everywhere, CI
@@ -32,7 +32,9 @@ import pytest
 
 from tests.unit.trace_fixtures import FIXTURES, OWN, REAL, ROOT, TRACES, oracles, real_trace
 from trainperf.errors import UserError
-from trainperf.trace import analyze_file, classify_kernel, is_tensor_core, make_trace, synth
+from trainperf.trace import analyze_file, classify_kernel, is_tensor_core
+from trainperf.tracegen import synth
+from trainperf.tracegen.generate import make_trace
 from trainperf.trace.hta import hta_type_name
 from trainperf.trace.reader import CHUNK, TraceReader, read_all, repair
 

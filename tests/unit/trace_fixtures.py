@@ -44,7 +44,7 @@ def real_trace(rel: str) -> Path:
 
 
 def write_fixtures(out: Path = TRACES) -> list[Path]:
-    from trainperf.trace.generate import make_trace
+    from trainperf.tracegen.generate import make_trace
 
     paths = []
     for name, kw in FIXTURES.items():

@@ -29,7 +29,8 @@ from trainperf.diagnosis.run_evidence import compute_summary, load_screened, run
 from trainperf.diagnosis.rundir import known_state
 from trainperf.diagnosis.screen import no_steps
 from trainperf.diagnosis.trace_evidence import evidence, headroom, public
-from trainperf.trace.ranks import aside, discover, read_traces
+from trainperf.trace.job import read_traces
+from trainperf.trace.ranks import aside, discover
 
 
 def _order(f: dict) -> tuple:
@@ -125,7 +126,7 @@ def _dedupe(items: list[dict]) -> list[dict]:
 
 
 def diagnose_results(results: list[dict], across: dict, rules: list[Rule] | None = None) -> dict[str, Any]:
-    """Findings over already analysed traces (:func:`trainperf.trace.ranks.read_traces`'s output)."""
+    """Findings over already analysed traces (:func:`trainperf.trace.job.read_traces`'s output)."""
     rules = RULES if rules is None else rules
     rank_rules = [r for r in rules if r.scope == "rank"]
     job_rules = [r for r in rules if r.scope == "job"]

@@ -1,6 +1,6 @@
 """One rank of profiler traces as evidence (Kineto traces and Nsight Systems captures alike).
 
-The trace reader (:func:`trainperf.trace.ranks.read_traces`: streamed, torch-free) gives each rank's figures
+The trace reader (:func:`trainperf.trace.job.read_traces`: streamed, torch-free) gives each rank's figures
 and the figures across ranks; :func:`evidence` turns one rank's into the
 :class:`~trainperf.diagnosis.evidence.Evidence` the rules read:
 

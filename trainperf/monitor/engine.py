@@ -8,7 +8,7 @@ from __future__ import annotations
 from trainperf.lazy import moved_names
 
 __getattr__ = moved_names(__name__, {
-    "read_traces": "trainperf.trace.ranks",
+    "read_traces": "trainperf.trace.job",
     "RULES": "trainperf.diagnosis.rules", "SEVERITY_ORDER": "trainperf.diagnosis.rules",
     "apply_rules": "trainperf.diagnosis.engine", "diagnose_run": "trainperf.diagnosis.engine",
     "load_screened": "trainperf.diagnosis.run_evidence", "fraction": "trainperf.diagnosis.gain",

@@ -175,9 +175,13 @@ def assign_ranks(paths: Sequence[Path], infos: Sequence[Any]) -> list[tuple[int,
     return out
 
 
-_LAZY = {name: ("trainperf.trace.across", name) for name in
-         ("across_ranks", "comm_waits", "straggler", "COMPUTE_DEFINITION", "CPU_COMPUTE_DEFINITION", "STRAGGLER_RATIO",
-          "WAIT_DEFINITION")} | {"read_traces": ("trainperf.trace.job", "read_traces")}
+_LAZY = {  # the figures across ranks are in across.py (the reading of a job: job.read_traces)
+    "across_ranks": ("trainperf.trace.across", "across_ranks"), "comm_waits": ("trainperf.trace.across", "comm_waits"),
+    "straggler": ("trainperf.trace.across", "straggler"),
+    "COMPUTE_DEFINITION": ("trainperf.trace.across", "COMPUTE_DEFINITION"),
+    "CPU_COMPUTE_DEFINITION": ("trainperf.trace.across", "CPU_COMPUTE_DEFINITION"),
+    "STRAGGLER_RATIO": ("trainperf.trace.across", "STRAGGLER_RATIO"),
+    "WAIT_DEFINITION": ("trainperf.trace.across", "WAIT_DEFINITION")}
 __getattr__ = lazy_names(__name__, globals(), _LAZY)  # the figures across ranks moved to across.py / job.py
 
 __all__ = ["aside", "assign_ranks", "discover", "is_run_dir", "is_trace_name", "rank_from_name", *_LAZY]

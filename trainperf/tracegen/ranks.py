@@ -31,7 +31,7 @@ a reader should find. The construction, over the raw Chrome-trace events (no dep
    the spread of a real collective's end across ranks.
 
 ``late=None`` writes identical ranks (with their clock offsets and jitter): the shape of a directory for a
-scale test. Ranks are written one at a time, streamed (:func:`trainperf.trace.synth.write_trace`); the
+scale test. Ranks are written one at a time, streamed (:func:`trainperf.tracegen.synth.write_trace`); the
 followers' events are computed once for all of them.
 """
 
@@ -45,7 +45,7 @@ import statistics
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from trainperf.trace.synth import GPU_CATS, KERNEL_CATS, STEP_RE, default_is_comm, load_trace, num, write_trace
+from trainperf.tracegen.synth import GPU_CATS, KERNEL_CATS, STEP_RE, default_is_comm, load_trace, num, write_trace
 
 CAUSES = ("compute", "dataloader", "allocator")
 DATALOADER_NAME = "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__"
@@ -410,5 +410,20 @@ def make_job(src: str | Path, out_dir: str | Path, *, world: int = 4, late: int 
     return truth
 
 
-__all__ = ["CAUSES", "Covered", "DATALOADER_NAME", "FREE_NAME", "follow", "insert_host", "make_job", "step_indices",
+
+
+def multi_rank(src: str | Path, out_dir: str | Path, *, world: int = 4, straggler: int = 2,
+               slowdown: float = 1.3, is_comm: Callable[[str], bool] | None = None,
+               name: str = "rank{rank}.pt.trace.json.gz", layout: str = "lines") -> dict:
+    """Write ``world`` ranks made from the one rank in ``src``, rank ``straggler`` slower in compute by
+    ``slowdown``; returns (and writes to truth.json) what a reader should find. The construction is
+    :func:`trainperf.tracegen.ranks.make_job` with ``cause="compute"`` (no DataLoader span added)."""
+    if world < 2 or not 0 <= straggler < world or slowdown < 1:
+        raise ValueError(f"world={world}, straggler={straggler}, slowdown={slowdown}: need world >= 2, "
+                         "0 <= straggler < world, slowdown >= 1")
+    return make_job(src, out_dir, world=world, late=straggler, cause="compute", slowdown=slowdown, dataloader_us=0.0,
+                    is_comm=is_comm, name=name, layout=layout)
+
+
+__all__ = ["CAUSES", "Covered", "DATALOADER_NAME", "FREE_NAME", "follow", "insert_host", "make_job", "multi_rank", "step_indices",
            "warp_compute"]
