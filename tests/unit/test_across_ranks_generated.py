@@ -19,7 +19,7 @@ from trainperf.tracegen.ranks import DATALOADER_NAME, FREE_NAME, make_job
 
 HTA_A100 = "hta-data/tests/data/nccl_parser_config/nccl_data.json.gz"  # committed under tests/data/real
 A100 = real_trace(HTA_A100)
-needs_a100 = pytest.mark.usefixtures()  # the trace is committed: real_trace fails, never skips, without it
+
 GLOO = Path(__file__).resolve().parents[1] / "data" / "traces" / "gloo_straggler_cpu"
 
 
@@ -60,7 +60,6 @@ def _check_clocks(across: dict, truth: dict) -> None:
     assert across["clocks"]["residual_us"] <= truth["end_jitter_us"]
 
 
-@needs_a100
 def test_a_late_data_loader_with_host_clock_offsets(tmp_path):
     offsets = {1: 3200.0, 2: -15_000.0, 3: 250_000.0}
     truth = make_job(A100, tmp_path, world=4, late=2, cause="dataloader", late_us=15_000.0, dataloader_us=1000.0,
@@ -80,7 +79,6 @@ def test_a_late_data_loader_with_host_clock_offsets(tmp_path):
     json.dumps(across, allow_nan=False)
 
 
-@needs_a100
 def test_a_host_blocked_in_free_calls_before_its_collective(tmp_path):
     truth = make_job(A100, tmp_path, world=3, late=1, cause="allocator", late_us=12_000.0, free_calls=4)
     _, ev = _raw(tmp_path / "rank1.pt.trace.json.gz")
@@ -93,7 +91,6 @@ def test_a_host_blocked_in_free_calls_before_its_collective(tmp_path):
     assert "cudaFree" in top["summary"]
 
 
-@needs_a100
 def test_a_straggler_by_compute_is_the_late_rank_with_cause_compute(tmp_path):
     truth = make_job(A100, tmp_path, world=3, late=0, cause="compute", slowdown=1.3, dataloader_us=0.0)
     _, across = _read(tmp_path)
@@ -101,7 +98,6 @@ def test_a_straggler_by_compute_is_the_late_rank_with_cause_compute(tmp_path):
     assert top["straggler_by_compute"] and across["straggler"]["rank"] == 0 and across["straggler"]["slower"]
 
 
-@needs_a100
 def test_with_one_rank_missing_the_wait_is_not_split_into_transfer(tmp_path):
     make_job(A100, tmp_path / "all", world=4, late=3, cause="dataloader", late_us=10_000.0)
     (tmp_path / "some").mkdir()

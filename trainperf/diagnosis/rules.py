@@ -86,6 +86,14 @@ RULES: list[Rule] = [
          "one rank is slower (throttled clocks, a shared or slower device, a busy host) and every collective "
          "waits for it", "parallelism.balance.enabled=true; inspect that rank's clocks and host", RT.straggler,
          scope="job"),
+    Rule("late_rank", "the other ranks wait for one rank at their collectives",
+         f"traces of two or more ranks: the rank that arrives last at the collectives (clock offsets corrected; "
+         f"each collective split into the wait for the last arrival and the transfer) costs the job >= "
+         f"{_pct(RT.LATE_WARN)} of the step (critical > {_pct(RT.LATE_CRIT)}), charged to what made it late (its "
+         "allocator calls, syncs, DataLoader, launches, host ops, compute...); a late rank slow by its compute "
+         "that the straggler rule names is left to it",
+         "one rank's own cause (a host stall, its data, its device) holds every rank at the next collective",
+         "remove that rank's cause (the finding names it and its fix)", RT.late_rank, scope="job"),
     Rule("host_contention", "the host is shared or unsteady: less CPU than asked, erratic step times",
          f"CPU runs: compute got < {RT.HOST_MIN_CORES} core per wall second, or < {_pct(RT.HOST_MIN_SHARE)} of "
          f"run.threads while the machine is >= {RT.MACHINE_BUSY_PCT:.0f}% busy; any run: p90 step time > "

@@ -178,4 +178,52 @@ def oom_recovered(ev: Evidence) -> dict | None:
                         f"{first.get('reason')}"}
 
 
-__all__ = ["compile_time", "host_contention", "oom_recovered", "straggler"]
+LATE_WARN, LATE_CRIT = 0.05, 0.20  # the wait a late rank costs the job, share of the step
+
+
+def late_rank(ev: Evidence) -> dict | None:
+    """The rank the others wait for at their collectives, charged with their waits, and what made it late
+    (from the traces of every rank: clock offsets corrected, each collective split into the wait for the last
+    arrival and the transfer; :mod:`trainperf.trace.blame`). A late rank whose cause is its own compute and
+    that the straggler rule names (by compute) is left to that rule."""
+    from trainperf.diagnosis.causes import cause as cause_of
+
+    tr = ev.trace_ranks
+    if tr is None:
+        return None  # the run's own files: the straggler by compute clock speaks
+    if tr.get("count", 1) < 2:
+        return {"unmeasured": "one rank: who waits for whom needs the traces of two or more ranks"}
+    late = [x for x in tr.get("late_arrivals") or [] if not (x.get("cause") == "compute" and
+                                                            x.get("straggler_by_compute"))]
+    step_s = ev.step_s or 0.0
+    if not late or not step_s:
+        return None
+    top = late[0]
+    delay_s = (top.get("delay_us_per_step") or 0.0) / 1e6
+    share = delay_s / step_s
+    if share < LATE_WARN:
+        return None
+    r, c = top["rank"], cause_of(top.get("cause"))
+    causes = top.get("causes_us_per_step") or {}
+    total = sum(causes.values())
+    text = top.get("summary") or f"rank {r} arrives last at its collectives"
+    if len(causes) > 1 and total > 0:  # the job's wait split as the late rank's causes are
+        text += "; by cause: " + ", ".join(f"{cause_of(k).label} {v / total * delay_s * 1000:.2f} ms" for k, v in
+                                           list(causes.items())[:4])
+    text += (f"; {share:.0%} of the step (threshold {LATE_WARN:.0%}); the other ranks lose "
+             f"{(top.get('wait_caused_us_per_step') or 0.0) / 1000:.2f} ms of GPU time per step between them")
+    others = [x for x in late[1:] if (x.get("delay_us_per_step") or 0.0) / 1e6 >= LATE_WARN * step_s]
+    if others:
+        text += "; also late: " + ", ".join(f"rank {x['rank']} ({cause_of(x.get('cause')).label}, "
+                                            f"{x['delay_us_per_step'] / 1000:.2f} ms per step)" for x in others[:3])
+    if tr.get("partial"):
+        text += " (among the ranks in these traces: the job's other ranks are not here)"
+    return {"severity": "critical" if share > LATE_CRIT else "warning", "evidence": text, "rank": r,
+            "late_cause": top.get("cause"), "wait_us_per_step": top.get("delay_us_per_step"),
+            "cause": f"rank {r} arrives last because of {c.label}: {c.why}; every other rank waits for it inside "
+                     "its collectives",
+            "fix": f"on rank {r}: {c.fix(ev.fixes)}",
+            "gain": step_gain(step_s, delay_s, f"rank {r} arrived with the others")}
+
+
+__all__ = ["compile_time", "host_contention", "late_rank", "oom_recovered", "straggler"]

@@ -50,16 +50,61 @@ def rank_lines(t: dict) -> list[str]:
     return lines
 
 
+SHOWN_RANKS = 8
+"""With more ranks than this, the per-rank lines are those that matter (late arrivals, the straggler, the
+slowest and the first): the rest is summarised; --json and the HTML report have every rank."""
+
+
+def _rank_line(p: dict, partial: bool) -> str:
+    line = (f"    rank {p['rank']}: step {_ms(p.get('step_time_us'))}, compute {_ms(p.get('compute_us_per_step'))}, "
+            f"communication {_ms(p.get('comm_us_per_step'))}")
+    if partial:
+        line += f" (includes waiting for ranks not in these traces: {_ms(p.get('comm_incl_absent_wait_us_per_step'))})"
+    elif p.get("transfer_us_per_step") is not None:
+        line += (f": waiting {_ms(p.get('comm_wait_us_per_step'))}, transfer {_ms(p.get('transfer_us_per_step'))} "
+                 "per step")
+    else:
+        line += f", of which waiting {_ms(p.get('comm_wait_us_per_step'))} per step"
+    if p.get("clock_offset_us"):
+        line += f"; clock {p['clock_offset_us']:+.0f} us"
+    return line
+
+
+def shown(r: dict) -> set:
+    """The ranks whose lines are printed (an empty set: all of them; see ``SHOWN_RANKS``)."""
+    per = (r or {}).get("per_rank") or []
+    if len(per) <= SHOWN_RANKS:
+        return set()
+    keep = {x["rank"] for x in (r.get("late_arrivals") or [])[:3]} | {(r.get("straggler") or {}).get("rank")}
+    return (keep | {per[0]["rank"], max(per, key=lambda p: p.get("step_time_us") or 0)["rank"]}) - {None}
+
+
 def ranks_lines(r: dict) -> list[str]:
     if not r or r.get("count", 0) < 2:
         return []
     lines = [f"  across {r['count']} ranks (compute = "
              f"{r.get('compute_definition') or 'GPU time in non-communication kernels per step'}; wait = "
-             "collective time beyond the last arrival's):"]
-    for p in r.get("per_rank", []):
-        lines.append(f"    rank {p['rank']}: step {_ms(p.get('step_time_us'))}, compute {_ms(p.get('compute_us_per_step'))},"
-                     f" communication {_ms(p.get('comm_us_per_step'))}, of which waiting "
-                     f"{_ms(p.get('comm_wait_us_per_step'))} per step")
+             "from a rank's arrival at a collective to the last arrival's, clocks corrected; transfer = the rest):"]
+    per = r.get("per_rank", [])
+    keep = shown(r)
+    for p in per:
+        if not keep or p["rank"] in keep:
+            lines.append(_rank_line(p, bool(r.get("partial"))))
+    if keep:
+        steps = sorted(p["step_time_us"] for p in per if isinstance(p.get("step_time_us"), (int, float)))
+        waits = sorted(p["comm_wait_us_per_step"] for p in per if isinstance(p.get("comm_wait_us_per_step"),
+                                                                            (int, float)))
+        lines.append(f"    ... {len(per) - len(keep)} other ranks: step {_ms(steps[0])} to {_ms(steps[-1])} "
+                     f"(median {_ms(steps[len(steps) // 2])})" + (f", waiting median {_ms(waits[len(waits) // 2])} "
+                                                                  "per step" if waits else "")
+                     + " (--json, or the HTML report, for every rank)" if steps else "")
+    ck = r.get("clocks") or {}
+    if ck.get("collectives"):
+        lines.append(f"    clocks: each rank's offset fitted to the ends of {ck['collectives']} collectives before any "
+                     f"skew is measured (residual median {ck.get('residual_us') or 0:.0f} us, p95 "
+                     f"{ck.get('residual_p95_us') or 0:.0f} us)")
+    for x in (r.get("late_arrivals") or [])[:3]:
+        lines.append(f"    late: {x['summary']}")
     m = r.get("matching") or {}
     if m:
         cpu = str(r.get("compute_definition") or "").startswith("step time")
@@ -119,8 +164,13 @@ def verdict(traces: list[dict]) -> str:
 
 def format_traces(result: dict) -> str:
     lines = ["== trainperf diagnosis (profiler traces) =="]
+    keep = shown(result.get("ranks"))
     for t in result["traces"]:
-        lines += rank_lines(t)
+        if not keep or t.get("rank") in keep:
+            lines += rank_lines(t)
+    if keep:
+        lines.append(f"  ({len(result['traces']) - len(keep)} more ranks: their lines are left out here; --json and the "
+                     "HTML report have every rank)")
     lines += ranks_lines(result.get("ranks") or {})
     lines += skipped_lines(result.get("ranks"))
     if not result["findings"]:

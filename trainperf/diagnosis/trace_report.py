@@ -96,12 +96,54 @@ def rank_table(traces: list[dict]) -> str:
             f"<h3>The GPU, per rank (HTA's temporal and idle breakdowns, % of the GPU timeline)</h3>{gpu}")
 
 
+def wait_matrix_html(m: dict | None) -> str:
+    """Who waits for whom: a row per rank that waits, a column per late rank, ms per step, shaded by size."""
+    if not m or not m.get("late"):
+        return ""
+    top = max([v for row in m["ms_per_step"] for v in row] + [1e-9])
+    other = m.get("other_ms_per_step")
+    head = "".join(f"<th>rank {r}</th>" for r in m["late"]) + ("<th>other late ranks</th>" if other else "")
+    rows = []
+    for i, w in enumerate(m["waiting"]):
+        cells = "".join(f"<td class='num' style='background: rgba(228,87,46,{min(1.0, v / top):.2f})'>{v:.2f}</td>"
+                        for v in m["ms_per_step"][i])
+        if other:
+            cells += f"<td class='num'>{other[i]:.2f}</td>"
+        rows.append(f"<tr><th>rank {w}</th>{cells}</tr>")
+    return ("<h3>Who waits for whom (ms per step: a row per waiting rank, a column per late rank)</h3>"
+            f"<table><tr><th>waits for</th>{head}</tr>{''.join(rows)}</table>"
+            f"<p>{html.escape(m.get('definition') or '')}</p>")
+
+
+def across_html(r: dict) -> str:
+    """The figures across ranks: each rank's communication split into the wait for the last arrival and the
+    transfer, its clock offset; the late arrivals and what made them late; the wait matrix."""
+    per = r.get("per_rank") or []
+    if len(per) < 2:
+        return ""
+    partial = bool(r.get("partial"))
+    rows = [[str(p["rank"]), _ms(p.get("step_time_us")), _ms(p.get("compute_us_per_step")),
+             _ms(p.get("comm_us_per_step")), _ms(p.get("comm_wait_us_per_step")),
+             _ms(p.get("comm_incl_absent_wait_us_per_step") if partial else p.get("transfer_us_per_step")),
+             f"{p['clock_offset_us']:+.0f} us" if isinstance(p.get("clock_offset_us"), (int, float)) else "-"]
+            for p in per]
+    table = C.table(rows, ["rank", "step", "compute", "communication", "waiting for the last arrival",
+                           "rest (incl. waits for ranks not here)" if partial else "transfer", "clock offset"],
+                    num_cols=range(1, 7))
+    late = "".join(f"<li>{html.escape(x['summary'])}</li>" for x in (r.get("late_arrivals") or [])[:8])
+    ck = r.get("clocks") or {}
+    clocks = (f"<p>{html.escape(ck['method'])} (residual median {ck.get('residual_us') or 0:.0f} us, p95 "
+              f"{ck.get('residual_p95_us') or 0:.0f} us).</p>" if ck.get("method") else "")
+    return (f"<h3>Across ranks: waits and transfers per step</h3>{table}{clocks}"
+            + (f"<h3>Late arrivals</h3><ul>{late}</ul>" if late else "") + wait_matrix_html(r.get("wait_matrix")))
+
+
 def trace_section(result: dict) -> tuple[str, list[tuple[str, str | None]]]:
-    """The per-rank table and the charts of a diagnosis over traces: (table HTML, [(chart name, svg)])."""
+    """The per-rank tables and the charts of a diagnosis over traces: (tables HTML, [(chart name, svg)])."""
     traces = result.get("traces") or []
     drawn = [("trace_breakdown", chart_breakdown(traces)), ("trace_temporal", chart_temporal(traces)),
              ("trace_ranks", chart_ranks(result.get("ranks") or {}))]
-    return rank_table(traces), drawn
+    return rank_table(traces) + across_html(result.get("ranks") or {}), drawn
 
 
 def default_out(path: Path) -> Path:
@@ -126,7 +168,8 @@ def build_trace_report(path: str | Path, out: str | Path | None = None, found: d
     said += [f"rank {t.get('rank')}: {n}" for t in result.get("traces") or [] for n in t.get("notes") or []]
     notes = ("<h2>Notes</h2><ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in said) + "</ul>") if said else ""
     body = (f"<h1>trainperf report: {html.escape(str(path))}</h1>"
-            f"<h2>Per rank</h2>{table}<div class=\"charts\">{figs}</div>{notes}<h2>Findings</h2>{findings_html(result, 'No rule fired: no bottleneck found in these traces.')}"
+            f"<h2>Findings</h2>{findings_html(result, 'No rule fired: no bottleneck found in these traces.')}"
+            f"<h2>Per rank</h2>{table}<div class=\"charts\">{figs}</div>{notes}"
             f"<h2>Not measured</h2><ul>{missing or '<li>nothing</li>'}</ul>")
     out = Path(out) if out else default_out(path)
     from trainperf.runio import atomic_write_text
