@@ -56,6 +56,9 @@ class CommWait:
     """communication kernel time per step by kind (all_reduce, all_to_all...)"""
     wait_s: float = 0.0
     """seconds per step waiting inside collectives for a slower rank (left out of ``fraction``)"""
+    includes_absent: bool = False
+    """the job's other ranks are not in the evidence: ``fraction`` includes waiting for them, which cannot be
+    told apart from the transfer"""
 
 
 @dataclass

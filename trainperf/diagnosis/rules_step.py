@@ -124,6 +124,10 @@ def _comm_in_code(ev: Evidence, f: float, sec: float, where: str, sev: str, g: d
     c = ev.comm
     text = (f"exposed communication {pct(f)} of step time{where} ({1000 * sec:.1f} ms per step not overlapped "
             f"with compute, threshold {pct(COMM_WARN)}); comm/compute overlap {fmt_pct(c.overlap_pct)}")
+    if c.includes_absent:  # no gain as if it were all transfer: part of it is waiting for ranks not here
+        text += ("; this is communication which includes waiting for ranks not in these traces (the job's other "
+                 "ranks): the wait cannot be told apart from the transfer")
+        g = None
     if c.wait_s:
         text += (f"; a further {1000 * c.wait_s:.1f} ms per step is waiting for the slowest rank (see "
                  "straggler), not counted here")
