@@ -29,14 +29,16 @@ COMMANDS = [
 ]
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every subcommand, or of ``only`` (the command being run: its module alone is imported, so
+    a command does not pay for the others' imports)."""
     parser = argparse.ArgumentParser(
         prog="trainperf",
         description="Measure where a PyTorch training job loses time and memory, "
         "apply the right optimization, and prove the gain.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name in COMMANDS:
+    for name in [only] if only in COMMANDS else COMMANDS:
         try:
             module = importlib.import_module(f"trainperf.cli.{name}")
         except ModuleNotFoundError as exc:  # a subcommand not built yet
@@ -99,7 +101,9 @@ def _main(argv: list[str] | None) -> int:
     from trainperf import interrupt
     from trainperf.errors import UserError
 
-    parser = build_parser()
+    words = sys.argv[1:] if argv is None else list(argv)
+    first = next((w for w in words if not str(w).startswith("-")), None)
+    parser = build_parser(only=first if first in COMMANDS else None)
     args = parser.parse_args(argv)
     bad = _not_finite(parser, args)
     if bad:
