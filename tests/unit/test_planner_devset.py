@@ -1,14 +1,15 @@
 """The planner on its development set (docs/benchmarks/planner.md has the LOSO tables).
 
-Rows: Korthikanti et al. 2022 Table 5 (REFERENCE.md, built in) and, when the shared development
-data are present (/work/shared/planner-dev or $TRAINPERF_PLANNER_DEV), the MPT FSDP tables on
-A100 80/40 GB and Llama 3 405B. The shipped constants are the fit on all sources; the cross-
-validated (leave-one-source-out) figures are produced by ``python -m trainperf.planner.loso``.
+Rows: Korthikanti et al. 2022 Table 5 (REFERENCE.md) and the tables of devset_sources built in, the MPT FSDP
+tables on A100 80/40 GB and Llama 3 405B read from the tables shipped in trainperf/planner/devdata (a missing
+table is an error, never a skip). The shipped constants are the fit on all sources; the cross-validated
+(leave-one-source-out) figures are produced by ``python -m trainperf.planner.loso``.
 """
 
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 
@@ -16,7 +17,6 @@ from trainperf.planner import devset, fit
 from trainperf.planner.constants import DEFAULTS
 
 ROWS = devset.load()
-HAVE_SHARED = any(r.source.startswith("mpt") for r in ROWS)
 
 
 def _mean_abs(errs):
@@ -49,7 +49,7 @@ def test_every_source_is_cited_and_marks_its_approximate_rows():
     assert set(devset.SOURCES) >= {"bloom", "opt-175b", "llama1", "llama2", "torchtitan", "olmo"}
     for row in ROWS:
         assert row.source in devset.SOURCES and len(row.citation) > 40, row.source
-    for source in ("opt-175b", "llama1", "llama2", "torchtitan", "olmo") + (("llama3-405b",) if HAVE_SHARED else ()):
+    for source in ("opt-175b", "llama1", "llama2", "torchtitan", "olmo", "llama3-405b"):
         rows = [r for r in ROWS if r.source == source]
         assert rows and all(r.approximate for r in rows), source
     for row in ROWS:
@@ -134,7 +134,6 @@ def test_table5_recompute_ordering_matches_the_paper():
         assert 1.2 < ratio < 1.45, (full.label, ratio)
 
 
-@pytest.mark.skipif(not HAVE_SHARED, reason="shared planner-dev data not present")
 def test_mpt_flash_rows_fit_where_eager_attention_would_not():
     # The MPT 7B row at 65,536 tokens ran on 80 GB: with s x s scores kept it could never fit.
     row = next(r for r in ROWS if r.label.startswith("7b s65536"))
@@ -143,6 +142,73 @@ def test_mpt_flash_rows_fit_where_eager_attention_would_not():
 
     eager = replace(row, model=replace(row.model, attention="eager"))
     assert devset.predict(eager) is None
+
+
+def test_every_source_is_loaded_from_the_tables_shipped_with_the_package():
+    # the tables travel with the package: a clone (or an installed trainperf) has every source, no machine path
+    assert set(devset.SOURCES) == {r.source for r in ROWS}
+    counts = {s: sum(r.source == s for r in ROWS) for s in ("mpt-a100-80gb", "mpt-a100-40gb", "llama3-405b")}
+    assert counts == {"mpt-a100-80gb": 61, "mpt-a100-40gb": 78, "llama3-405b": 3}
+    assert os.path.dirname(devset.DATA_DIR) == os.path.dirname(devset.__file__)
+    readme = open(os.path.join(devset.DATA_DIR, "README.md"), encoding="utf-8").read()
+    for fname, _ in devset.TABLES:  # each table cited, with its reliability
+        assert f"`{fname}`" in readme, fname
+    assert "approximate" in readme and "exact" in readme
+
+
+def test_the_development_tables_are_package_data():
+    # pyproject.toml's package-data globs take every file of devdata/ into a built wheel
+    import fnmatch
+
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        tomllib = pytest.importorskip("tomli")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    with open(os.path.join(root, "pyproject.toml"), "rb") as f:
+        globs = tomllib.load(f)["tool"]["setuptools"]["package-data"]["trainperf.planner"]
+    for fname in os.listdir(devset.DATA_DIR):
+        assert any(fnmatch.fnmatch(f"devdata/{fname}", g) for g in globs), fname
+
+
+def test_a_data_directory_without_the_tables_is_an_error_naming_them(tmp_path, monkeypatch):
+    from trainperf.errors import UserError
+
+    with pytest.raises(UserError, match="mpt_a100_80gb.tsv.*--data"):
+        devset.load(str(tmp_path))
+    with pytest.raises(UserError, match="does not exist"):
+        devset.load(str(tmp_path / "nowhere"))
+    monkeypatch.setenv("TRAINPERF_PLANNER_DEV", str(tmp_path))  # the variable overrides the shipped tables too
+    with pytest.raises(UserError, match="lacks"):
+        devset.load()
+    # a copy of the tables is read like the shipped ones; a table without a needed column is named
+    import shutil
+
+    for fname, _ in devset.TABLES:
+        shutil.copy(os.path.join(devset.DATA_DIR, fname), tmp_path / fname)
+    assert len(devset.load()) == len(ROWS)
+    (tmp_path / "llama3_405b.tsv").write_text("gpus\ttp\n8\t8\n", encoding="utf-8")
+    with pytest.raises(UserError, match="llama3_405b.tsv.*no cp"):
+        devset.load()
+
+
+def test_no_machine_path_in_the_planner():
+    # issue 36: defaults that point at one machine's directories (a clone has none of them)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    paths = [os.path.join(root, "trainperf", "planner"), os.path.join(root, "trainperf", "cli", "plan.py"),
+             os.path.join(root, "docs", "benchmarks", "planner.md"), os.path.join(root, "docs", "guides", "plan.md")]
+    paths += [os.path.join(root, "tests", "unit", f) for f in os.listdir(os.path.join(root, "tests", "unit"))
+              if f.startswith("test_planner")]
+    files = []
+    for p in paths:
+        if os.path.isdir(p):
+            files += [os.path.join(d, f) for d, _, fs in os.walk(p) for f in fs if f.endswith((".py", ".md", ".tsv"))]
+        else:
+            files.append(p)
+    machine = "/" + "work/"  # written apart so that this test does not find itself
+    for f in files:
+        text = open(f, encoding="utf-8").read()
+        assert machine not in text and "planner" + "-dev" not in text, f
 
 
 def test_nelder_mead_finds_a_known_minimum():

@@ -325,7 +325,8 @@ def main(argv=None) -> None:
 
     ap = argparse.ArgumentParser(prog="python -m trainperf.planner.loso",
                                  description="leave-one-source-out cross-validation of the planner, with intervals")
-    ap.add_argument("--data", help="planner-dev directory (default $TRAINPERF_PLANNER_DEV or /work/shared/planner-dev)")
+    ap.add_argument("--data", help="directory of the development tables (default $TRAINPERF_PLANNER_DEV, else the "
+                    "tables shipped in trainperf/planner/devdata)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--plot", metavar="PNG")
     ap.add_argument("--fast", action="store_true", help="intervals from the outer folds' errors (not nested)")
