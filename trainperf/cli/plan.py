@@ -83,13 +83,26 @@ def register(subparsers) -> None:
                    "under its pipeline engine): twice the traffic")
     s.add_argument("--float8", action=argparse_bool(), default=None, help="FP8 GEMMs in the linear layers "
                    "(torchao / Transformer Engine dynamic scaling; needs an FP8 peak in the catalog)")
-    s.add_argument("--async-tp", action=argparse_bool(), default=None, help="tensor-parallel collectives "
-                   "overlapped with the matmuls (torchtitan AsyncTP, TE comm overlap)")
+    s.add_argument("--async-tp", "--tp-comm-overlap", dest="async_tp", action=argparse_bool(), default=None,
+                   help="tensor-parallel communication overlapped with the GEMMs by decomposition (Megatron-Core "
+                        "--tp-comm-overlap with Transformer Engine userbuffers, torchtitan AsyncTP); the megatron-core "
+                        "preset has it on")
+    s.add_argument("--fp8-weight-cache", action=argparse_bool(), default=None, help="under --float8, each weight "
+                   "cast to FP8 once per step and reused by every micro-batch (Transformer Engine, as Megatron-Core "
+                   "runs it: the megatron-core preset); --no-fp8-weight-cache: cast every micro-batch (torchao)")
+    s.add_argument("--param-gather", choices=["overlap", "after"], help="the distributed optimizer's parameter "
+                   "all-gather overlapped with the next forward (Megatron-Core --overlap-param-gather) or before it "
+                   "(default: as --dp-reduce)")
+    s.add_argument("--nvls", action=argparse_bool(), default=None, help="NVLink SHARP all-reduce in an NVSwitch 3 "
+                   "node (H100 / H200 HGX; NCCL >= 2.17 uses it by default): --no-nvls for NCCL_NVLS_ENABLE=0")
     s.add_argument("--attention-kernel", choices=["fa2", "fa3"], help="FlashAttention generation: fa2 (Ampere's "
                    "mma.sync: FlashAttention-2, SDPA flash / memory-efficient, xformers; 2/3 of the rate on Hopper) "
                    "or fa3 (the GPU's native instructions: FlashAttention-3, cuDNN / Transformer Engine)")
     o = p.add_argument_group("output and model")
     o.add_argument("--top", type=whole(1), default=10, help="candidates shown / in --json (default 10)")
+    o.add_argument("--explain", action="store_true", help="what each mechanism of the stack and the part (GEMM "
+                   "ceiling, NCCL bandwidths, NVLink SHARP, TP overlap, FP8, overlapped reductions, fused kernels, "
+                   "attention kernel) contributed to the best layout's step: the step timed again without it")
     o.add_argument("--baseline", metavar="TP,PP,DP", help="show where this layout ranks and why the best beats it "
                    "(default for gpt3-175b on 512 GPUs: the founding document's 8,4,16)")
     o.add_argument("--emit-config", metavar="FILE", help="write the best layout as a trainperf YAML config")
@@ -122,7 +135,7 @@ def argparse_suppress():
 
 
 STACK_FLAGS = ("dp_reduce", "fused", "attention", "attention_kernel", "distributed_optimizer", "grad_reduce_op", "float8",
-               "async_tp")
+               "async_tp", "fp8_weight_cache", "param_gather", "nvls")
 
 
 def _stack_from_args(args):
@@ -314,22 +327,45 @@ def plan_command(args) -> int:
 
     spread = CALIBRATED if calibration else ACROSS
     pins = _pins(args, fixed)
+    far = _far_function(model, gpu, calibration)
+    explained = None
+    if args.explain:
+        from trainperf.planner.explain import explain
+
+        explained = explain(plan.best, model, gpu, batch, constants, stack)
 
     if args.json:
-        out = _as_json(plan, gpu, batch, batch_note, args.top, baseline, constants, calibration, elapsed, emitted, spread)
+        out = _as_json(plan, gpu, batch, batch_note, args.top, baseline, constants, calibration, elapsed, emitted, spread,
+                       far)
         out["pins"] = pins
         out["notes"] = plan.notes
         out["stack"] = {"name": stack.name, "mechanisms": shown_stack.mechanisms(), "source": stack_source}
         if moves is not None:
             out["measured_moves"] = moves
+        if explained is not None:
+            out["explain"] = {"layout": plan.best.layout.short(), "step_time_s": round(plan.best.step_time_s, 4),
+                              "mechanisms": [m.as_dict(plan.best.step_time_s) for m in explained]}
         print_json(out)
     else:
+        from trainperf.planner.explain import render as render_explain
         from trainperf.planner.report import render
 
         print(render(plan, batch_note=batch_note, top=args.top, baseline=baseline, calibration=calibration,
                      elapsed=elapsed, emitted=emitted, flop_convention=FLOP_CONVENTION, moves=moves,
-                     spread=spread, stack=shown_stack, pins=pins))
+                     spread=spread, stack=shown_stack, pins=pins, far=far,
+                     explained=render_explain(explained, plan.best) if explained is not None else None))
     return 0
+
+
+def _far_function(model, gpu, calibration):
+    """est -> the respects in which it is far from every development source ({} once calibrated: the user's own run
+    sets the level, on the part and stack in question)."""
+    if calibration:
+        return lambda est: {}
+    from trainperf.planner.distance import development_points, far_from, point_of
+
+    dev = development_points()
+    return lambda est: far_from(point_of(est, model, gpu), dev)
 
 
 PIN_FLAGS = {  # flag (as the user types it, without --) -> Fixed attribute
@@ -377,14 +413,17 @@ def _moves(before, after, top: int) -> list[dict]:
     return rows
 
 
-def _with_interval(est, spread) -> dict:
+def _with_interval(est, spread, far=None) -> dict:
     d = est.as_dict()
-    lo, hi = spread.bounds_for(est)
+    respects = far(est) if far else {}
+    lo, hi = spread.bounds_for(est, len(respects))
     d["step_time_interval_s"] = [round(lo, 4), round(hi, 4)]
+    d["interval_far_from_development"] = respects or None
     return d
 
 
-def _as_json(plan, gpu, batch, batch_note, top, baseline, constants, calibration, elapsed, emitted, spread) -> dict:
+def _as_json(plan, gpu, batch, batch_note, top, baseline, constants, calibration, elapsed, emitted, spread,
+             far=None) -> dict:
     from trainperf.planner.interval import unvalidated_part
     from trainperf.planner.search import explain
 
@@ -399,8 +438,8 @@ def _as_json(plan, gpu, batch, batch_note, top, baseline, constants, calibration
         "flop_convention": FLOP_CONVENTION,
         "peak_tflops_per_gpu": gpu.half_tflops,
         "peak": f"dense {gpu.half_dtype.upper()}",
-        "best": _with_interval(best, spread),
-        "candidates": [_with_interval(e, spread) for e in plan.candidates[:top]],
+        "best": _with_interval(best, spread, far),
+        "candidates": [_with_interval(e, spread, far) for e in plan.candidates[:top]],
         "interval": spread.as_dict(),
         "interval_unvalidated_part": None if calibration else unvalidated_part(gpu),
         "candidates_total": len(plan.candidates),
@@ -415,7 +454,7 @@ def _as_json(plan, gpu, batch, batch_note, top, baseline, constants, calibration
         out["baseline"] = {
             "tp": baseline["degrees"][0], "pp": baseline["degrees"][1], "dp": baseline["degrees"][2],
             "source": baseline["source"], "rank": baseline["rank"],
-            "best_variant": _with_interval(est, spread) if est else None,
+            "best_variant": _with_interval(est, spread, far) if est else None,
             "slower_than_best": round(est.step_time_s / best.step_time_s - 1, 4) if est else None,
             "why_best_is_faster": explain(best, est) if est and est is not best else [],
             "rejected": baseline["rejected"],

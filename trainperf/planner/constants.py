@@ -29,7 +29,8 @@ RATE_CONSTANTS = {"stack_efficiency": "the GEMM rate", "attention_efficiency": "
 
 
 _NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
-FRACTIONS = ("stack_efficiency", "attention_efficiency", "comm_contention", "wave_quantization")
+FRACTIONS = ("stack_efficiency", "attention_efficiency", "comm_contention", "wave_quantization", "published_gemm",
+             "published_fabric")
 """Constants that are a share of something (at most 1), besides the *_fraction / *_overlap ones."""
 MIN_RATE = 1e-3
 
@@ -95,6 +96,13 @@ class Constants:
     wave_quantization: float = 1.0
     """1: GEMM time counts wave quantization (256 x 128 output tiles over the GPU's SMs, see
     trainperf.planner.kernels); 0: ideal tiling. Counted, not fitted."""
+    published_gemm: float = 1.0
+    """1: a part's GEMM ceiling is its published maximum achievable matmul FLOPS (trainperf.planner.parts:
+    A100 85.9%, H100 80.1% of the dense peak) where there is one; 0: the catalog's gemm_fraction."""
+    published_fabric: float = 1.0
+    """1: NCCL bandwidths of a part's fabric as published (trainperf.planner.parts: the ring's 370 GB/s on
+    NVLink 4, 47 GB/s per NDR NIC); 0: nvlink_fraction and internode_fraction of the catalog's link rates
+    everywhere. (NVLink SHARP all-reduce is the stack's nvls mechanism.)"""
 
     # ------------------------------------------------------------- memory (bytes per parameter)
     param_bytes: float = 2.0

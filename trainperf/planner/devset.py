@@ -97,11 +97,13 @@ JEAN_ZAY_V100 = {size: replace(get_gpu(f"v100-{size}"), key=f"v100-{size}-jean-z
                                gpus_per_node=4, note="Jean Zay V100 SXM2: 4 GPUs per node, 2 NVLink2 links per pair, "
                                "Omni-Path 100 Gb/s (2 links per node assumed)")
                  for size in ("16gb", "32gb")}
-META_XFORMERS = Stack("meta-xformers", dp_reduce="overlap", fused=False, attention="flash", async_tp=True)
+META_XFORMERS = Stack("meta-xformers", dp_reduce="overlap", fused=False, attention="flash", async_tp=True,
+                      tp_overlap="concurrent")
 """LLaMA's training code: eager PyTorch layers with a hand-written backward and xformers' attention; the
 tensor-parallel all-reduces overlapped with the activations' computation (LLaMA sect. 2.4: "we also overlap
 the computation of activations and the communication between GPUs over the network (due to all_reduce
-operations) as much as possible"), which the model's ``async_tp`` mechanism is."""
+operations) as much as possible"), which the model's ``async_tp`` mechanism is, with the collectives beside
+independent work (``tp_overlap="concurrent"``), not decomposed."""
 METASEQ = Stack("metaseq", dp_reduce="overlap", fused=True, attention="eager", distributed_optimizer=False, fsdp=True)
 
 

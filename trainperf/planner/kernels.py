@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 
 from trainperf.hardware.catalog import GPUSpec
+from trainperf.planner import parts
 from trainperf.planner.constants import Constants
 
 TILE = (256, 128)
@@ -44,22 +45,29 @@ def wave_efficiency(m: float, n: float, batch: float, sms: int) -> float:
 
 
 class Kernels:
-    """Timing of single kernels and collectives on one GPU type."""
+    """Timing of single kernels and collectives on one GPU type. ``nvls``: the stack's NCCL reduces all-reduces
+    in an NVSwitch 3 node in the switch (NVLink SHARP) where the part has it."""
 
-    def __init__(self, gpu: GPUSpec, c: Constants, dtype: str = "bf16"):
+    def __init__(self, gpu: GPUSpec, c: Constants, dtype: str = "bf16", nvls: bool = True):
         self.c = c
         self.gpu = gpu
         if dtype == "bf16" and not gpu.bf16_tflops:
             dtype = gpu.half_dtype  # no BF16 tensor cores (V100): mixed precision runs in FP16
         self.dtype = dtype
         self.peak = gpu.peak_tflops(dtype) * 1e12
-        self.rate = self.peak * gpu.gemm_fraction * c.stack_efficiency
+        # the GEMM ceiling by generation: the published maximum achievable matmul FLOPS (parts.py), else the catalog's
+        self.fraction = parts.sustained_fraction(gpu) if c.published_gemm else gpu.gemm_fraction
+        self.rate = self.peak * self.fraction * c.stack_efficiency
         fp8 = getattr(gpu, "fp8_tflops", 0.0) or 0.0
-        self.rate8 = fp8 * 1e12 * gpu.gemm_fraction * c.stack_efficiency if fp8 else self.rate
-        self.vector = gpu.fp32_tflops * 1e12 * gpu.gemm_fraction * c.stack_efficiency
+        self.rate8 = fp8 * 1e12 * self.fraction * c.stack_efficiency if fp8 else self.rate
+        self.vector = gpu.fp32_tflops * 1e12 * self.fraction * c.stack_efficiency
         self.hbm = gpu.hbm_tbps * 1e12 * c.hbm_fraction
-        self.nvlink = gpu.nvlink_gbps / 2 * 1e9 * c.nvlink_fraction
-        self.nic = gpu.internode_gbps * 1e9 * c.internode_fraction
+        nvlink = gpu.nvlink_gbps / 2 * 1e9 * c.nvlink_fraction
+        nic = gpu.internode_gbps * 1e9 * c.internode_fraction
+        # what NCCL reaches on the node's fabric and per NIC, as published for the part (parts.py)
+        self.nvlink = parts.ring_busbw(gpu, nvlink) if c.published_fabric else nvlink
+        self.nic = parts.nic_busbw(gpu, nic) if c.published_fabric else nic
+        self.nvls = bool(nvls)
         self.per_node = max(1, gpu.gpus_per_node)
         self.sms = gpu.sms if c.wave_quantization else 0
 
@@ -77,16 +85,23 @@ class Kernels:
         return flops / (self.rate * eff) + self.c.gemm_memory_weight * nbytes / self.hbm + self.c.kernel_overhead_s
 
     def gemm_fwd_bwd(self, m: float, n: float, k: float, fp8: bool = False,
-                     fused: bool = False) -> tuple[float, float]:
+                     fused: bool = False, weight_cached: bool = False) -> tuple[float, float]:
         """(forward, backward = data grad + weight grad) for Y[m,n] = X[m,k] W[k,n]. Under FP8 the
         activations (X, and the output gradient in both backward GEMMs) cost :data:`CAST_FUSED` bytes
         per element when the stack fuses their amax into the kernel that produced them
-        (``torch.compile`` / Transformer Engine), the weight :data:`CAST_EAGER` always."""
+        (``torch.compile`` / Transformer Engine), the weight :data:`CAST_EAGER`, or nothing per micro-batch
+        when ``weight_cached`` (its FP8 copy made once per step: :meth:`weight_cast_once`)."""
         act = CAST_FUSED if fused else CAST_EAGER
-        fwd = self.gemm(m, n, k, fp8=fp8, cast_bytes=(act, CAST_EAGER))
-        dgrad = self.gemm(m, k, n, fp8=fp8, cast_bytes=(act, CAST_EAGER))
+        w = 0.0 if weight_cached else CAST_EAGER
+        fwd = self.gemm(m, n, k, fp8=fp8, cast_bytes=(act, w))
+        dgrad = self.gemm(m, k, n, fp8=fp8, cast_bytes=(act, w))
         wgrad = self.gemm(k, n, m, fp8=fp8, cast_bytes=(act, act))
         return fwd, dgrad + wgrad
+
+    def weight_cast_once(self, elements: float) -> float:
+        """A cached FP8 weight's cast per step (Transformer Engine, first micro-batch): read the BF16 weight for its
+        amax, read it again and write the FP8 copy and its transpose (2 + 2 + 1 + 1 bytes per element)."""
+        return self.memory_bound((CAST_EAGER + 1.0) * elements, 2)
 
     def flash(self, b: float, heads: float, sq: float, skv: float, d: int, causal: float,
               kernel: str = "fa2") -> tuple[float, float]:
@@ -112,6 +127,27 @@ class Kernels:
             return self.nvlink
         local = max(1, min(group, self.per_node // max(1, stride)))
         return min(self.nvlink, local * self.nic)
+
+    def all_reduce_group(self, nbytes: float, group: int, stride: int) -> float:
+        """All-reduce of ``nbytes`` among ``group`` ranks placed ``stride`` apart: NCCL's ring on the fabric, or,
+        within one NVSwitch 3 node, NVLink SHARP at its published bus bandwidth for the group's size."""
+        bw = self.bandwidth(group, stride)
+        if self.nvls and group * stride <= self.per_node:
+            bw = max(bw, parts.nvls_busbw(self.gpu, group))
+        return self.all_reduce(nbytes, group, bw)
+
+    def decomposed(self, gemm: float, comm: float, tp: int) -> float:
+        """Exposed time of tensor-parallel communication ``comm`` overlapped by decomposition with the GEMMs
+        beside it (``gemm``): each collective travels in ``tp`` chunks, one beside the GEMM of the chunk before
+        (the GEMM is timed whole: a library picks tiles for each slice, which the one-tile wave count would
+        overstate); the last chunk of every reduce-scatter (half of the traffic: each all-reduce
+        is a reduce-scatter and an all-gather) has no GEMM left to hide behind; what the GEMMs cannot hide
+        stays exposed, and the part hidden slows the GEMMs by ``comm_contention``."""
+        if comm <= 0 or tp <= 1:
+            return comm
+        tail = comm / (2 * tp)
+        rest = comm - tail
+        return tail + self.overlapped(gemm, rest) - gemm
 
     def _latency(self, n: int) -> float:
         return self.c.collective_latency_s * max(1, math.ceil(math.log2(n)))
