@@ -129,7 +129,12 @@ def test_bandwidth_inside_and_across_nodes():
     assert k.bandwidth(8, 1) == pytest.approx(nvlink)
     assert k.bandwidth(64, 1) == pytest.approx(min(nvlink, 8 * nic))  # 8 NICs per node carry the ring
     assert k.bandwidth(64, 8) == pytest.approx(nic)  # one member per node (TP 8 inside): one NIC
-    assert k.half_collective(1e9, 8, nvlink) == pytest.approx(7 / 8 * 1e9 / nvlink + 3 * DEFAULTS.collective_latency_s)
+    # NCCL's ring in one node: 7 steps at tuning.cc's Simple latency (8.4 us + 7 x 3.4 us) for a large buffer
+    assert k.half_collective(1e9, 8, nvlink) == pytest.approx(7 / 8 * 1e9 / nvlink + (8.4 + 7 * 3.4) * 1e-6)
+    from dataclasses import replace
+
+    old = Kernels(get_gpu("a100-80gb"), replace(DEFAULTS, nccl_tuning=0))  # per log2 of the ranks
+    assert old.half_collective(1e9, 8, nvlink) == pytest.approx(7 / 8 * 1e9 / nvlink + 3 * DEFAULTS.collective_latency_s)
 
 
 def test_fsdp_traffic_is_per_layer_and_shrinks_with_micro_batch_share():

@@ -30,7 +30,7 @@ RATE_CONSTANTS = {"stack_efficiency": "the GEMM rate", "attention_efficiency": "
 
 _NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 FRACTIONS = ("stack_efficiency", "attention_efficiency", "comm_contention", "wave_quantization", "published_gemm",
-             "published_fabric")
+             "published_fabric", "nccl_tuning")
 """Constants that are a share of something (at most 1), besides the *_fraction / *_overlap ones."""
 MIN_RATE = 1e-3
 
@@ -90,7 +90,12 @@ class Constants:
     members per node uses g NICs at once (one per GPU, rail-optimized), so its bus bandwidth is
     g x per-GPU NIC rate x this, capped by NVLink."""
     collective_latency_s: float = 20e-6
-    """Start-up latency of one collective step (NCCL ring/tree hop), seconds, x log2(ranks)."""
+    """Start-up latency of a pipeline send / receive, seconds (and of a collective per log2 of its ranks when
+    nccl_tuning is 0)."""
+    nccl_tuning: float = 1.0
+    """1: a collective's latency is NCCL's own cost model (src/graph/tuning.cc: a base plus a per-step latency by
+    protocol, link and algorithm; a ring of n ranks takes n - 1 steps), the fastest protocol for its bytes; 0:
+    collective_latency_s per log2 of the ranks."""
     p2p_overlap: float = 0.0
     """Fraction of pipeline send/receive time hidden behind compute (0: blocking p2p)."""
     wave_quantization: float = 1.0

@@ -194,12 +194,11 @@ def layer_cost(model: TransformerSpec, gpu: GPUSpec, c: Constants, tp: int, b: i
     # Tensor-parallel collectives: 2 per layer forward, 2 backward (SP: reduce-scatter + all-gather).
     comm_fwd = 0.0
     if tp > 1:  # all-reduces (NVLink SHARP where the node has it), or SP's reduce-scatter + all-gather (ring)
-        comm_fwd = 2 * (2 * k.half_collective(2 * X, tp, k.bandwidth(tp, 1)) if sp else k.all_reduce_group(2 * X, tp, 1))
+        comm_fwd = 2 * (2 * k.gather_group(2 * X, tp, 1) if sp else k.all_reduce_group(2 * X, tp, 1))
     cp_comm = 0.0
     if cp > 1:  # all-gather K and V forward, reduce-scatter their gradients backward
-        bw = k.bandwidth(cp, tp)
         kv_bytes = 2 * 2 * b * s * model.kv_dim / tp
-        cp_comm = 2 * k.half_collective(kv_bytes, cp, bw)
+        cp_comm = 2 * k.gather_group(kv_bytes, cp, tp)
         cp_comm = max(0.0, cp_comm - (core_fwd + core_bwd))  # overlapped with the attention
     if recompute == "full":
         re_compute, re_comm = fwd, comm_fwd
@@ -356,17 +355,15 @@ def estimate(model: TransformerSpec, gpu: GPUSpec, layout: Layout, global_batch:
         # gathered across the step's micro-batches and gradients are reduced at the last backward,
         # so each layer's all-gather and reduce-scatter run once per step, beside the first
         # forward and the last backward.
-        bw = k.bandwidth(n_shard, t)
-        ag = k.half_collective(c.param_bytes * layer_bytes, n_shard, bw)
-        rs = k.half_collective(red_bytes * layer_bytes, n_shard, bw)
+        ag = k.gather_group(c.param_bytes * layer_bytes, n_shard, t)
+        rs = k.gather_group(red_bytes * layer_bytes, n_shard, t)
         fsdp_once = layers_dev * (k.overlapped(lc["fwd"], ag) - lc["fwd"] + k.overlapped(lc["bwd"], rs) - lc["bwd"]
                                   + fsdp_copy) + ag
         t_layer = lc["compute"] + exposed_tp + lc["cp_comm"]
         fsdp_exposed = first_gather = 0.0
     elif fsdp:
-        bw = k.bandwidth(n_shard, t)
-        ag = k.half_collective(c.param_bytes * layer_bytes, n_shard, bw)
-        rs = k.half_collective(red_bytes * layer_bytes, n_shard, bw)
+        ag = k.gather_group(c.param_bytes * layer_bytes, n_shard, t)
+        rs = k.gather_group(red_bytes * layer_bytes, n_shard, t)
         t_fwd = k.overlapped(lc["fwd"], ag)
         t_bwd = k.overlapped(lc["bwd"], ag + rs)
         t_layer = t_fwd + t_bwd + exposed_tp + lc["cp_comm"] + fsdp_copy
@@ -392,19 +389,18 @@ def estimate(model: TransformerSpec, gpu: GPUSpec, layout: Layout, global_batch:
     dp_time = 0.0
     if dp * cp > 1 and not fsdp:
         n = dp * cp
-        bw = k.bandwidth(n, t)
         gbytes = dev_params * c.dp_grad_comm_bytes
         ag = 0.0
         if L.zero == 0:
             rs = k.all_reduce_group(gbytes, n, t)
         else:
-            ag = k.half_collective(dev_params * c.param_bytes, n_shard, bw)
+            ag = k.gather_group(dev_params * c.param_bytes, n_shard, t)
             if stack.grad_reduce_op == "all-reduce":  # the whole gradient on every rank, each steps its shard
                 rs = k.all_reduce_group(gbytes, n, t)
             else:
-                rs = k.half_collective(gbytes, n_shard, bw)
+                rs = k.gather_group(gbytes, n_shard, t)
                 if n_shard < n:  # HSDP-style replicas: all-reduce the shards across groups
-                    rs += k.all_reduce(gbytes / n_shard, n // n_shard, k.bandwidth(n // n_shard, t * n_shard))
+                    rs += k.all_reduce_group(gbytes / n_shard, n // n_shard, t * n_shard)
         # overlapped: in buckets beside the last micro-batch's backward; the last bucket (the first layers' and the
         # embedding's gradients) is ready only when the backward ends, so its share stays exposed. The part hidden
         # still costs comm_contention of it (NCCL takes SMs and HBM while it runs beside the backward).
@@ -420,7 +416,7 @@ def estimate(model: TransformerSpec, gpu: GPUSpec, layout: Layout, global_batch:
             dp_time += last * ag + k.overlapped(fwd_all, (1 - last) * ag) - fwd_all
     elif fsdp and n_shard < dp * cp:  # HSDP: all-reduce the gradient shard across replica groups
         reps = dp * cp // n_shard
-        dp_time = k.all_reduce(dev_params * red_bytes / n_shard, reps, k.bandwidth(reps, t * n_shard))
+        dp_time = k.all_reduce_group(dev_params * red_bytes / n_shard, reps, t * n_shard)
     emb_sync = k.all_reduce(model.embedding_params() / t * c.dp_grad_comm_bytes, 2, k.nic) if p > 1 and model.tied else 0.0
 
     opt_params = dev_params / n_shard if L.zero >= 1 else dev_params

@@ -21,6 +21,18 @@ from trainperf.planner import parts
 from trainperf.planner.constants import Constants
 
 TILE = (256, 128)
+NCCL_TUNING = ("NVIDIA/nccl src/graph/tuning.cc @ b6475625 (NCCL 2.19): baseLat and hwLat, the latency NCCL's own "
+               "algorithm selection charges per collective and per ring or tree step")
+_RING = (("LL", 6.6, 0.6, 1.0, 2.7), ("LL128", 14.0, 1.9, None, 4.0), ("Simple", 8.4, 3.4, 5.7, 14.0))
+"""Ring (protocol, base, hop on NVLink, on PCIe (None: not enabled there), on the network), microseconds."""
+_TREE = (("LL", 6.8, 0.6, 1.0, 5.0), ("LL128", 14.0, 1.25, None, 8.5), ("Simple", 0.0, 28.0, 28.0, 28.0))
+"""Tree (all-reduce across nodes), the same columns."""
+_PROTO_BW = {"LL": 0.25, "LL128": 0.92, "Simple": 1.0}
+"""Bus bandwidth each protocol reaches, as a fraction of the link's (tuning.cc: LL a quarter, a third on one node
+for reduce-scatter / all-gather; LL128 0.92; tree x0.92 and LL / 3.8, LL128 x120/128)."""
+_TREE_BW = {"LL": 1 / 3.8, "LL128": 120 / 128, "Simple": 0.92}
+NVLS_LATENCY_US = 23.0
+"""NVLink SHARP's latency in tuning.cc (hwLat NVLINK NVLS Simple)."""
 CAST_EAGER = 5.0
 """HBM bytes per element of a dynamic-scaling FP8 cast done apart (torchao eager, any weight): read the
 BF16 tensor for its amax (2), read it again and write FP8 (2 + 1)."""
@@ -129,12 +141,11 @@ class Kernels:
         return min(self.nvlink, local * self.nic)
 
     def all_reduce_group(self, nbytes: float, group: int, stride: int) -> float:
-        """All-reduce of ``nbytes`` among ``group`` ranks placed ``stride`` apart: NCCL's ring on the fabric, or,
-        within one NVSwitch 3 node, NVLink SHARP at its published bus bandwidth for the group's size."""
-        bw = self.bandwidth(group, stride)
-        if self.nvls and group * stride <= self.per_node:
-            bw = max(bw, parts.nvls_busbw(self.gpu, group))
-        return self.all_reduce(nbytes, group, bw)
+        """All-reduce of ``nbytes`` among ``group`` ranks placed ``stride`` apart: NCCL's ring or tree on the fabric,
+        or, within one NVSwitch 3 node, NVLink SHARP at its published bus bandwidth for the group's size."""
+        nodes = self.nodes(group, stride)
+        nvls = parts.nvls_busbw(self.gpu, group) if self.nvls and nodes == 1 else 0.0
+        return self.all_reduce(nbytes, group, self.bandwidth(group, stride), nodes, nvls)
 
     def decomposed(self, gemm: float, comm: float, tp: int) -> float:
         """Exposed time of tensor-parallel communication ``comm`` overlapped by decomposition with the GEMMs
@@ -149,19 +160,67 @@ class Kernels:
         rest = comm - tail
         return tail + self.overlapped(gemm, rest) - gemm
 
+    def nodes(self, group: int, stride: int) -> int:
+        """Nodes a group of ``group`` ranks placed ``stride`` apart spans."""
+        if group * stride <= self.per_node:
+            return 1
+        local = max(1, min(group, self.per_node // max(1, stride)))
+        return math.ceil(group / local)
+
     def _latency(self, n: int) -> float:
         return self.c.collective_latency_s * max(1, math.ceil(math.log2(n)))
 
-    def all_reduce(self, nbytes: float, n: int, bw: float) -> float:
-        if n <= 1:
-            return 0.0
-        return 2 * (n - 1) / n * nbytes / bw + 2 * self._latency(n)
+    def _ring(self, traffic: float, steps: int, inter: int, bw: float, nodes: int, one_node_gather: bool) -> float:
+        """NCCL's ring, the fastest protocol for these bytes: its latency (tuning.cc) plus ``traffic`` (bytes each rank
+        moves) at the protocol's share of the bus bandwidth."""
+        best = math.inf
+        nvlink = self.gpu.fabric == "NVLink"
+        for name, base, hop_nvl, hop_pci, hop_net in _RING:
+            hop = hop_nvl if nvlink else hop_pci
+            if hop is None:
+                continue
+            if nodes > 1:  # each step posts to the network: NCCL's net overhead, 1 us (x3 for Simple)
+                hop = max(hop, 3.0 if name == "Simple" else 1.0)
+            share = 1 / 3 if name == "LL" and one_node_gather else _PROTO_BW[name]
+            best = min(best, (base + (steps - inter) * hop + inter * hop_net) * 1e-6 + traffic / (bw * share))
+        return best
 
-    def half_collective(self, nbytes: float, n: int, bw: float) -> float:
-        """Reduce-scatter or all-gather of a buffer of `nbytes` (full size)."""
+    def all_reduce(self, nbytes: float, n: int, bw: float, nodes: int = 1, nvls_bw: float = 0.0) -> float:
+        """All-reduce of a buffer of ``nbytes`` among ``n`` ranks on ``nodes`` nodes at bus bandwidth ``bw``: the fastest
+        of NCCL's ring, its tree (across nodes) and NVLink SHARP (``nvls_bw``, one node), each with NCCL's own latency
+        (:data:`NCCL_TUNING`; ``nccl_tuning`` 0: ``collective_latency_s`` per log2 of the ranks instead)."""
         if n <= 1:
             return 0.0
-        return (n - 1) / n * nbytes / bw + self._latency(n)
+        traffic = 2 * (n - 1) / n * nbytes
+        if not self.c.nccl_tuning:
+            return traffic / max(bw, nvls_bw) + 2 * self._latency(n)
+        best = self._ring(traffic, 2 * (n - 1), 2 * nodes if nodes > 1 else 0, bw, nodes, False)
+        if nodes > 1:
+            ppn = n / nodes
+            nvlink = self.gpu.fabric == "NVLink"
+            for name, base, hop_nvl, hop_pci, hop_net in _TREE:
+                hop = hop_nvl if nvlink else hop_pci
+                if hop is None:
+                    continue
+                lat = base + 2 * ((ppn - 1) * hop + math.log2(nodes) * hop_net)
+                best = min(best, lat * 1e-6 + 2 * nbytes / (bw * _TREE_BW[name]))
+        if nvls_bw and nodes == 1:
+            best = min(best, NVLS_LATENCY_US * 1e-6 + traffic / nvls_bw)
+        return best
+
+    def half_collective(self, nbytes: float, n: int, bw: float, nodes: int = 1) -> float:
+        """Reduce-scatter or all-gather of a buffer of `nbytes` (full size) among ``n`` ranks on ``nodes`` nodes: NCCL's
+        ring, ``n - 1`` steps (``nodes - 1`` of them across the network), the fastest protocol."""
+        if n <= 1:
+            return 0.0
+        traffic = (n - 1) / n * nbytes
+        if not self.c.nccl_tuning:
+            return traffic / bw + self._latency(n)
+        return self._ring(traffic, n - 1, nodes - 1, bw, nodes, nodes == 1)
+
+    def gather_group(self, nbytes: float, group: int, stride: int) -> float:
+        """Reduce-scatter or all-gather among ``group`` ranks placed ``stride`` apart."""
+        return self.half_collective(nbytes, group, self.bandwidth(group, stride), self.nodes(group, stride))
 
     def p2p(self, nbytes: float, bw: float) -> float:
         return nbytes / bw + self.c.collective_latency_s
