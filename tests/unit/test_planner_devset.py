@@ -73,6 +73,14 @@ def test_shipped_intervals_are_the_fresh_cross_validated_ones(loso_fast):
         assert shipped.low == pytest.approx(fresh["log_ratio_low"], abs=2e-3)
         assert shipped.high == pytest.approx(fresh["log_ratio_high"], abs=2e-3)
         assert shipped.noncompute_scale == fresh["noncompute_scale"]
+    # the between- and within-source components, and the bounds far from the development set, are the fresh ones
+    fresh = loso_fast["interval"]
+    assert ACROSS.between_sd == pytest.approx(fresh["between_source_sd"], abs=2e-3)
+    assert ACROSS.within_sd == pytest.approx(fresh["within_source_sd"], abs=2e-3)
+    assert ACROSS.center == pytest.approx(fresh["center"], abs=2e-3)
+    assert len(ACROSS.far) == len(fresh["far"]) == 3
+    for (lo, hi), f in zip(ACROSS.far, fresh["far"]):
+        assert lo == pytest.approx(f["log_ratio_low"], abs=2e-3) and hi == pytest.approx(f["log_ratio_high"], abs=2e-3)
     assert CALIBRATED.relative_width() < ACROSS.relative_width()
     from trainperf.planner.interval import CALIBRATION_WEIGHT
 
@@ -80,19 +88,27 @@ def test_shipped_intervals_are_the_fresh_cross_validated_ones(loso_fast):
     assert 0 < CALIBRATION_WEIGHT < 1  # one measured run sets the level only in part
 
 
-@pytest.mark.xfail(strict=True, reason="issue 22 Done-when not met yet: LLaMA 1/2 miss 8% (LLaMA 1 above the constant), "
-                   "pooled 5.9% > 5%, coverage outside 70-90% on 8 of 10 sources (docs/benchmarks/planner.md)")
-def test_loso_meets_the_issue_22_done_when_criteria(loso_fast):
-    summary = loso_fast["summary"]
-    for source, v in summary.items():
-        if source == "pooled":
-            assert v["model_mean_abs_error"] <= 0.05
-            continue
-        assert v["model_mean_abs_error"] <= 0.08, source
-        assert v["model_mean_abs_error"] < v["baseline_mean_abs_error"], source
-        assert v["model_mean_abs_error"] < v["baseline_half_mean_abs_error"], source
-        assert 0.7 <= v["coverage"] <= 0.9, source
-        assert v["mean_relative_width"] <= 0.35, source
+def test_loso_meets_issue_39s_error_criteria(loso_fast):
+    # pooled <= 5.5%; every source of >= 8 runs <= 8% and below the constant baseline; the pooled 80% interval holds
+    # 75-90% of the held-out runs, every judged source's mean width <= 30%
+    from trainperf.planner.loso import criteria
+
+    crit = {c["criterion"]: c for c in criteria(loso_fast["summary"])["checks"]}
+    for name, c in crit.items():
+        if "coverage" in name and not name.startswith("pooled"):
+            continue  # per-source coverage: the strict xfail below
+        assert c["pass"], (name, c["value"])
+
+
+@pytest.mark.xfail(strict=True, reason="issue 39 Done-when: per-source coverage in 75-90% is not met on korthikanti, "
+                   "olmo and bloom (100%), mpt-a100-80gb (95%) and mpt-a100-40gb (71%): their levels differ more than "
+                   "any one width absorbs (docs/benchmarks/planner.md, coverage by interval scale)")
+def test_loso_meets_issue_39s_per_source_coverage(loso_fast):
+    from trainperf.planner.loso import criteria
+
+    for c in criteria(loso_fast["summary"])["checks"]:
+        if "coverage" in c["criterion"]:
+            assert c["pass"], c["criterion"]
 
 
 def test_torchtitan_rows_validate_the_preset_users_plan_with():
@@ -232,17 +248,19 @@ def test_shipped_constants_are_the_fit_on_all_sources():
         assert getattr(DEFAULTS, name) == pytest.approx(getattr(fresh, name), rel=3e-3), name
 
 
-def test_spread_across_weights_sources_by_the_root_of_their_rows_and_within_uses_pairs_of_rows():
-    from trainperf.planner.interval import spread_from
+def test_spread_across_sources_carries_their_levels_and_within_uses_pairs_of_rows():
+    from trainperf.planner.interval import components, spread_from
 
-    # one big source biased low, one small biased high: the small one still sets the upper bound (weighting
-    # each run alike, the 50 rows would hide it: 2 of 52 is under the top 10%)...
-    res = {"big": [-0.10] * 50, "small": [0.20, 0.20]}
+    # across: two sources whose levels are 0.3 apart and whose runs agree within each: a run of a third, unseen
+    # source may fall at either level, so the interval spans both (the rows' own scatter alone would be ~0)
+    res = {"low": [-0.10, -0.11, -0.09] * 4, "high": [0.20, 0.21, 0.19] * 4}
     across = spread_from(res)
-    assert across.low == pytest.approx(-0.10) and across.high == pytest.approx(0.20)
-    # ... but a source counts by the square root of its rows: 1 row beside 100 weighs 1/11 < 10%
-    # (weighted equally it would be half the spread)
-    assert spread_from({"big": [-0.10] * 100, "small": [0.20]}).high == pytest.approx(-0.10)
+    assert across.low < -0.05 and across.high > 0.15 and across.between_sd > 0.1
+    # a one-row source adds its level to the between component, not a scatter of its own
+    comp = components({**res, "one": [0.05]})
+    assert len(comp.deviations) == 24
+    # runs that agree exactly within each source: the levels' plain variance is the between component
+    assert components({"a": [-0.1] * 5, "b": [0.1] * 5}).between == pytest.approx(0.02)
     # within: a source's level is set by one of its rows, so only differences between rows remain;
     # a one-row source has none, and a constant bias has none either
     within = spread_from({"a": [0.0, 0.1], "b": [0.05], "c": [0.3, 0.3, 0.3]}, within=True)
@@ -276,7 +294,9 @@ def test_a_calibration_moves_a_small_deviation_part_way_and_a_large_one_nearly_a
     from trainperf.planner.interval import CALIBRATED, CALIBRATION_WEIGHT, shrink_cap, shrunk_target
 
     w, cap = CALIBRATION_WEIGHT, shrink_cap(CALIBRATED, CALIBRATION_WEIGHT)
-    assert 0 < cap < CALIBRATED.high - CALIBRATED.low  # held back: less than the calibrated interval's width
+    # held back: at most about the calibrated interval's width (equal to it at the fitted weight 0.2, where one run's
+    # deviation is mostly its own scatter: the level's spread tau is small beside the runs' sigma)
+    assert 0 < cap < 1.5 * (CALIBRATED.high - CALIBRATED.low)
     small = 0.5 * cap / (1 - w)
     assert math.log(shrunk_target(10.0, 10.0 * math.exp(small), w)) == pytest.approx(math.log(10.0) + w * small)
     for big in (0.3, -0.3, 1.0):  # a cluster 30% off (a V100's TP all-reduces), or 2.7x

@@ -33,7 +33,7 @@ ABLATIONS = {
 
 def _uses(name: str, row) -> bool:
     """Whether the mechanism can move this row at all (for the count of rows it applies to)."""
-    st, (tp, pp, dp, cp, _, _, _, sp, zero) = row.stack, row.fixed
+    st, (tp, _, dp, cp, _, _, _, sp, zero) = row.stack, row.fixed
     if name == "nvls":
         return st.nvls and "H100" in row.spec().name and ((tp or 2) > 1 and not sp or zero == 0)
     if name == "tp_comm_overlap":

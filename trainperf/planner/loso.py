@@ -65,6 +65,37 @@ def criteria(summary: dict) -> dict:
             "passed": sum(c["pass"] for c in checks), "total": len(checks), "all_pass": all(c["pass"] for c in checks)}
 
 
+SCALES = (0.6, 0.8, 1.0, 1.2, 1.4)
+
+
+def coverage_by_scale(res: dict, scales=SCALES) -> dict:
+    """Coverage of each judged source and pooled if every held-out interval were ``f`` times as wide (in log, about the
+    prediction): whether any one width puts every judged source in 75-90% (a source's level, not the width, sets
+    where its runs fall)."""
+    rows = [x for x in res["rows"] if x["interval_s"]]
+    judged = [s for s, v in res["summary"].items() if s != "pooled" and v["rows"] >= JUDGED_ROWS]
+    out = {}
+    for f in scales:
+        cov = {}
+        for s in judged + ["pooled"]:
+            rs = [x for x in rows if s == "pooled" or x["source"] == s]
+            inside = sum(f * math.log(x["interval_s"][0] / x["predicted_s"]) <= math.log(x["published_s"] / x["predicted_s"])
+                         <= f * math.log(x["interval_s"][1] / x["predicted_s"]) for x in rs)
+            cov[s] = round(inside / len(rs), 4) if rs else None
+        out[str(f)] = cov
+    return out
+
+
+def render_scales(table: dict) -> str:
+    sources = list(next(iter(table.values())))
+    lines = ["| interval width x | " + " | ".join(sources) + " |", "|---" * (len(sources) + 1) + "|"]
+    lo, hi = TARGETS["coverage"]
+    for f, cov in table.items():
+        cells = [("-" if v is None else f"{100 * v:.0f}%" + ("" if lo <= v <= hi else " (out)")) for v in cov.values()]
+        lines.append(f"| {f} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def render_criteria(crit: dict) -> str:
     lines = [f"Issue 39's Done-when, on this run: {crit['passed']} of {crit['total']} checks pass "
              f"(sources of >= {JUDGED_ROWS} runs judged: {', '.join(crit['judged_sources'])})", "",
@@ -416,13 +447,16 @@ def report(data_dir=None, *, as_json=False, plot_path=None, nested=True, json_du
         bar.close()
     res["generation_check"] = generation_check(baseline_efficiency=res["baseline_all"])
     res["criteria"] = criteria(res["summary"])
+    res["coverage_by_scale"] = coverage_by_scale(res)
     if plot_path:
         plot(res, plot_path)
     if as_json:
         from trainperf.runio import dumps_strict
 
         return dumps_strict(res)
-    return (render_criteria(res["criteria"]) + "\n\n" + render_markdown(res)
+    return (render_criteria(res["criteria"]) + "\n\nCoverage if every interval were scaled (the judged sources' levels "
+            "differ more than any one width can absorb):\n\n" + render_scales(res["coverage_by_scale"]) + "\n\n"
+            + render_markdown(res)
             + "\n\n## Held-out check: another GPU generation (V100)\n\n" + render_generation_check(res["generation_check"]))
 
 
