@@ -18,6 +18,8 @@ ABLATIONS = {
                         "the catalog's gemm_fraction (A100 0.88, H100 0.79)", {"published_gemm": 0.0}, None),
     "nccl_fabric": ("NCCL bandwidths published for NVLink 4 (ring 370 GB/s) and NDR (47 GB/s per NIC)",
                     "0.8 of the link rates", {"published_fabric": 0.0}, None),
+    "nccl_latency": ("a collective's latency from NCCL's cost model (tuning.cc: a ring of n ranks takes n - 1 steps)",
+                     "20 us per log2 of the ranks", {"nccl_tuning": 0.0}, None),
     "nvls": ("NVLink SHARP all-reduce in an NVSwitch 3 node", "ring all-reduce", {}, lambda s: replace(s, nvls=False)),
     "tp_comm_overlap": ("TP communication overlapped with the GEMMs (decomposed; LLaMA's concurrent)",
                         "TP collectives exposed", {}, lambda s: replace(s, async_tp=False)),
@@ -54,14 +56,17 @@ def ablate(name: str, rows: list) -> tuple[list, dict]:
     return [replace(r, stack=transform(r.stack)) for r in rows], const
 
 
-def run(rows=None, progress=None) -> dict:
-    """Per mechanism: rows it applies to, and the LOSO pooled / per-source error with and without it."""
+def run(rows=None, progress=None, names=None) -> dict:
+    """Per mechanism (``names``: those only): rows it applies to, and the LOSO pooled / per-source error with and
+    without it."""
     from trainperf.planner.loso import loso
 
     rows = devset.load() if rows is None else rows
     base = loso(rows, nested=False)["summary"]
     out = {"with_all": {s: v["model_mean_abs_error"] for s, v in base.items()}, "mechanisms": {}}
     for name, (what, without, _, _) in ABLATIONS.items():
+        if names and name not in names:
+            continue
         applies = sum(_uses(name, r) for r in rows)
         entry = {"what": what, "without": without, "rows_it_applies_to": applies}
         if applies:

@@ -109,9 +109,9 @@ def noncompute_share(est) -> float:
 
 # FITTED by python -m trainperf.planner.loso (the "interval", "calibration_weight" and "interval_calibrated"
 # blocks of its output; all sources).
-ACROSS = Spread(-0.0668, 0.0795, "leave-one-source-out errors of the development set's sources split into the "
-                                   "spread of the sources' levels and of their runs around them (10th / 90th percentile "
-                                   "of a run of a source never seen)",
+ACROSS = Spread(-0.0668, 0.0795, "the leave-one-source-out errors of the development set, split into the spread "
+                                   "of the sources' levels and of their runs around them (10th / 90th percentile of a run "
+                                   "of a source never seen)",
                 noncompute_scale=1.0, far=((-0.0729, 0.0875), (-0.0787, 0.0944), (-0.0841, 0.1005)),
                 between_sd=0.0237, within_sd=0.0633, center=0.0086)
 VALIDATED_PARTS = ("NVIDIA A100-SXM4-40GB", "NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3")

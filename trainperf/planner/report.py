@@ -86,12 +86,12 @@ def render(plan: Plan, *, batch_note: str, top: int, baseline, calibration, elap
         "",
         f"TFLOP/s/GPU and MFU count {flop_convention}; MFU is against the dense {g.half_dtype.upper()} peak of {g.key} "
         f"({g.half_tflops:g} TFLOP/s). v: interleaved stages per GPU; m: micro-batches per pipeline per step.",
-        f"80% interval: {spread.basis} ({100 * (2.718281828459045 ** spread.low - 1):+.0f}% / "
-        f"{100 * (2.718281828459045 ** spread.high - 1):+.0f}% of an estimate spent in compute"
-        + (f", sources' levels {100 * spread.between_sd:.1f}% apart (sd) and their runs {100 * spread.within_sd:.1f}% "
-           "around them" if spread.between_sd is not None and spread.within_sd is not None else "")
+        f"80% interval: {100 * (2.718281828459045 ** spread.low - 1):+.0f}% / "
+        f"{100 * (2.718281828459045 ** spread.high - 1):+.0f}% of an estimate spent in compute, from {spread.basis}"
+        + (f" (sources' levels {100 * spread.between_sd:.1f}% apart, sd, and their runs {100 * spread.within_sd:.1f}% "
+           "around them)" if spread.between_sd is not None and spread.within_sd is not None else "")
         + (f"; wider by {spread.noncompute_scale:g} x the share of the step in communication, bubbles and the "
-           "optimizer, where the model is less sure)." if spread.noncompute_scale else ")."),
+           "optimizer, where the model is less sure." if spread.noncompute_scale else "."),
         "",
         f"best: {plan.best.layout.short()}: {plan.best.step_time_s:.2f} s/step "
         f"(80% interval {spread.bounds_for(plan.best, len(far(plan.best)))[0]:.2f}-"
