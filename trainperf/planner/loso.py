@@ -361,6 +361,8 @@ def render_markdown(res: dict) -> str:
         err = "no fit" if x["error"] is None else f"{100 * x['error']:+.1f}%"
         mark = " (approx.)" if x["approximate"] else ""
         iv = "-" if not x["interval_s"] else f"{x['interval_s'][0]:.3g}-{x['interval_s'][1]:.3g}{'' if x['inside'] else ' (out)'}"
+        if x.get("far_from_development"):
+            iv += f" (far: {', '.join(x['far_from_development'])})"
         lines.append(f"| {x['source']}{mark} | {x['row']} | {x['published_s']:.3f} | {x['predicted_s'] or '-'} | {err} "
                      f"| {iv} | {x['layout'] or '-'} | {100 * x['baseline_error']:+.1f}% |")
     return "\n".join(lines)
