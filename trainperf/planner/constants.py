@@ -7,9 +7,10 @@ real run measured (see :mod:`trainperf.planner.calibrate`).
 
 The defaults are physically motivated and few; none is fitted to a single published run:
 the bandwidth fractions come from measurements of one kernel or one collective, the byte counts
-from the data types of mixed-precision training. Four are FITTED (marked so below) on the
-development set (docs/fragments/planner-benchmarks.md; ``python -m trainperf.planner.loso``), by
-leave-one-source-out cross-validation; the per-GPU sustained GEMM fraction is a catalog field.
+from the data types of mixed-precision training. Three are FITTED (marked so below) on the
+development set (docs/benchmarks/planner.md; ``python -m trainperf.planner.loso``), by
+leave-one-source-out cross-validation; the per-GPU GEMM ceiling and NCCL's bandwidths are published figures
+(:mod:`trainperf.planner.parts`), NCCL's latencies its own cost model (:mod:`trainperf.planner.kernels`).
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ class Constants:
     Ampere, ``fa3`` on Hopper); an ``fa2`` kernel on Hopper gets the catalog's ``mma_sync_fraction``
     (2/3) of it on top: a published hardware figure, not fitted."""
     comm_contention: float = 0.6436
-    """FITTED (all sources; 0.64-0.72 across the leave-one-source-out folds, and weakly identified:
+    """FITTED (all sources; 0.61-0.65 across the leave-one-source-out folds, and weakly identified:
     the fit moves with its starting point). While a collective overlaps compute, the compute slows
     by this fraction of the overlapped time (NCCL kernels take SMs and HBM bandwidth; FSDP's rate
     limiter and stream waits): FSDP's per-layer collectives and the DDP / ZeRO-1/2 bucketed
