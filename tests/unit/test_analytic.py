@@ -88,7 +88,7 @@ def test_gemm_soft_roofline_and_generations():
     a100 = Kernels(get_gpu("a100-80gb"), DEFAULTS)
     m = n = k = 8192
     flops, nbytes = 2 * m * n * k, 2 * 3 * m * n
-    rate = 312e12 * 0.88 * DEFAULTS.stack_efficiency
+    rate = 267.9e12 * DEFAULTS.stack_efficiency  # the A100's published maximum achievable matmul FLOPS (planner/parts.py)
     hbm = 2.039e12 * DEFAULTS.hbm_fraction
     # 8192 x 8192 output in 256 x 128 tiles: 2048 tiles on 108 SMs run in 19 waves (2052 slots)
     waves = 2048 / (19 * 108)
@@ -115,8 +115,9 @@ def test_flash_time_hand_value():
     k = Kernels(get_gpu("a100-80gb"), DEFAULTS)
     b, heads, s, d = 1, 8, 4096, 128
     scores = b * heads * s * s * 0.5
-    mm = 4 * scores * d / (312e12 * 0.88 * DEFAULTS.stack_efficiency * DEFAULTS.attention_efficiency)
-    sm = DEFAULTS.softmax_ops_per_score * scores / (19.5e12 * 0.88 * DEFAULTS.stack_efficiency)
+    mamf = 267.9 / 312  # the A100's GEMM ceiling as a fraction of its peak (planner/parts.py)
+    mm = 4 * scores * d / (312e12 * mamf * DEFAULTS.stack_efficiency * DEFAULTS.attention_efficiency)
+    sm = DEFAULTS.softmax_ops_per_score * scores / (19.5e12 * mamf * DEFAULTS.stack_efficiency)
     fwd, bwd = k.flash(b, heads, s, s, d, 0.5)
     assert fwd == pytest.approx(mm + sm + DEFAULTS.kernel_overhead_s)
     assert bwd == pytest.approx(2.5 * mm + 2 * sm + 2 * DEFAULTS.kernel_overhead_s)
@@ -128,7 +129,12 @@ def test_bandwidth_inside_and_across_nodes():
     assert k.bandwidth(8, 1) == pytest.approx(nvlink)
     assert k.bandwidth(64, 1) == pytest.approx(min(nvlink, 8 * nic))  # 8 NICs per node carry the ring
     assert k.bandwidth(64, 8) == pytest.approx(nic)  # one member per node (TP 8 inside): one NIC
-    assert k.half_collective(1e9, 8, nvlink) == pytest.approx(7 / 8 * 1e9 / nvlink + 3 * DEFAULTS.collective_latency_s)
+    # NCCL's ring in one node: 7 steps at tuning.cc's Simple latency (8.4 us + 7 x 3.4 us) for a large buffer
+    assert k.half_collective(1e9, 8, nvlink) == pytest.approx(7 / 8 * 1e9 / nvlink + (8.4 + 7 * 3.4) * 1e-6)
+    from dataclasses import replace
+
+    old = Kernels(get_gpu("a100-80gb"), replace(DEFAULTS, nccl_tuning=0))  # per log2 of the ranks
+    assert old.half_collective(1e9, 8, nvlink) == pytest.approx(7 / 8 * 1e9 / nvlink + 3 * DEFAULTS.collective_latency_s)
 
 
 def test_fsdp_traffic_is_per_layer_and_shrinks_with_micro_batch_share():

@@ -170,7 +170,10 @@ def test_the_plan_note_on_a_v100_says_what_the_held_out_check_found(v100_check):
     assert s["TP = 1"]["coverage"] >= 0.7 and s["TP = 1"]["model_mean_abs_error"] < 0.08
     assert s["TP = 1"]["model_mean_abs_error"] < s["TP = 1"]["baseline_mean_abs_error"]
     # "every run with tensor parallelism (TP 2) was slower than its upper bound"
-    # "a measured step corrects the level" (docs/benchmarks/planner.md): calibrated on the part, inside again
-    assert s["TP > 1"]["calibrated_coverage"] >= 0.7 and s["TP = 1"]["calibrated_coverage"] >= 0.7
+    # a measured step on the part (docs/benchmarks/planner.md): without TP the other layouts fall inside the
+    # calibrated interval again; with TP 2 calibration moves the runs toward it (from none inside) but the fitted
+    # partial-pooling weight (0.2) holds back up to ~11% of a deviation, which leaves most of them above it
+    assert s["TP = 1"]["calibrated_coverage"] >= 0.7
+    assert s["TP > 1"]["coverage"] < s["TP > 1"]["calibrated_coverage"] < 0.7
     tp = [x for x in v100_check["rows"] if x["tp"] > 1]
     assert tp and {x["tp"] for x in tp} == {2} and all(x["published_s"] > x["interval_s"][1] for x in tp)

@@ -71,10 +71,7 @@ ONLY: dict[str, set[str]] = {
 
 # Names trainperf's own code still imports from their old path, until their owner moves the import:
 # (importer, old module, name) -> why.
-PENDING: dict[tuple[str, str, str], str] = {
-    ("trainperf.planner.calibrate", "trainperf.config.resolve", "model_shape"):
-        "trainperf/planner/ is changed on the planner's branch; it imports trainperf.models.shape.model_shape there",
-}
+PENDING: dict[tuple[str, str, str], str] = {}
 
 
 @dataclass(frozen=True)

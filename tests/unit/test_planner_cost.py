@@ -186,8 +186,9 @@ def test_sharded_optimizer_all_reducing_the_whole_gradient_doubles_its_traffic()
 
     k = Kernels(A100, DEFAULTS)
     dev_params = (model.layers * model.layer_params() + model.embedding_params()) / 2
-    gather = k.half_collective(dev_params * DEFAULTS.param_bytes, 32, k.bandwidth(32, 2))
-    assert ar - gather == pytest.approx(2 * (rs - gather), rel=1e-9)
+    gather = k.gather_group(dev_params * DEFAULTS.param_bytes, 32, 2)
+    # the bytes double; NCCL's latency of an all-reduce (ring or tree) is not exactly twice a reduce-scatter's
+    assert ar - gather == pytest.approx(2 * (rs - gather), rel=1e-3)
     assert ar > rs > gather > 0
     # ZeRO-0 (DDP all-reduce) and FSDP are not touched by it
     for zero in (0, 3):

@@ -1,14 +1,15 @@
 """The planner on its development set (docs/benchmarks/planner.md has the LOSO tables).
 
-Rows: Korthikanti et al. 2022 Table 5 (REFERENCE.md, built in) and, when the shared development
-data are present (/work/shared/planner-dev or $TRAINPERF_PLANNER_DEV), the MPT FSDP tables on
-A100 80/40 GB and Llama 3 405B. The shipped constants are the fit on all sources; the cross-
-validated (leave-one-source-out) figures are produced by ``python -m trainperf.planner.loso``.
+Rows: Korthikanti et al. 2022 Table 5 (REFERENCE.md) and the tables of devset_sources built in, the MPT FSDP
+tables on A100 80/40 GB and Llama 3 405B read from the tables shipped in trainperf/planner/devdata (a missing
+table is an error, never a skip). The shipped constants are the fit on all sources; the cross-validated
+(leave-one-source-out) figures are produced by ``python -m trainperf.planner.loso``.
 """
 
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 
@@ -16,7 +17,6 @@ from trainperf.planner import devset, fit
 from trainperf.planner.constants import DEFAULTS
 
 ROWS = devset.load()
-HAVE_SHARED = any(r.source.startswith("mpt") for r in ROWS)
 
 
 def _mean_abs(errs):
@@ -49,7 +49,7 @@ def test_every_source_is_cited_and_marks_its_approximate_rows():
     assert set(devset.SOURCES) >= {"bloom", "opt-175b", "llama1", "llama2", "torchtitan", "olmo"}
     for row in ROWS:
         assert row.source in devset.SOURCES and len(row.citation) > 40, row.source
-    for source in ("opt-175b", "llama1", "llama2", "torchtitan", "olmo") + (("llama3-405b",) if HAVE_SHARED else ()):
+    for source in ("opt-175b", "llama1", "llama2", "torchtitan", "olmo", "llama3-405b"):
         rows = [r for r in ROWS if r.source == source]
         assert rows and all(r.approximate for r in rows), source
     for row in ROWS:
@@ -73,6 +73,14 @@ def test_shipped_intervals_are_the_fresh_cross_validated_ones(loso_fast):
         assert shipped.low == pytest.approx(fresh["log_ratio_low"], abs=2e-3)
         assert shipped.high == pytest.approx(fresh["log_ratio_high"], abs=2e-3)
         assert shipped.noncompute_scale == fresh["noncompute_scale"]
+    # the between- and within-source components, and the bounds far from the development set, are the fresh ones
+    fresh = loso_fast["interval"]
+    assert ACROSS.between_sd == pytest.approx(fresh["between_source_sd"], abs=2e-3)
+    assert ACROSS.within_sd == pytest.approx(fresh["within_source_sd"], abs=2e-3)
+    assert ACROSS.center == pytest.approx(fresh["center"], abs=2e-3)
+    assert len(ACROSS.far) == len(fresh["far"]) == 3
+    for (lo, hi), f in zip(ACROSS.far, fresh["far"]):
+        assert lo == pytest.approx(f["log_ratio_low"], abs=2e-3) and hi == pytest.approx(f["log_ratio_high"], abs=2e-3)
     assert CALIBRATED.relative_width() < ACROSS.relative_width()
     from trainperf.planner.interval import CALIBRATION_WEIGHT
 
@@ -80,19 +88,27 @@ def test_shipped_intervals_are_the_fresh_cross_validated_ones(loso_fast):
     assert 0 < CALIBRATION_WEIGHT < 1  # one measured run sets the level only in part
 
 
-@pytest.mark.xfail(strict=True, reason="issue 22 Done-when not met yet: LLaMA 1/2 miss 8% (LLaMA 1 above the constant), "
-                   "pooled 5.9% > 5%, coverage outside 70-90% on 8 of 10 sources (docs/benchmarks/planner.md)")
-def test_loso_meets_the_issue_22_done_when_criteria(loso_fast):
-    summary = loso_fast["summary"]
-    for source, v in summary.items():
-        if source == "pooled":
-            assert v["model_mean_abs_error"] <= 0.05
-            continue
-        assert v["model_mean_abs_error"] <= 0.08, source
-        assert v["model_mean_abs_error"] < v["baseline_mean_abs_error"], source
-        assert v["model_mean_abs_error"] < v["baseline_half_mean_abs_error"], source
-        assert 0.7 <= v["coverage"] <= 0.9, source
-        assert v["mean_relative_width"] <= 0.35, source
+def test_loso_meets_issue_39s_error_criteria(loso_fast):
+    # pooled <= 5.5%; every source of >= 8 runs <= 8% and below the constant baseline; the pooled 80% interval holds
+    # 75-90% of the held-out runs, every judged source's mean width <= 30%
+    from trainperf.planner.loso import criteria
+
+    crit = {c["criterion"]: c for c in criteria(loso_fast["summary"])["checks"]}
+    for name, c in crit.items():
+        if "coverage" in name and not name.startswith("pooled"):
+            continue  # per-source coverage: the strict xfail below
+        assert c["pass"], (name, c["value"])
+
+
+@pytest.mark.xfail(strict=True, reason="issue 39 Done-when: per-source coverage in 75-90% is not met on korthikanti, "
+                   "olmo and bloom (100%), mpt-a100-80gb (95%) and mpt-a100-40gb (71%): their levels differ more than "
+                   "any one width absorbs (docs/benchmarks/planner.md, coverage by interval scale)")
+def test_loso_meets_issue_39s_per_source_coverage(loso_fast):
+    from trainperf.planner.loso import criteria
+
+    for c in criteria(loso_fast["summary"])["checks"]:
+        if "coverage" in c["criterion"]:
+            assert c["pass"], c["criterion"]
 
 
 def test_torchtitan_rows_validate_the_preset_users_plan_with():
@@ -134,7 +150,6 @@ def test_table5_recompute_ordering_matches_the_paper():
         assert 1.2 < ratio < 1.45, (full.label, ratio)
 
 
-@pytest.mark.skipif(not HAVE_SHARED, reason="shared planner-dev data not present")
 def test_mpt_flash_rows_fit_where_eager_attention_would_not():
     # The MPT 7B row at 65,536 tokens ran on 80 GB: with s x s scores kept it could never fit.
     row = next(r for r in ROWS if r.label.startswith("7b s65536"))
@@ -143,6 +158,73 @@ def test_mpt_flash_rows_fit_where_eager_attention_would_not():
 
     eager = replace(row, model=replace(row.model, attention="eager"))
     assert devset.predict(eager) is None
+
+
+def test_every_source_is_loaded_from_the_tables_shipped_with_the_package():
+    # the tables travel with the package: a clone (or an installed trainperf) has every source, no machine path
+    assert set(devset.SOURCES) == {r.source for r in ROWS}
+    counts = {s: sum(r.source == s for r in ROWS) for s in ("mpt-a100-80gb", "mpt-a100-40gb", "llama3-405b")}
+    assert counts == {"mpt-a100-80gb": 61, "mpt-a100-40gb": 78, "llama3-405b": 3}
+    assert os.path.dirname(devset.DATA_DIR) == os.path.dirname(devset.__file__)
+    readme = open(os.path.join(devset.DATA_DIR, "README.md"), encoding="utf-8").read()
+    for fname, _ in devset.TABLES:  # each table cited, with its reliability
+        assert f"`{fname}`" in readme, fname
+    assert "approximate" in readme and "exact" in readme
+
+
+def test_the_development_tables_are_package_data():
+    # pyproject.toml's package-data globs take every file of devdata/ into a built wheel
+    import fnmatch
+
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        tomllib = pytest.importorskip("tomli")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    with open(os.path.join(root, "pyproject.toml"), "rb") as f:
+        globs = tomllib.load(f)["tool"]["setuptools"]["package-data"]["trainperf.planner"]
+    for fname in os.listdir(devset.DATA_DIR):
+        assert any(fnmatch.fnmatch(f"devdata/{fname}", g) for g in globs), fname
+
+
+def test_a_data_directory_without_the_tables_is_an_error_naming_them(tmp_path, monkeypatch):
+    from trainperf.errors import UserError
+
+    with pytest.raises(UserError, match="mpt_a100_80gb.tsv.*--data"):
+        devset.load(str(tmp_path))
+    with pytest.raises(UserError, match="does not exist"):
+        devset.load(str(tmp_path / "nowhere"))
+    monkeypatch.setenv("TRAINPERF_PLANNER_DEV", str(tmp_path))  # the variable overrides the shipped tables too
+    with pytest.raises(UserError, match="lacks"):
+        devset.load()
+    # a copy of the tables is read like the shipped ones; a table without a needed column is named
+    import shutil
+
+    for fname, _ in devset.TABLES:
+        shutil.copy(os.path.join(devset.DATA_DIR, fname), tmp_path / fname)
+    assert len(devset.load()) == len(ROWS)
+    (tmp_path / "llama3_405b.tsv").write_text("gpus\ttp\n8\t8\n", encoding="utf-8")
+    with pytest.raises(UserError, match="llama3_405b.tsv.*no cp"):
+        devset.load()
+
+
+def test_no_machine_path_in_the_planner():
+    # issue 36: defaults that point at one machine's directories (a clone has none of them)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    paths = [os.path.join(root, "trainperf", "planner"), os.path.join(root, "trainperf", "cli", "plan.py"),
+             os.path.join(root, "docs", "benchmarks", "planner.md"), os.path.join(root, "docs", "guides", "plan.md")]
+    paths += [os.path.join(root, "tests", "unit", f) for f in os.listdir(os.path.join(root, "tests", "unit"))
+              if f.startswith("test_planner")]
+    files = []
+    for p in paths:
+        if os.path.isdir(p):
+            files += [os.path.join(d, f) for d, _, fs in os.walk(p) for f in fs if f.endswith((".py", ".md", ".tsv"))]
+        else:
+            files.append(p)
+    machine = "/" + "work/"  # written apart so that this test does not find itself
+    for f in files:
+        text = open(f, encoding="utf-8").read()
+        assert machine not in text and "planner" + "-dev" not in text, f
 
 
 def test_nelder_mead_finds_a_known_minimum():
@@ -166,17 +248,19 @@ def test_shipped_constants_are_the_fit_on_all_sources():
         assert getattr(DEFAULTS, name) == pytest.approx(getattr(fresh, name), rel=3e-3), name
 
 
-def test_spread_across_weights_sources_by_the_root_of_their_rows_and_within_uses_pairs_of_rows():
-    from trainperf.planner.interval import spread_from
+def test_spread_across_sources_carries_their_levels_and_within_uses_pairs_of_rows():
+    from trainperf.planner.interval import components, spread_from
 
-    # one big source biased low, one small biased high: the small one still sets the upper bound (weighting
-    # each run alike, the 50 rows would hide it: 2 of 52 is under the top 10%)...
-    res = {"big": [-0.10] * 50, "small": [0.20, 0.20]}
+    # across: two sources whose levels are 0.3 apart and whose runs agree within each: a run of a third, unseen
+    # source may fall at either level, so the interval spans both (the rows' own scatter alone would be ~0)
+    res = {"low": [-0.10, -0.11, -0.09] * 4, "high": [0.20, 0.21, 0.19] * 4}
     across = spread_from(res)
-    assert across.low == pytest.approx(-0.10) and across.high == pytest.approx(0.20)
-    # ... but a source counts by the square root of its rows: 1 row beside 100 weighs 1/11 < 10%
-    # (weighted equally it would be half the spread)
-    assert spread_from({"big": [-0.10] * 100, "small": [0.20]}).high == pytest.approx(-0.10)
+    assert across.low < -0.05 and across.high > 0.15 and across.between_sd > 0.1
+    # a one-row source adds its level to the between component, not a scatter of its own
+    comp = components({**res, "one": [0.05]})
+    assert len(comp.deviations) == 24
+    # runs that agree exactly within each source: the levels' plain variance is the between component
+    assert components({"a": [-0.1] * 5, "b": [0.1] * 5}).between == pytest.approx(0.02)
     # within: a source's level is set by one of its rows, so only differences between rows remain;
     # a one-row source has none, and a constant bias has none either
     within = spread_from({"a": [0.0, 0.1], "b": [0.05], "c": [0.3, 0.3, 0.3]}, within=True)
@@ -210,7 +294,9 @@ def test_a_calibration_moves_a_small_deviation_part_way_and_a_large_one_nearly_a
     from trainperf.planner.interval import CALIBRATED, CALIBRATION_WEIGHT, shrink_cap, shrunk_target
 
     w, cap = CALIBRATION_WEIGHT, shrink_cap(CALIBRATED, CALIBRATION_WEIGHT)
-    assert 0 < cap < CALIBRATED.high - CALIBRATED.low  # held back: less than the calibrated interval's width
+    # held back: at most about the calibrated interval's width (equal to it at the fitted weight 0.2, where one run's
+    # deviation is mostly its own scatter: the level's spread tau is small beside the runs' sigma)
+    assert 0 < cap < 1.5 * (CALIBRATED.high - CALIBRATED.low)
     small = 0.5 * cap / (1 - w)
     assert math.log(shrunk_target(10.0, 10.0 * math.exp(small), w)) == pytest.approx(math.log(10.0) + w * small)
     for big in (0.3, -0.3, 1.0):  # a cluster 30% off (a V100's TP all-reduces), or 2.7x

@@ -83,13 +83,26 @@ def register(subparsers) -> None:
                    "under its pipeline engine): twice the traffic")
     s.add_argument("--float8", action=argparse_bool(), default=None, help="FP8 GEMMs in the linear layers "
                    "(torchao / Transformer Engine dynamic scaling; needs an FP8 peak in the catalog)")
-    s.add_argument("--async-tp", action=argparse_bool(), default=None, help="tensor-parallel collectives "
-                   "overlapped with the matmuls (torchtitan AsyncTP, TE comm overlap)")
+    s.add_argument("--async-tp", "--tp-comm-overlap", dest="async_tp", action=argparse_bool(), default=None,
+                   help="tensor-parallel communication overlapped with the GEMMs by decomposition (Megatron-Core "
+                        "--tp-comm-overlap with Transformer Engine userbuffers, torchtitan AsyncTP); the megatron-core "
+                        "preset has it on")
+    s.add_argument("--fp8-weight-cache", action=argparse_bool(), default=None, help="under --float8, each weight "
+                   "cast to FP8 once per step and reused by every micro-batch (Transformer Engine, as Megatron-Core "
+                   "runs it: the megatron-core preset); --no-fp8-weight-cache: cast every micro-batch (torchao)")
+    s.add_argument("--param-gather", choices=["overlap", "after"], help="the distributed optimizer's parameter "
+                   "all-gather overlapped with the next forward (Megatron-Core --overlap-param-gather) or before it "
+                   "(default: as --dp-reduce)")
+    s.add_argument("--nvls", action=argparse_bool(), default=None, help="NVLink SHARP all-reduce in an NVSwitch 3 "
+                   "node (H100 / H200 HGX; NCCL >= 2.17 uses it by default): --no-nvls for NCCL_NVLS_ENABLE=0")
     s.add_argument("--attention-kernel", choices=["fa2", "fa3"], help="FlashAttention generation: fa2 (Ampere's "
                    "mma.sync: FlashAttention-2, SDPA flash / memory-efficient, xformers; 2/3 of the rate on Hopper) "
                    "or fa3 (the GPU's native instructions: FlashAttention-3, cuDNN / Transformer Engine)")
     o = p.add_argument_group("output and model")
     o.add_argument("--top", type=whole(1), default=10, help="candidates shown / in --json (default 10)")
+    o.add_argument("--explain", action="store_true", help="what each mechanism of the stack and the part (GEMM "
+                   "ceiling, NCCL bandwidths, NVLink SHARP, TP overlap, FP8, overlapped reductions, fused kernels, "
+                   "attention kernel) contributed to the best layout's step: the step timed again without it")
     o.add_argument("--baseline", metavar="TP,PP,DP", help="show where this layout ranks and why the best beats it "
                    "(default for gpt3-175b on 512 GPUs: the founding document's 8,4,16)")
     o.add_argument("--emit-config", metavar="FILE", help="write the best layout as a trainperf YAML config")
@@ -122,7 +135,7 @@ def argparse_suppress():
 
 
 STACK_FLAGS = ("dp_reduce", "fused", "attention", "attention_kernel", "distributed_optimizer", "grad_reduce_op", "float8",
-               "async_tp")
+               "async_tp", "fp8_weight_cache", "param_gather", "nvls")
 
 
 def _stack_from_args(args):
@@ -309,27 +322,54 @@ def plan_command(args) -> int:
         baseline = {"degrees": base_degrees, "source": base_source, "rank": found[0] if found else None,
                     "estimate": found[1] if found else None,
                     "rejected": [r for r in plan.rejected if (r.get("tp"), r.get("pp"), r.get("dp")) == base_degrees]}
-    emitted = _emit_config(plan, args.emit_config) if args.emit_config is not None else None
+    emitted = None
+    if args.emit_config is not None:
+        from trainperf.cli.plan_config import emit_config
+
+        emitted = emit_config(plan, args.emit_config)
     from trainperf.planner.interval import ACROSS, CALIBRATED
 
     spread = CALIBRATED if calibration else ACROSS
     pins = _pins(args, fixed)
+    far = _far_function(model, gpu, calibration)
+    explained = None
+    if args.explain:
+        from trainperf.planner.explain import explain
+
+        explained = explain(plan.best, model, gpu, batch, constants, stack)
 
     if args.json:
-        out = _as_json(plan, gpu, batch, batch_note, args.top, baseline, constants, calibration, elapsed, emitted, spread)
+        out = _as_json(plan, gpu, batch, batch_note, args.top, baseline, constants, calibration, elapsed, emitted, spread,
+                       far)
         out["pins"] = pins
         out["notes"] = plan.notes
         out["stack"] = {"name": stack.name, "mechanisms": shown_stack.mechanisms(), "source": stack_source}
         if moves is not None:
             out["measured_moves"] = moves
+        if explained is not None:
+            out["explain"] = {"layout": plan.best.layout.short(), "step_time_s": round(plan.best.step_time_s, 4),
+                              "mechanisms": [m.as_dict(plan.best.step_time_s) for m in explained]}
         print_json(out)
     else:
+        from trainperf.planner.explain import render as render_explain
         from trainperf.planner.report import render
 
         print(render(plan, batch_note=batch_note, top=args.top, baseline=baseline, calibration=calibration,
                      elapsed=elapsed, emitted=emitted, flop_convention=FLOP_CONVENTION, moves=moves,
-                     spread=spread, stack=shown_stack, pins=pins))
+                     spread=spread, stack=shown_stack, pins=pins, far=far,
+                     explained=render_explain(explained, plan.best) if explained is not None else None))
     return 0
+
+
+def _far_function(model, gpu, calibration):
+    """est -> the respects in which it is far from every development source ({} once calibrated: the user's own run
+    sets the level, on the part and stack in question)."""
+    if calibration:
+        return lambda est: {}
+    from trainperf.planner.distance import development_points, far_from, point_of
+
+    dev = development_points()
+    return lambda est: far_from(point_of(est, model, gpu), dev)
 
 
 PIN_FLAGS = {  # flag (as the user types it, without --) -> Fixed attribute
@@ -377,14 +417,17 @@ def _moves(before, after, top: int) -> list[dict]:
     return rows
 
 
-def _with_interval(est, spread) -> dict:
+def _with_interval(est, spread, far=None) -> dict:
     d = est.as_dict()
-    lo, hi = spread.bounds_for(est)
+    respects = far(est) if far else {}
+    lo, hi = spread.bounds_for(est, len(respects))
     d["step_time_interval_s"] = [round(lo, 4), round(hi, 4)]
+    d["interval_far_from_development"] = respects or None
     return d
 
 
-def _as_json(plan, gpu, batch, batch_note, top, baseline, constants, calibration, elapsed, emitted, spread) -> dict:
+def _as_json(plan, gpu, batch, batch_note, top, baseline, constants, calibration, elapsed, emitted, spread,
+             far=None) -> dict:
     from trainperf.planner.interval import unvalidated_part
     from trainperf.planner.search import explain
 
@@ -399,8 +442,8 @@ def _as_json(plan, gpu, batch, batch_note, top, baseline, constants, calibration
         "flop_convention": FLOP_CONVENTION,
         "peak_tflops_per_gpu": gpu.half_tflops,
         "peak": f"dense {gpu.half_dtype.upper()}",
-        "best": _with_interval(best, spread),
-        "candidates": [_with_interval(e, spread) for e in plan.candidates[:top]],
+        "best": _with_interval(best, spread, far),
+        "candidates": [_with_interval(e, spread, far) for e in plan.candidates[:top]],
         "interval": spread.as_dict(),
         "interval_unvalidated_part": None if calibration else unvalidated_part(gpu),
         "candidates_total": len(plan.candidates),
@@ -415,7 +458,7 @@ def _as_json(plan, gpu, batch, batch_note, top, baseline, constants, calibration
         out["baseline"] = {
             "tp": baseline["degrees"][0], "pp": baseline["degrees"][1], "dp": baseline["degrees"][2],
             "source": baseline["source"], "rank": baseline["rank"],
-            "best_variant": _with_interval(est, spread) if est else None,
+            "best_variant": _with_interval(est, spread, far) if est else None,
             "slower_than_best": round(est.step_time_s / best.step_time_s - 1, 4) if est else None,
             "why_best_is_faster": explain(best, est) if est and est is not best else [],
             "rejected": baseline["rejected"],
@@ -466,81 +509,3 @@ def _check_finite(plan, args) -> None:
         raise UserError(f"the model gives a step time of {s!r} s for the best layout ({plan.best.layout.short()}): "
                         f"not a plausible figure; check {', '.join(given) or 'the inputs'} (a rate, bandwidth or "
                         "fraction far from any GPU's; `trainperf plan --constants` lists the defaults)")
-
-
-def _emit_config(plan, path: str) -> str:
-    """Write the best layout as a config `trainperf train` accepts (validated before writing)."""
-    import os
-
-    import yaml
-
-    from trainperf.config.load import build_config
-    from trainperf.config.resolve import check_batch, check_pipeline_schedule
-    from trainperf.models.presets import PRESETS
-    from trainperf.train.resolve import check_model_shape
-
-    best = plan.best
-    L, model = best.layout, plan.model
-    if not path.strip():
-        raise UserError(f"--emit-config {path!r} is empty; give a file name, e.g. plan.yaml")
-    if L.cp > 1:  # the config has no context parallelism: a config without it would be another layout
-        raise UserError(f"--emit-config: the best layout ({L.short()}) splits the sequence over {L.cp} ranks "
-                        "(context parallelism), which `trainperf train` does not run; pin --cp 1 to emit a "
-                        "config it can run")
-    if model.name in PRESETS:
-        model_cfg = {"preset": model.name}
-    else:
-        model_cfg = {"preset": "tiny", "n_layer": model.layers, "n_head": model.heads, "n_embd": model.hidden,
-                     "block_size": model.seq, "vocab_size": model.vocab}
-    fsdp = L.zero >= 1
-    group = L.shard if 0 < L.shard < L.dp else L.dp  # HSDP: sharded within groups, replicated across them
-    if L.recompute == "partial":  # whole layers per stage: the same share of blocks, spread evenly
-        layers_stage = -(-model.layers // L.pp)
-        ckpt = {"mode": "ratio", "ratio": round(L.recompute_layers / layers_stage, 6)}
-    else:
-        ckpt = {"mode": L.recompute}
-    data = {
-        "model": model_cfg,
-        "train": {"global_batch": plan.global_batch, "micro_batch": L.micro_batch},
-        "precision": {"dtype": "bf16"},
-        "parallelism": {
-            "data": L.dp // group if fsdp else L.dp,
-            "data_shard": group if fsdp else 1,
-            "tensor": L.tp,
-            "pipeline": L.pp,
-            "interleave": L.interleave,
-            "microbatches": best.microbatches,
-            # torch's 1F1B needs a micro-batch per stage; with fewer, GPipe (the same bubble then) runs it
-            "pipeline_schedule": ("interleaved_1f1b" if L.interleave > 1
-                                  else "1f1b" if best.microbatches >= L.pp else "gpipe"),
-            "sequence_parallel": L.sequence_parallel,
-        },
-        "memory": {"checkpointing": ckpt},
-    }
-    cfg = build_config(data, source="trainperf plan --emit-config")
-    check_batch(cfg)
-    check_model_shape(cfg)
-    check_pipeline_schedule(cfg)
-    header = (
-        f"# Written by trainperf plan: {model.name} on {plan.gpus} x {plan.gpu.key}\n"
-        f"# layout {L.short()}: estimated {best.step_time_s:.2f} s/step, {best.tflops_per_gpu:.0f} TFLOP/s per GPU "
-        f"(model FLOPs), {best.memory_bytes / 2**30:.1f} GiB per GPU\n"
-    )
-    if L.recompute == "partial":
-        header += (f"# The plan recomputes {L.recompute_layers} whole layer(s) of each stage's {-(-model.layers // L.pp)}: "
-                   "written as that share of the blocks (memory.checkpointing.mode ratio).\n")
-    if L.zero in (1, 2):
-        header += (f"# The plan used ZeRO-{L.zero}; trainperf expresses sharding as FSDP (data_shard), which shards "
-                   "parameters too (less memory, more traffic than planned).\n")
-    from trainperf.runio import atomic_write_text
-
-    parent = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(parent):
-        raise UserError(f"--emit-config {path!r}: directory {parent} does not exist")
-    if os.path.isdir(path):
-        raise UserError(f"--emit-config {path!r} is a directory; give a file name, e.g. {os.path.join(path, 'plan.yaml')}")
-    try:  # atomic: an existing config is replaced whole or not at all
-        atomic_write_text(path, header + yaml.safe_dump(data, sort_keys=False))
-    except OSError as exc:
-        raise UserError(f"--emit-config {path!r}: cannot write it ({exc.strerror or exc}); choose a writable path") from None
-    return path

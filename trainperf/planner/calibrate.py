@@ -47,7 +47,7 @@ def _number(summary: dict, key: str) -> float | None:
 def _run_shape_and_layout(cfg: dict, source: str = "config.yaml") -> tuple[ModelSpec, Layout, int, str]:
     """Model, layout and global batch of the run from its config.yaml (a dict)."""
     from trainperf.config.load import build_config
-    from trainperf.config.resolve import model_shape
+    from trainperf.models.shape import model_shape
 
     config = build_config(cfg, source=source)
     shape = model_shape(config)

@@ -7,9 +7,10 @@ real run measured (see :mod:`trainperf.planner.calibrate`).
 
 The defaults are physically motivated and few; none is fitted to a single published run:
 the bandwidth fractions come from measurements of one kernel or one collective, the byte counts
-from the data types of mixed-precision training. Four are FITTED (marked so below) on the
-development set (docs/fragments/planner-benchmarks.md; ``python -m trainperf.planner.loso``), by
-leave-one-source-out cross-validation; the per-GPU sustained GEMM fraction is a catalog field.
+from the data types of mixed-precision training. Three are FITTED (marked so below) on the
+development set (docs/benchmarks/planner.md; ``python -m trainperf.planner.loso``), by
+leave-one-source-out cross-validation; the per-GPU GEMM ceiling and NCCL's bandwidths are published figures
+(:mod:`trainperf.planner.parts`), NCCL's latencies its own cost model (:mod:`trainperf.planner.kernels`).
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ RATE_CONSTANTS = {"stack_efficiency": "the GEMM rate", "attention_efficiency": "
 
 
 _NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
-FRACTIONS = ("stack_efficiency", "attention_efficiency", "comm_contention", "wave_quantization")
+FRACTIONS = ("stack_efficiency", "attention_efficiency", "comm_contention", "wave_quantization", "published_gemm",
+             "published_fabric", "nccl_tuning")
 """Constants that are a share of something (at most 1), besides the *_fraction / *_overlap ones."""
 MIN_RATE = 1e-3
 
@@ -53,18 +55,18 @@ class Constants:
     training stack's large matmuls reach. 1.0: when fitted on the development set it went to its
     bound 1.0 in every fold, so it is fixed there; it is what --measured / --calibrate fit to a
     user's own stack (launch gaps, host overhead, a slower kernel library)."""
-    gemm_memory_weight: float = 1.38
+    gemm_memory_weight: float = 1.304
     """FITTED (development set, all sources; per-fold values in BENCHMARKS.md). Soft roofline of
     one GEMM: time = FLOPs / rate + w x operand bytes / HBM bandwidth: the cost of operand and
     result traffic, tile fill and epilogue not hidden behind the math. Through the
     peak/bandwidth ratio small GEMMs lose more on an H100 (295 FLOP/B) than on an A100 (153)."""
-    attention_efficiency: float = 0.406
+    attention_efficiency: float = 0.4162
     """FITTED. Fraction of the sustained GEMM rate FlashAttention's matmuls reach (causal blocks
     only), before the softmax cost below, with the kernel native to the GPU (FlashAttention-2 on
     Ampere, ``fa3`` on Hopper); an ``fa2`` kernel on Hopper gets the catalog's ``mma_sync_fraction``
     (2/3) of it on top: a published hardware figure, not fitted."""
-    comm_contention: float = 0.654
-    """FITTED (all sources; 0.64-0.72 across the leave-one-source-out folds, and weakly identified:
+    comm_contention: float = 0.6436
+    """FITTED (all sources; 0.61-0.65 across the leave-one-source-out folds, and weakly identified:
     the fit moves with its starting point). While a collective overlaps compute, the compute slows
     by this fraction of the overlapped time (NCCL kernels take SMs and HBM bandwidth; FSDP's rate
     limiter and stream waits): FSDP's per-layer collectives and the DDP / ZeRO-1/2 bucketed
@@ -89,12 +91,24 @@ class Constants:
     members per node uses g NICs at once (one per GPU, rail-optimized), so its bus bandwidth is
     g x per-GPU NIC rate x this, capped by NVLink."""
     collective_latency_s: float = 20e-6
-    """Start-up latency of one collective step (NCCL ring/tree hop), seconds, x log2(ranks)."""
+    """Start-up latency of a pipeline send / receive, seconds (and of a collective per log2 of its ranks when
+    nccl_tuning is 0)."""
+    nccl_tuning: float = 1.0
+    """1: a collective's latency is NCCL's own cost model (src/graph/tuning.cc: a base plus a per-step latency by
+    protocol, link and algorithm; a ring of n ranks takes n - 1 steps), the fastest protocol for its bytes; 0:
+    collective_latency_s per log2 of the ranks."""
     p2p_overlap: float = 0.0
     """Fraction of pipeline send/receive time hidden behind compute (0: blocking p2p)."""
     wave_quantization: float = 1.0
     """1: GEMM time counts wave quantization (256 x 128 output tiles over the GPU's SMs, see
     trainperf.planner.kernels); 0: ideal tiling. Counted, not fitted."""
+    published_gemm: float = 1.0
+    """1: a part's GEMM ceiling is its published maximum achievable matmul FLOPS (trainperf.planner.parts:
+    A100 85.9%, H100 80.1% of the dense peak) where there is one; 0: the catalog's gemm_fraction."""
+    published_fabric: float = 1.0
+    """1: NCCL bandwidths of a part's fabric as published (trainperf.planner.parts: the ring's 370 GB/s on
+    NVLink 4, 47 GB/s per NDR NIC); 0: nvlink_fraction and internode_fraction of the catalog's link rates
+    everywhere. (NVLink SHARP all-reduce is the stack's nvls mechanism.)"""
 
     # ------------------------------------------------------------- memory (bytes per parameter)
     param_bytes: float = 2.0

@@ -152,7 +152,7 @@ def layer_cost(model: TransformerSpec, gpu: GPUSpec, c: Constants, tp: int, b: i
                cp: int = 1, stack: Stack = DEFAULT_STACK) -> dict:
     """Per-micro-batch times (s) of one transformer layer on one GPU, and its activation bytes.
     ``recompute`` is a per-layer kind: none, selective or full (partial mixes them per stage)."""
-    k = Kernels(gpu, c)
+    k = Kernels(gpu, c, nvls=stack.nvls)
     s, h, f, d = model.seq, model.hidden, model.ffn, model.head_dim
     sp = sp and tp > 1
     sl = s // cp                          # tokens of one sequence on this rank
@@ -160,12 +160,15 @@ def layer_cost(model: TransformerSpec, gpu: GPUSpec, c: Constants, tp: int, b: i
     X = M * h
     Xs = X / tp if sp else X              # what the replicated (norm / residual) region touches
     fp8 = stack.float8
+    cached = fp8 and stack.fp8_weight_cache
+    decomposed = stack.async_tp and tp > 1 and stack.tp_overlap == "decomposed"
     fwd = bwd = 0.0
     q = model.q_dim
     for m_, n_, k_ in ((M, (q + 2 * model.kv_dim) / tp, h), (M, h, q / tp), (M, model.ffn_in / tp, h), (M, h, f / tp)):
-        tf, tb = k.gemm_fwd_bwd(m_, n_, k_, fp8=fp8, fused=stack.fused)
+        tf, tb = k.gemm_fwd_bwd(m_, n_, k_, fp8=fp8, fused=stack.fused, weight_cached=cached)
         fwd += tf
         bwd += tb
+    gemm_fwd, gemm_bwd = fwd, bwd
     heads = model.heads / tp
     # Megatron 2022 (eager attention) trains with dropout; FlashAttention stacks without.
     dropout = model.attention == "eager"
@@ -190,14 +193,12 @@ def layer_cost(model: TransformerSpec, gpu: GPUSpec, c: Constants, tp: int, b: i
 
     # Tensor-parallel collectives: 2 per layer forward, 2 backward (SP: reduce-scatter + all-gather).
     comm_fwd = 0.0
-    if tp > 1:
-        bw = k.bandwidth(tp, 1)
-        comm_fwd = 2 * (2 * k.half_collective(2 * X, tp, bw) if sp else k.all_reduce(2 * X, tp, bw))
+    if tp > 1:  # all-reduces (NVLink SHARP where the node has it), or SP's reduce-scatter + all-gather (ring)
+        comm_fwd = 2 * (2 * k.gather_group(2 * X, tp, 1) if sp else k.all_reduce_group(2 * X, tp, 1))
     cp_comm = 0.0
     if cp > 1:  # all-gather K and V forward, reduce-scatter their gradients backward
-        bw = k.bandwidth(cp, tp)
         kv_bytes = 2 * 2 * b * s * model.kv_dim / tp
-        cp_comm = 2 * k.half_collective(kv_bytes, cp, bw)
+        cp_comm = 2 * k.gather_group(kv_bytes, cp, tp)
         cp_comm = max(0.0, cp_comm - (core_fwd + core_bwd))  # overlapped with the attention
     if recompute == "full":
         re_compute, re_comm = fwd, comm_fwd
@@ -206,7 +207,9 @@ def layer_cost(model: TransformerSpec, gpu: GPUSpec, c: Constants, tp: int, b: i
     else:
         re_compute, re_comm = 0.0, 0.0
     tp_comm = 2 * comm_fwd + re_comm
-    if stack.async_tp and tp_comm > 0:  # decomposed collectives beside the matmuls they feed
+    if decomposed and tp_comm > 0:  # decomposed collectives beside the matmuls they feed (recomputed ones too)
+        tp_comm = k.decomposed(gemm_fwd + gemm_bwd + (gemm_fwd if recompute == "full" else 0.0), tp_comm, tp)
+    elif stack.async_tp and tp_comm > 0:  # concurrent: beside the layer's other, independent work
         tp_comm = k.overlapped(fwd + bwd + re_compute, tp_comm) - (fwd + bwd + re_compute)
 
     # Under CP the eager scores would span every key: layer_terms counts the local ones (CP runs flash).
@@ -224,9 +227,10 @@ def layer_cost(model: TransformerSpec, gpu: GPUSpec, c: Constants, tp: int, b: i
 
 
 @lru_cache(maxsize=2048)
-def _head_cost(model: TransformerSpec, gpu: GPUSpec, c: Constants, tp: int, b: int, cp: int = 1) -> dict:
+def _head_cost(model: TransformerSpec, gpu: GPUSpec, c: Constants, tp: int, b: int, cp: int = 1,
+               nvls: bool = True) -> dict:
     """Per-micro-batch time of the embedding (first stage) and logits + loss (last stage)."""
-    k = Kernels(gpu, c)
+    k = Kernels(gpu, c, nvls=nvls)
     sl, h, V = model.seq // cp, model.hidden, model.vocab
     M, X = b * sl, b * sl * h
     tf, tb = k.gemm_fwd_bwd(M, V / tp, h)
@@ -235,7 +239,7 @@ def _head_cost(model: TransformerSpec, gpu: GPUSpec, c: Constants, tp: int, b: i
     embed = k.memory_bound(2 * 2 * X + 2 * 2 * X, 2)
     comm = 0.0
     if tp > 1:
-        comm = k.all_reduce(2 * X, tp, k.bandwidth(tp, 1)) * 2  # vocab-parallel embedding, logits grad
+        comm = k.all_reduce_group(2 * X, tp, 1) * 2  # vocab-parallel embedding, logits grad
     return {"first": embed + comm, "last": tf + tb + loss + comm}
 
 
@@ -294,6 +298,28 @@ def memory_terms(model: TransformerSpec, layout: Layout, microbatches: int, c: C
 
 
 # ---------------------------------------------------------------------------------- a step
+DDP_BUCKET_BYTES = 25 * 2**20
+"""PyTorch DDP's default ``bucket_cap_mb=25`` (torch.nn.parallel.DistributedDataParallel)."""
+MEGATRON_BUCKET_PARAMS = (40_000_000, 1_000_000)
+"""Megatron-Core's default bucket: ``max(40000000, 1000000 * dp_size)`` parameters
+(megatron/core/distributed/distributed_data_parallel.py, when ``ddp_config.bucket_size`` is None)."""
+
+
+def _bucket_params(stack: Stack, dp: int, c: Constants) -> float:
+    """Parameters per data-parallel reduction bucket of the stack (0: ``ideal``, nothing left exposed)."""
+    if stack.dp_bucket == "ideal":
+        return 0.0
+    if stack.dp_bucket == "megatron":
+        return max(MEGATRON_BUCKET_PARAMS[0], MEGATRON_BUCKET_PARAMS[1] * dp)
+    return DDP_BUCKET_BYTES / c.dp_grad_comm_bytes
+
+
+def _gemm_weights(model: TransformerSpec) -> float:
+    """Elements of one layer's four GEMM weights (QKV, output, MLP in, MLP out)."""
+    h, q, kv = model.hidden, model.q_dim, model.kv_dim
+    return h * (q + 2 * kv) + q * h + h * model.ffn_in + model.ffn * h
+
+
 def estimate(model: TransformerSpec, gpu: GPUSpec, layout: Layout, global_batch: int, c: Constants = DEFAULTS,
              dtype: str = "bf16", stack: Stack = DEFAULT_STACK) -> Estimate:
     """Memory per GPU and step time of `layout` (assumed valid: see search.check_layout) on the
@@ -301,7 +327,7 @@ def estimate(model: TransformerSpec, gpu: GPUSpec, layout: Layout, global_batch:
     L = layout
     t, p, dp, b, v, cp = L.tp, L.pp, L.dp, L.micro_batch, L.interleave, L.cp
     m = global_batch // (dp * b)
-    k = Kernels(gpu, c, dtype)
+    k = Kernels(gpu, c, dtype, nvls=stack.nvls)
     layers_dev = math.ceil(model.layers / p)
     if L.recompute == "partial":  # block recompute: recompute_layers whole layers per stage, the rest kept
         lc = layer_cost(model, gpu, c, t, b, L.sequence_parallel, "full", cp, stack)
@@ -311,7 +337,7 @@ def estimate(model: TransformerSpec, gpu: GPUSpec, layout: Layout, global_batch:
         lc["full_layer_act_bytes"] = kept["full_layer_act_bytes"]
     else:
         lc = layer_cost(model, gpu, c, t, b, L.sequence_parallel, L.recompute, cp, stack)
-    hc = _head_cost(model, gpu, c, t, b, cp)
+    hc = _head_cost(model, gpu, c, t, b, cp, stack.nvls)
     memory = memory_terms(model, L, m, c, lc, stack)
 
     # ---- per micro-batch, one stage: layers (with FSDP's per-layer traffic overlapped), p2p
@@ -329,17 +355,15 @@ def estimate(model: TransformerSpec, gpu: GPUSpec, layout: Layout, global_batch:
         # gathered across the step's micro-batches and gradients are reduced at the last backward,
         # so each layer's all-gather and reduce-scatter run once per step, beside the first
         # forward and the last backward.
-        bw = k.bandwidth(n_shard, t)
-        ag = k.half_collective(c.param_bytes * layer_bytes, n_shard, bw)
-        rs = k.half_collective(red_bytes * layer_bytes, n_shard, bw)
+        ag = k.gather_group(c.param_bytes * layer_bytes, n_shard, t)
+        rs = k.gather_group(red_bytes * layer_bytes, n_shard, t)
         fsdp_once = layers_dev * (k.overlapped(lc["fwd"], ag) - lc["fwd"] + k.overlapped(lc["bwd"], rs) - lc["bwd"]
                                   + fsdp_copy) + ag
         t_layer = lc["compute"] + exposed_tp + lc["cp_comm"]
         fsdp_exposed = first_gather = 0.0
     elif fsdp:
-        bw = k.bandwidth(n_shard, t)
-        ag = k.half_collective(c.param_bytes * layer_bytes, n_shard, bw)
-        rs = k.half_collective(red_bytes * layer_bytes, n_shard, bw)
+        ag = k.gather_group(c.param_bytes * layer_bytes, n_shard, t)
+        rs = k.gather_group(red_bytes * layer_bytes, n_shard, t)
         t_fwd = k.overlapped(lc["fwd"], ag)
         t_bwd = k.overlapped(lc["bwd"], ag + rs)
         t_layer = t_fwd + t_bwd + exposed_tp + lc["cp_comm"] + fsdp_copy
@@ -365,41 +389,45 @@ def estimate(model: TransformerSpec, gpu: GPUSpec, layout: Layout, global_batch:
     dp_time = 0.0
     if dp * cp > 1 and not fsdp:
         n = dp * cp
-        bw = k.bandwidth(n, t)
         gbytes = dev_params * c.dp_grad_comm_bytes
+        ag = 0.0
         if L.zero == 0:
-            comm = k.all_reduce(gbytes, n, bw)
+            rs = k.all_reduce_group(gbytes, n, t)
         else:
-            ag = k.half_collective(dev_params * c.param_bytes, n_shard, bw)
+            ag = k.gather_group(dev_params * c.param_bytes, n_shard, t)
             if stack.grad_reduce_op == "all-reduce":  # the whole gradient on every rank, each steps its shard
-                comm = k.all_reduce(gbytes, n, bw) + ag
+                rs = k.all_reduce_group(gbytes, n, t)
             else:
-                comm = k.half_collective(gbytes, n_shard, bw) + ag
+                rs = k.gather_group(gbytes, n_shard, t)
                 if n_shard < n:  # HSDP-style replicas: all-reduce the shards across groups
-                    comm += k.all_reduce(gbytes / n_shard, n // n_shard, k.bandwidth(n // n_shard, t * n_shard))
+                    rs += k.all_reduce_group(gbytes / n_shard, n // n_shard, t * n_shard)
+        # overlapped: in buckets beside the last micro-batch's backward; the last bucket (the first layers' and the
+        # embedding's gradients) is ready only when the backward ends, so its share stays exposed. The part hidden
+        # still costs comm_contention of it (NCCL takes SMs and HBM while it runs beside the backward).
+        last = min(1.0, _bucket_params(stack, n, c) / max(dev_params, 1.0))
+        bwd_all, fwd_all = lc["bwd"] * layers_dev, lc["fwd"] * layers_dev
         if stack.dp_reduce == "after":  # reduced once the backward is done: all of it exposed
-            dp_time = comm
-        # overlapped: the same contention as FSDP's per-layer collectives (NCCL takes SMs and HBM
-        # while it runs beside the backward), so the part hidden still costs comm_contention of it
-        elif L.zero == 0:  # bucketed all-reduce beside the last micro-batch's backward
-            bwd_all = lc["bwd"] * layers_dev
-            dp_time = k.overlapped(bwd_all, comm) - bwd_all
-        else:  # reduce-scatter beside the backward, the parameter all-gather beside the next forward
-            rs = comm - ag
-            bwd_all, fwd_all = lc["bwd"] * layers_dev, lc["fwd"] * layers_dev
-            dp_time = (k.overlapped(bwd_all, rs) - bwd_all) + (k.overlapped(fwd_all, ag) - fwd_all)
+            dp_time = rs
+        else:
+            dp_time = last * rs + k.overlapped(bwd_all, (1 - last) * rs) - bwd_all
+        if ag and stack.param_gather_mode == "after":  # gathered before the next forward starts
+            dp_time += ag
+        elif ag:  # the distributed optimizer's all-gather beside the next forward, its first bucket exposed
+            dp_time += last * ag + k.overlapped(fwd_all, (1 - last) * ag) - fwd_all
     elif fsdp and n_shard < dp * cp:  # HSDP: all-reduce the gradient shard across replica groups
         reps = dp * cp // n_shard
-        dp_time = k.all_reduce(dev_params * red_bytes / n_shard, reps, k.bandwidth(reps, t * n_shard))
+        dp_time = k.all_reduce_group(dev_params * red_bytes / n_shard, reps, t * n_shard)
     emb_sync = k.all_reduce(model.embedding_params() / t * c.dp_grad_comm_bytes, 2, k.nic) if p > 1 and model.tied else 0.0
 
     opt_params = dev_params / n_shard if L.zero >= 1 else dev_params
     optimizer = k.memory_bound(opt_params * c.optimizer_traffic_bytes, 10)
+    # Transformer Engine's FP8 weights: cast (and transposed) once per step, on the first micro-batch
+    fp8_cast = layers_dev * k.weight_cast_once(_gemm_weights(model) / t) if stack.float8 and stack.fp8_weight_cache else 0.0
 
-    step = pipeline + dp_time + emb_sync + optimizer + fsdp_once
+    step = pipeline + dp_time + emb_sync + optimizer + fsdp_once + fp8_cast
     heads_time = hc["first"] + hc["last"] if p == 1 else max(hc["first"], hc["last"])
     time = {
-        "compute": m * (layers_dev * lc["compute"] + heads_time),
+        "compute": m * (layers_dev * lc["compute"] + heads_time) + fp8_cast,
         "tp_comm": m * layers_dev * exposed_tp,
         "cp_comm": m * layers_dev * lc["cp_comm"],
         "fsdp_comm": m * (layers_dev * fsdp_exposed + first_gather) + fsdp_once,

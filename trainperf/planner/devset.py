@@ -1,7 +1,7 @@
 """The planner's development set: published runs it is fitted and cross-validated on (no torch).
 
-Sources (``/work/shared/planner-dev`` style TSVs, path given by ``--data`` or
-``TRAINPERF_PLANNER_DEV``; Table 5 from REFERENCE.md is built in):
+Sources (the TSV tables shipped in ``trainperf/planner/devdata/``, with their citations in its README;
+``--data DIR`` or ``$TRAINPERF_PLANNER_DEV`` reads another copy; Table 5 from REFERENCE.md is built in):
 
 * ``korthikanti``: Korthikanti et al. 2022 Table 5, Megatron-LM on A100 80GB, TP/PP, eager
   attention with dropout, full recompute / sequence parallel + selective recompute (8 rows).
@@ -39,7 +39,10 @@ from trainperf.planner.cost import Estimate, Layout, estimate
 from trainperf.planner.stack import DEFAULT as DEFAULT_STACK
 from trainperf.planner.stack import Stack, get_stack
 
-DEFAULT_DIR = "/work/shared/planner-dev"
+DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "devdata")
+"""The development tables shipped with the package (package data: pyproject.toml's
+``[tool.setuptools.package-data]``); ``devdata/README.md`` cites each one."""
+TABLES = (("mpt_a100_80gb.tsv", "mpt-a100-80gb"), ("mpt_a100_40gb.tsv", "mpt-a100-40gb"), ("llama3_405b.tsv", "llama3-405b"))
 
 # name, heads, hidden, layers, tp, pp, gpus, batch, micro-batch, interleave,
 # full-recompute s/iter, SP+selective s/iter  (REFERENCE.md, Korthikanti et al. 2022 Table 5)
@@ -49,7 +52,7 @@ KORTHIKANTI = [
     ("530B", 128, 20480, 105, 8, 35, 280, 280, 1, 3, 49.05, 37.83),
     ("1T", 160, 25600, 128, 8, 64, 512, 512, 1, 1, 94.42, 71.49),
 ]
-MPT_SHAPES = {  # d_model, layers, heads (planner-dev README)
+MPT_SHAPES = {  # d_model, layers, heads (devdata/README.md)
     "125m": (768, 12, 12), "350m": (1024, 24, 16), "760m": (1536, 24, 12), "1b": (2048, 24, 16),
     "3b": (2560, 32, 20), "7b": (4096, 32, 32), "13b": (5120, 40, 40), "30b": (7168, 48, 56),
     "70b": (8192, 80, 64),
@@ -61,9 +64,9 @@ SOURCES = ("korthikanti", "mpt-a100-80gb", "mpt-a100-40gb", "llama3-405b", "bloo
            "torchtitan", "olmo")
 CITATIONS = {
     "korthikanti": "Korthikanti et al. 2022 (arXiv 2205.05198) Table 5, as in REFERENCE.md",
-    "mpt-a100-80gb": "mosaicml/llm-foundry scripts/train/benchmarking/README.md, A100 80GB table (planner-dev TSV)",
-    "mpt-a100-40gb": "mosaicml/llm-foundry scripts/train/benchmarking/README.md, A100 40GB table (planner-dev TSV)",
-    "llama3-405b": "Dubey et al. 2024 (arXiv 2407.21783) Table 4, read from secondary copies (planner-dev TSV)",
+    "mpt-a100-80gb": "mosaicml/llm-foundry scripts/train/benchmarking/README.md, A100 80GB table (devdata/mpt_a100_80gb.tsv)",
+    "mpt-a100-40gb": "mosaicml/llm-foundry scripts/train/benchmarking/README.md, A100 40GB table (devdata/mpt_a100_40gb.tsv)",
+    "llama3-405b": "Dubey et al. 2024 (arXiv 2407.21783) Table 4, read from secondary copies (devdata/llama3_405b.tsv)",
     "bloom": src.BLOOM_CITE, "opt-175b": src.OPT_CITE, "llama1": src.LLAMA1_CITE, "llama2": src.LLAMA2_CITE,
     "torchtitan": src.TORCHTITAN_CITE, "olmo": src.OLMO_CITE,
 }
@@ -94,11 +97,13 @@ JEAN_ZAY_V100 = {size: replace(get_gpu(f"v100-{size}"), key=f"v100-{size}-jean-z
                                gpus_per_node=4, note="Jean Zay V100 SXM2: 4 GPUs per node, 2 NVLink2 links per pair, "
                                "Omni-Path 100 Gb/s (2 links per node assumed)")
                  for size in ("16gb", "32gb")}
-META_XFORMERS = Stack("meta-xformers", dp_reduce="overlap", fused=False, attention="flash", async_tp=True)
+META_XFORMERS = Stack("meta-xformers", dp_reduce="overlap", fused=False, attention="flash", async_tp=True,
+                      tp_overlap="concurrent")
 """LLaMA's training code: eager PyTorch layers with a hand-written backward and xformers' attention; the
 tensor-parallel all-reduces overlapped with the activations' computation (LLaMA sect. 2.4: "we also overlap
 the computation of activations and the communication between GPUs over the network (due to all_reduce
-operations) as much as possible"), which the model's ``async_tp`` mechanism is."""
+operations) as much as possible"), which the model's ``async_tp`` mechanism is, with the collectives beside
+independent work (``tp_overlap="concurrent"``), not decomposed."""
 METASEQ = Stack("metaseq", dp_reduce="overlap", fused=True, attention="eager", distributed_optimizer=False, fsdp=True)
 
 
@@ -139,18 +144,29 @@ def _korthikanti_rows() -> list[Row]:
     return rows
 
 
-def _read_tsv(path: str) -> list[dict]:
+MPT_COLUMNS = ("model", "seq", "gpus", "gpu", "micro_batch", "global_batch", "act_ckpt", "step_time_s")
+LLAMA_COLUMNS = ("gpus", "tp", "cp", "pp", "dp", "seq", "global_batch_seqs", "tflops_per_gpu")
+
+
+def _read_tsv(path: str, columns: tuple[str, ...]) -> list[dict]:
+    """The rows of a tab-separated table (``#`` lines are comments), read line by line; a missing column or an
+    unreadable file is an error naming it."""
     try:
         with open(path, encoding="utf-8") as f:
-            lines = [ln for ln in f if not ln.startswith("#") and ln.strip()]
+            rows = list(csv.DictReader((ln for ln in f if ln.strip() and not ln.startswith("#")), delimiter="\t"))
     except (OSError, UnicodeDecodeError) as exc:
         raise UserError(f"development data {path!r} cannot be read: {exc}") from None
-    return list(csv.DictReader(lines, delimiter="\t"))
+    have = set(rows[0]) if rows else set()
+    lacking = [c for c in columns if c not in have]
+    if lacking:
+        raise UserError(f"development data {path!r} has no {', '.join(lacking)} column(s)"
+                        + ("" if rows else " (no data rows)") + f"; compare it with the copy in {DATA_DIR}")
+    return rows
 
 
 def _mpt_rows(path: str, source: str) -> list[Row]:
     rows = []
-    for r in _read_tsv(path):
+    for r in _read_tsv(path, MPT_COLUMNS):
         h, l, a = MPT_SHAPES[r["model"]]
         s = int(r["seq"])
         model = TransformerSpec(hidden=h, layers=l, heads=a, seq=s, vocab=MPT_VOCAB, tied=True, position="learned",
@@ -166,7 +182,7 @@ def _mpt_rows(path: str, source: str) -> list[Row]:
 
 def _llama_rows(path: str) -> list[Row]:
     rows = []
-    for r in _read_tsv(path):
+    for r in _read_tsv(path, LLAMA_COLUMNS):
         s = int(r["seq"])
         model = TransformerSpec(seq=s, name="llama3-405b", **LLAMA3_405B)
         gpus, tp, cp, pp, dp = (int(r[k]) for k in ("gpus", "tp", "cp", "pp", "dp"))
@@ -279,18 +295,29 @@ def generation_rows() -> list[Row]:
     return rows
 
 
-def load(data_dir: str | None = None) -> list[Row]:
-    """Every development row (Table 5 built in, the rest from ``data_dir``)."""
-    d = data_dir or os.environ.get("TRAINPERF_PLANNER_DEV") or DEFAULT_DIR
+def data_dir(given: str | None = None) -> str:
+    """Where the development tables are read: ``given`` (``--data``), else ``$TRAINPERF_PLANNER_DEV``, else the
+    tables shipped in the package (:data:`DATA_DIR`)."""
+    return given or os.environ.get("TRAINPERF_PLANNER_DEV") or DATA_DIR
+
+
+def load(data_dir_: str | None = None) -> list[Row]:
+    """Every development row: Table 5 and the tables of :mod:`devset_sources` built in, the TSV tables read from
+    :func:`data_dir`. A missing table is an error (it would silently drop a source from the fit and its
+    cross-validation), naming the file and where it was looked for."""
+    d = data_dir(data_dir_)
+    if not os.path.isdir(d):
+        raise UserError(f"development data directory {d!r} does not exist; drop --data / $TRAINPERF_PLANNER_DEV to use "
+                        f"the tables shipped with trainperf ({DATA_DIR})")
+    missing = [f for f, _ in TABLES if not os.path.isfile(os.path.join(d, f))]
+    if missing:
+        raise UserError(f"development data directory {d!r} lacks {', '.join(missing)} (it needs "
+                        f"{', '.join(f for f, _ in TABLES)}); point --data / $TRAINPERF_PLANNER_DEV at a copy of "
+                        f"{DATA_DIR}, or drop it to use that one")
     rows = _korthikanti_rows()
-    files = (("mpt_a100_80gb.tsv", "mpt-a100-80gb"), ("mpt_a100_40gb.tsv", "mpt-a100-40gb"))
-    for fname, source in files:
-        path = os.path.join(d, fname)
-        if os.path.isfile(path):
-            rows += _mpt_rows(path, source)
-    path = os.path.join(d, "llama3_405b.tsv")
-    if os.path.isfile(path):
-        rows += _llama_rows(path)
+    for fname, source in TABLES[:2]:
+        rows += _mpt_rows(os.path.join(d, fname), source)
+    rows += _llama_rows(os.path.join(d, TABLES[2][0]))
     rows += _bloom_rows() + _opt_rows()
     rows += _meta_llama_rows(src.LLAMA1, "llama1", src.LLAMA_NOTE)
     rows += _meta_llama_rows(src.LLAMA2, "llama2", src.LLAMA_NOTE)

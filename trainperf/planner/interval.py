@@ -1,16 +1,25 @@
 """80% prediction intervals of the planner's step time (no torch).
 
-The interval is empirical: it is the spread of the model's **cross-validated** errors **across
-sources**, not the scatter inside one table. For every source of the development set the model is
-fitted without it and predicts it (leave-one-source-out); the log ratios ``log(published /
-predicted)`` of those held-out predictions, each source weighted by the square root of its row
-count, give the 10th and 90th percentiles ``low`` and ``high``. (A 78-row table tells more about the
-spread than a 1-row one, but not 78 times more: its rows share one stack and one cluster, so they
-are far from independent. Weighting each source equally let the small, well-fitted sources set the
-width: 70% of the held-out runs inside; weighting each run equally lets the two MPT tables, 139 of
-203 runs, set it.) A new
-prediction ``t`` then carries ``[t * exp(low), t * exp(high)]``: it is as wrong as a source the
-model has never seen usually is, which is what a user's own cluster and stack are.
+The interval is empirical and carries the uncertainty of the **stack itself**, not only the scatter
+inside one table. For every source of the development set the model is fitted without it and predicts
+it (leave-one-source-out); the log ratios ``r = log(published / predicted)`` of those held-out
+predictions are split into two variance components (a one-way random-effects model, the meta-analyst's
+DerSimonian-Laird estimate): each source's **level** (its mean, the stack and cluster it ran on) varies
+around the model's average bias ``mu`` with the **between-source** variance ``tau^2``, and its rows
+scatter around its level (the **within-source** deviations, each scaled by ``sqrt(n / (n - 1))`` for the
+level estimated from the same rows). A run of a source the model has never seen (which a user's own
+cluster and stack are) is one level drawn from the first and one deviation from the second: its
+predictive distribution is the within-source deviations (each source weighing the square root of its
+rows: a 78-row table tells more than a 1-row one, but its rows share one stack and cluster) each spread
+by a normal of variance ``tau^2 + Var(mu)``, and ``low`` / ``high`` are its 10th and 90th percentiles.
+A prediction ``t`` carries ``[t * exp(low), t * exp(high)]``.
+
+A query far from every development source (another GPU generation, parallel degrees or a sequence
+length more than a factor of 4 from every development run: :mod:`trainperf.planner.distance`) draws
+its level from a wider population than the development sources span: the interval counts the
+between-source variance once more for each such respect (``far``: ``tau^2 x (1 + k)`` for ``k``
+respects), and the plan says so. That factor is a rule, not a fit: the development set holds two
+generations, too few to measure how much a third differs.
 
 After ``--measured`` / ``--calibrate`` the user's own run tells the stack's level, but with the
 scatter of one run: rows of one source differ among themselves (other model sizes, sequences,
@@ -41,7 +50,7 @@ QUANTILES = (0.1, 0.9)
 @dataclass(frozen=True)
 class Spread:
     low: float
-    """10th percentile of log(published / predicted) over held-out sources, for a step spent in compute."""
+    """10th percentile of log(published / predicted) for a run of a source never seen, for a step spent in compute."""
     high: float
     """90th percentile."""
     basis: str
@@ -51,24 +60,44 @@ class Spread:
     collectives, contention and bubbles are less certain than its GEMMs). FITTED with the bounds, by the
     interval score of the held-out rows (:func:`fit_noncompute_scale`); per-share error figures are in
     docs/benchmarks/planner.md."""
+    far: tuple = ()
+    """``(low, high)`` for a query far from every development source in 1, 2, 3 respects (the between-source
+    variance counted 2, 3, 4 times); empty: no widening (the calibrated interval: the user's run sets the level)."""
+    between_sd: float | None = None
+    """``tau``: the spread of sources' levels (log), the between-source component."""
+    within_sd: float | None = None
+    """The pooled within-source standard deviation (log), for the record (the bounds use the deviations)."""
+    center: float | None = None
+    """``mu``: the model's average level across sources (log published / predicted)."""
 
-    def bounds(self, step_time_s: float, noncompute: float = 0.0) -> tuple[float, float]:
+    def _log_bounds(self, far: int = 0) -> tuple[float, float]:
+        if far and self.far:
+            return self.far[min(far, len(self.far)) - 1]
+        return self.low, self.high
+
+    def bounds(self, step_time_s: float, noncompute: float = 0.0, far: int = 0) -> tuple[float, float]:
         f = 1.0 + self.noncompute_scale * min(max(noncompute, 0.0), 1.0)
-        return step_time_s * math.exp(self.low * f), step_time_s * math.exp(self.high * f)
+        lo, hi = self._log_bounds(far)
+        return step_time_s * math.exp(lo * f), step_time_s * math.exp(hi * f)
 
-    def bounds_for(self, est) -> tuple[float, float]:
-        """The interval of a planner :class:`~trainperf.planner.cost.Estimate`."""
-        return self.bounds(est.step_time_s, noncompute_share(est))
+    def bounds_for(self, est, far: int = 0) -> tuple[float, float]:
+        """The interval of a planner :class:`~trainperf.planner.cost.Estimate` (``far``: respects in which the query is
+        far from every development source)."""
+        return self.bounds(est.step_time_s, noncompute_share(est), far)
 
-    def relative_width(self, noncompute: float = 0.0) -> float:
+    def relative_width(self, noncompute: float = 0.0, far: int = 0) -> float:
         """Width of the interval as a fraction of the estimate."""
-        lo, hi = self.bounds(1.0, noncompute)
+        lo, hi = self.bounds(1.0, noncompute, far)
         return hi - lo
 
     def as_dict(self) -> dict:
+        r = lambda x: None if x is None else round(x, 4)  # noqa: E731
         return {"level": LEVEL, "log_ratio_low": round(self.low, 4), "log_ratio_high": round(self.high, 4),
                 "relative_low": round(math.exp(self.low) - 1, 4), "relative_high": round(math.exp(self.high) - 1, 4),
-                "noncompute_scale": self.noncompute_scale, "basis": self.basis}
+                "noncompute_scale": self.noncompute_scale, "basis": self.basis,
+                "between_source_sd": r(self.between_sd), "within_source_sd": r(self.within_sd), "center": r(self.center),
+                "far": [{"respects": i + 1, "log_ratio_low": round(lo, 4), "log_ratio_high": round(hi, 4)}
+                        for i, (lo, hi) in enumerate(self.far)]}
 
 
 def noncompute_share(est) -> float:
@@ -80,9 +109,11 @@ def noncompute_share(est) -> float:
 
 # FITTED by python -m trainperf.planner.loso (the "interval", "calibration_weight" and "interval_calibrated"
 # blocks of its output; all sources).
-ACROSS = Spread(-0.0547, 0.0762, "leave-one-source-out errors across the development set's sources, "
-                                   "each source weighted by the square root of its rows (10th / 90th percentile)",
-                noncompute_scale=2.0)
+ACROSS = Spread(-0.0668, 0.0795, "the leave-one-source-out errors of the development set, split into the spread "
+                                   "of the sources' levels and of their runs around them (10th / 90th percentile of a run "
+                                   "of a source never seen)",
+                noncompute_scale=1.0, far=((-0.0729, 0.0875), (-0.0787, 0.0944), (-0.0841, 0.1005)),
+                between_sd=0.0237, within_sd=0.0633, center=0.0086)
 VALIDATED_PARTS = ("NVIDIA A100-SXM4-40GB", "NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3")
 """The parts (catalog ``name``) the development set's runs used: the intervals above are the model's
 held-out error on these only (``tests/unit/test_gpu_generations.py`` checks it against the rows)."""
@@ -108,13 +139,13 @@ def unvalidated_part(gpu) -> str | None:
             + "measure one step and pass --measured STEP_TIME_S (or --calibrate RUN_DIR)")
 
 
-CALIBRATION_WEIGHT = 0.5
+CALIBRATION_WEIGHT = 0.2
 """FITTED by python -m trainperf.planner.loso (``calibration_weight``): how far a calibration moves the
 model toward the measured run (0: not at all, 1: matches it)."""
-CALIBRATED = Spread(-0.0505, 0.0501, "pairs of held-out errors of the same source and model, one row calibrating "
+CALIBRATED = Spread(-0.0447, 0.0619, "pairs of held-out errors of the same source and model, one row calibrating "
                                        "(partially pooled by CALIBRATION_WEIGHT) as a measured run does, the other "
                                        "predicted",
-                    noncompute_scale=2.0)
+                    noncompute_scale=1.0)
 
 
 def weighted_quantile(values: list[float], weights: list[float], q: float) -> float:
@@ -137,22 +168,99 @@ def weighted_quantile(values: list[float], weights: list[float], q: float) -> fl
     return mids[-1][1]
 
 
+FAR_RESPECTS = 3
+"""Generation, parallelism, sequence length (:mod:`trainperf.planner.distance`)."""
+
+
+@dataclass(frozen=True)
+class Components:
+    """The random-effects split of held-out log ratios (module doc)."""
+
+    center: float
+    """``mu``: the sources' levels averaged with weights ``1 / (tau^2 + sigma^2 / n)``."""
+    between: float
+    """``tau^2``, DerSimonian-Laird (0 when the levels differ no more than their rows' scatter explains)."""
+    within: float
+    """``sigma^2``: the pooled within-source variance."""
+    center_var: float
+    """``Var(mu)``."""
+    deviations: tuple[float, ...]
+    """Each row's deviation from its source's level, scaled by ``sqrt(n / (n - 1))``."""
+    weights: tuple[float, ...]
+    """Each deviation's weight: ``1 / sqrt(n)`` (a source weighs the square root of its rows), normalized."""
+
+    def quantile(self, q: float, extra_between: float = 0.0) -> float:
+        """The q-quantile of ``mu + level + deviation``: the deviations, each spread by a normal of variance
+        ``tau^2 x (1 + extra_between) + Var(mu)``."""
+        sd = math.sqrt(self.between * (1.0 + extra_between) + self.center_var)
+        if sd <= 0:
+            return self.center + weighted_quantile(list(self.deviations), list(self.weights), q)
+
+        def cdf(x: float) -> float:
+            return sum(w * 0.5 * (1.0 + math.erf((x - self.center - e) / (sd * math.sqrt(2.0))))
+                       for e, w in zip(self.deviations, self.weights))
+        lo, hi = self.center - 1.0, self.center + 1.0
+        for _ in range(48):
+            mid = 0.5 * (lo + hi)
+            lo, hi = (mid, hi) if cdf(mid) < q else (lo, mid)
+        return 0.5 * (lo + hi)
+
+
+def components(values_by_source: dict[str, list[float]]) -> Components:
+    """Split per-source log ratios into the between- and within-source components (DerSimonian & Laird 1986:
+    ``tau^2 = max(0, (Q - (k - 1)) / (W - sum w^2 / W))`` with ``w = n / sigma^2``)."""
+    groups = {s: v for s, v in values_by_source.items() if v}
+    if not groups:
+        raise ValueError("no values")
+    means = {s: sum(v) / len(v) for s, v in groups.items()}
+    dof = sum(len(v) - 1 for v in groups.values())
+    ss = sum((x - means[s]) ** 2 for s, v in groups.items() for x in v)
+    within = ss / dof if dof > 0 else 0.0
+    tau2 = 0.0
+    if within <= 0 and len(groups) > 1:  # runs that agree exactly within each source: the levels' plain variance
+        mean = sum(means.values()) / len(means)
+        tau2 = sum((m - mean) ** 2 for m in means.values()) / (len(means) - 1)
+    elif len(groups) > 1:
+        w = {s: len(v) / within for s, v in groups.items()}
+        W = sum(w.values())
+        mw = sum(w[s] * means[s] for s in groups) / W
+        Q = sum(w[s] * (means[s] - mw) ** 2 for s in groups)
+        tau2 = max(0.0, (Q - (len(groups) - 1)) / (W - sum(x * x for x in w.values()) / W))
+    ws = {s: 1.0 / (tau2 + within / len(v)) if tau2 + within / len(v) > 0 else 1.0 for s, v in groups.items()}
+    center = sum(ws[s] * means[s] for s in groups) / sum(ws.values())
+    center_var = 1.0 / sum(ws.values()) if tau2 + within > 0 else 0.0
+    devs, wts = [], []
+    for s, v in groups.items():
+        n = len(v)
+        if n < 2:
+            continue  # a one-row source tells its level, not its scatter
+        f = math.sqrt(n / (n - 1))
+        devs += [(x - means[s]) * f for x in v]
+        wts += [1.0 / math.sqrt(n)] * n
+    if not devs:
+        devs, wts = [0.0], [1.0]
+    total = sum(wts)
+    return Components(center, tau2, within, center_var, tuple(devs), tuple(w / total for w in wts))
+
+
 def spread_from(residuals_by_source: dict[str, list[float]], *, within: bool = False, weight: float = 1.0,
                 shares_by_source: dict[str, list[float]] | None = None, scale: float = 0.0,
-                groups_by_source: dict[str, list] | None = None, basis: str = "") -> Spread:
-    """Spread from held-out log ratios per source (None entries: rows predicted not to fit, left out),
-    each source weighing the square root of its rows (across) or 1 (``within``: its pairs share it).
-    ``within``: of ``r_a - weight x r_b`` over ordered pairs of rows of the same source (``b`` calibrates,
-    ``a`` is predicted; a source of one row has none), and of the same group when ``groups_by_source``
-    gives each row's (the model: a calibration plans the model that was measured). ``scale`` with
-    ``shares_by_source`` (each row's non-compute share): of ``r / (1 + scale x share)``, the bounds of a
-    step spent in compute."""
+                groups_by_source: dict[str, list] | None = None, basis: str = "", far: bool = True) -> Spread:
+    """Spread from held-out log ratios per source (None entries: rows predicted not to fit, left out).
+    Across sources (the default): the random-effects split (:func:`components`) and the 10th / 90th
+    percentiles of a run of an unseen source, near the development sources and (``far``) for 1 to 3
+    respects far from them. ``within``: of ``r_a - weight x r_b`` over ordered pairs of rows of the same
+    source (``b`` calibrates, ``a`` is predicted; a source of one row has none), each source weighing 1, and of
+    the same group when ``groups_by_source`` gives each row's (the model: a calibration plans the model that
+    was measured). ``scale`` with ``shares_by_source`` (each row's non-compute share): of
+    ``r / (1 + scale x share)``, the bounds of a step spent in compute."""
     values, weights = [], []
+    scaled: dict[str, list[float]] = {}
     for source, rs in residuals_by_source.items():
         xs = shares_by_source[source] if scale and shares_by_source is not None else [0.0] * len(rs)
         gs = groups_by_source[source] if groups_by_source is not None else [None] * len(rs)
         kept = [(r, 1.0 + scale * x, g) for r, x, g in zip(rs, xs, gs) if r is not None]
-        rs = [r / f for r, f, _ in kept]
+        scaled[source] = [r / f for r, f, _ in kept]
         if within:  # the predicted row's own scale: the calibrating row's error enters through the weight
             pairs = [(a - weight * b) / fa for i, (a, fa, ga) in enumerate(kept) for j, (b, _, gb) in enumerate(kept)
                      if i != j and ga == gb]
@@ -160,13 +268,16 @@ def spread_from(residuals_by_source: dict[str, list[float]], *, within: bool = F
                 continue
             values += pairs
             weights += [1.0 / len(pairs)] * len(pairs)
-            continue
-        for r in rs:
-            values.append(r)
-            weights.append(1.0 / len(rs) ** 0.5)
-    lo, hi = (weighted_quantile(values, weights, q) for q in QUANTILES)
-    return Spread(round(lo, 4), round(hi, 4), basis or ("within-source" if within else "across sources"),
-                  noncompute_scale=scale)
+    if within:
+        lo, hi = (weighted_quantile(values, weights, q) for q in QUANTILES)
+        return Spread(round(lo, 4), round(hi, 4), basis or "within-source", noncompute_scale=scale)
+    comp = components(scaled)
+    lo, hi = (comp.quantile(q) for q in QUANTILES)
+    wide = tuple((round(comp.quantile(QUANTILES[0], k), 4), round(comp.quantile(QUANTILES[1], k), 4))
+                 for k in range(1, FAR_RESPECTS + 1)) if far else ()
+    return Spread(round(lo, 4), round(hi, 4), basis or "across sources", noncompute_scale=scale, far=wide,
+                  between_sd=round(math.sqrt(comp.between), 4), within_sd=round(math.sqrt(comp.within), 4),
+                  center=round(comp.center, 4))
 
 
 SCALE_GRID = tuple(i / 4 for i in range(17))  # 0 to 4
@@ -189,7 +300,7 @@ def fit_noncompute_scale(residuals_by_source: dict[str, list[float]],
             if not rows:
                 continue
             others = {t: v for t, v in residuals_by_source.items() if t != s}
-            sp = spread_from(others, shares_by_source=shares_by_source, scale=k)
+            sp = spread_from(others, shares_by_source=shares_by_source, scale=k, far=False)
             total += sum(interval_score(sp.low * (1 + k * x), sp.high * (1 + k * x), r) for r, x in rows) / len(rows)
             n += 1
         return total / max(1, n)

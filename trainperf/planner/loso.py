@@ -23,12 +23,93 @@ from __future__ import annotations
 import math
 from trainperf.planner import devset
 from trainperf.planner.constants import DEFAULTS, Constants
+from trainperf.planner.distance import far_from, point_of_row
 from trainperf.planner.fit import FITTED, baseline_errors, fit_baseline, fit_constants
 from trainperf.planner.interval import (Spread, calibration_weight, fit_noncompute_scale, log_ratio, noncompute_share,
                                         shrink_cap, shrunk_target, spread_from)
 
 FIXED_BASELINE = 0.5
 """The issue's peer: one constant efficiency of 0.5 of the dense peak, nothing fitted."""
+JUDGED_ROWS = 8
+"""A source is judged (error and coverage, with a pass mark) when it holds at least this many runs: the coverage of
+a 1-run source can only be 0 or 100%, of a 3-run one 0, 33, 67 or 100%. Smaller sources are reported without one."""
+TARGETS = {"pooled_error": 0.055, "source_error": 0.08, "coverage": (0.75, 0.90), "width": 0.30}
+"""Issue 39's Done-when, on leave-one-source-out."""
+
+
+def criteria(summary: dict) -> dict:
+    """Issue 39's Done-when judged on a LOSO summary: pooled error; each source of at least :data:`JUDGED_ROWS` runs
+    at most 8% and below the constant baseline; 80% coverage in 75-90% pooled and on each of those sources, mean
+    width at most 30%. Sources with fewer runs are listed without a pass mark."""
+    lo, hi = TARGETS["coverage"]
+    pooled = summary["pooled"]
+    judged = {s: v for s, v in summary.items() if s != "pooled" and v["rows"] >= JUDGED_ROWS}
+    checks = [{"criterion": "pooled mean abs error <= 5.5%", "value": pooled["model_mean_abs_error"],
+               "pass": pooled["model_mean_abs_error"] <= TARGETS["pooled_error"]},
+              {"criterion": "pooled 80% coverage in 75-90%", "value": pooled["coverage"],
+               "pass": pooled["coverage"] is not None and lo <= pooled["coverage"] <= hi},
+              {"criterion": "pooled mean width <= 30%", "value": pooled["mean_relative_width"],
+               "pass": pooled["mean_relative_width"] is not None and pooled["mean_relative_width"] <= TARGETS["width"]}]
+    for s, v in judged.items():
+        checks += [{"criterion": f"{s}: mean abs error <= 8%", "value": v["model_mean_abs_error"],
+                    "pass": v["model_mean_abs_error"] <= TARGETS["source_error"]},
+                   {"criterion": f"{s}: below the constant baseline", "value": v["model_mean_abs_error"],
+                    "baseline": v["baseline_mean_abs_error"],
+                    "pass": v["model_mean_abs_error"] < v["baseline_mean_abs_error"]},
+                   {"criterion": f"{s}: 80% coverage in 75-90%", "value": v["coverage"],
+                    "pass": v["coverage"] is not None and lo <= v["coverage"] <= hi},
+                   {"criterion": f"{s}: mean width <= 30%", "value": v["mean_relative_width"],
+                    "pass": v["mean_relative_width"] is not None and v["mean_relative_width"] <= TARGETS["width"]}]
+    small = {s: v["rows"] for s, v in summary.items() if s != "pooled" and v["rows"] < JUDGED_ROWS}
+    return {"judged_sources": sorted(judged), "small_sources": small, "checks": checks,
+            "passed": sum(c["pass"] for c in checks), "total": len(checks), "all_pass": all(c["pass"] for c in checks)}
+
+
+SCALES = (0.6, 0.8, 1.0, 1.2, 1.4)
+
+
+def coverage_by_scale(res: dict, scales=SCALES) -> dict:
+    """Coverage of each judged source and pooled if every held-out interval were ``f`` times as wide (in log, about the
+    prediction): whether any one width puts every judged source in 75-90% (a source's level, not the width, sets
+    where its runs fall)."""
+    rows = [x for x in res["rows"] if x["interval_s"]]
+    judged = [s for s, v in res["summary"].items() if s != "pooled" and v["rows"] >= JUDGED_ROWS]
+    out = {}
+    for f in scales:
+        cov = {}
+        for s in judged + ["pooled"]:
+            rs = [x for x in rows if s == "pooled" or x["source"] == s]
+            inside = sum(f * math.log(x["interval_s"][0] / x["predicted_s"]) <= math.log(x["published_s"] / x["predicted_s"])
+                         <= f * math.log(x["interval_s"][1] / x["predicted_s"]) for x in rs)
+            cov[s] = round(inside / len(rs), 4) if rs else None
+        out[str(f)] = cov
+    return out
+
+
+def render_scales(table: dict) -> str:
+    sources = list(next(iter(table.values())))
+    lines = ["| interval width x | " + " | ".join(sources) + " |", "|---" * (len(sources) + 1) + "|"]
+    lo, hi = TARGETS["coverage"]
+    for f, cov in table.items():
+        cells = [("-" if v is None else f"{100 * v:.0f}%" + ("" if lo <= v <= hi else " (out)")) for v in cov.values()]
+        lines.append(f"| {f} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def render_criteria(crit: dict) -> str:
+    lines = [f"Issue 39's Done-when, on this run: {crit['passed']} of {crit['total']} checks pass "
+             f"(sources of >= {JUDGED_ROWS} runs judged: {', '.join(crit['judged_sources'])})", "",
+             "| criterion | value | pass |", "|---|---|---|"]
+    for c in crit["checks"]:
+        v = c["value"]
+        val = "-" if v is None else f"{100 * v:.1f}%"
+        if "baseline" in c:
+            val += f" vs {100 * c['baseline']:.1f}%"
+        lines.append(f"| {c['criterion']} | {val} | {'yes' if c['pass'] else '**no**'} |")
+    if crit["small_sources"]:
+        lines += ["", "Reported without a pass mark (fewer than %d runs): " % JUDGED_ROWS
+                  + ", ".join(f"{s} ({n} run{'s' if n > 1 else ''})" for s, n in crit["small_sources"].items())]
+    return "\n".join(lines)
 
 
 def _residuals(rows, c: Constants) -> tuple[list[float | None], list[float]]:
@@ -99,6 +180,7 @@ def loso(rows, base: Constants = DEFAULTS, *, nested: bool = True, progress=None
         if progress:
             progress(f"fold {s}")
     per_row, folds = [], {}
+    points = tuple(point_of_row(r) for r in rows)
     for s in sources:
         train = [r for r in rows if r.source != s]
         others = [t for t in sources if t != s]
@@ -129,13 +211,15 @@ def loso(rows, base: Constants = DEFAULTS, *, nested: bool = True, progress=None
         for r, res, be, bh in zip(by[s], residuals[s], berrs, berrs_half):
             est = devset.predict(r, c)
             pred = None if est is None else est.step_time_s
-            lo, hi = spread.bounds_for(est) if pred else (None, None)
+            far = far_from(point_of_row(r), points)  # judged against the other sources' rows
+            lo, hi = spread.bounds_for(est, len(far)) if pred else (None, None)
             per_row.append({
                 "source": s, "row": r.label, "published_s": round(r.published_s, 4), "approximate": r.approximate,
                 "predicted_s": None if pred is None else round(pred, 4),
                 "interval_s": None if pred is None else [round(lo, 4), round(hi, 4)],
                 "inside": None if pred is None else bool(lo <= r.published_s <= hi),
                 "layout": None if est is None else est.layout.short(), "fits": est is not None,
+                "far_from_development": sorted(far) or None,
                 "error": None if res is None else round(math.exp(-res) - 1, 4),
                 "baseline_s": round(r.published_s * (1 + be), 4), "baseline_error": round(be, 4),
                 "baseline_half_error": round(bh, 4),
@@ -187,19 +271,24 @@ def generation_check(rows=None, c: Constants = DEFAULTS, baseline_efficiency: fl
     over all rows and split by tensor parallelism (TP = 1 / TP > 1)."""
     from trainperf.planner.interval import ACROSS
 
+    from trainperf.planner.distance import development_points
+
     rows = devset.generation_rows() if rows is None else rows
     e = fit_baseline(devset.load()) if baseline_efficiency is None else baseline_efficiency
+    dev = development_points()
     per_row = []
     for r, be in zip(rows, baseline_errors(rows, e)):
         est = devset.predict(r, c)
         pred = None if est is None else est.step_time_s
-        lo, hi = ACROSS.bounds_for(est) if pred else (None, None)
+        far = far_from(point_of_row(r), dev)  # a V100: another generation than every development run
+        lo, hi = ACROSS.bounds_for(est, len(far)) if pred else (None, None)
         per_row.append({"source": r.source, "row": r.label, "gpu": r.gpu, "tp": r.fixed[0],
                         "published_s": round(r.published_s, 4), "approximate": r.approximate,
                         "predicted_s": None if pred is None else round(pred, 4),
                         "interval_s": None if pred is None else [round(lo, 4), round(hi, 4)],
                         "inside": None if pred is None else bool(lo <= r.published_s <= hi),
                         "layout": None if est is None else est.layout.short(),
+                        "far_from_development": sorted(far) or None,
                         "error": None if pred is None else round(pred / r.published_s - 1, 4),
                         "baseline_error": round(be, 4)})
     from trainperf.planner.interval import CALIBRATED, CALIBRATION_WEIGHT
@@ -272,6 +361,8 @@ def render_markdown(res: dict) -> str:
         err = "no fit" if x["error"] is None else f"{100 * x['error']:+.1f}%"
         mark = " (approx.)" if x["approximate"] else ""
         iv = "-" if not x["interval_s"] else f"{x['interval_s'][0]:.3g}-{x['interval_s'][1]:.3g}{'' if x['inside'] else ' (out)'}"
+        if x.get("far_from_development"):
+            iv += f" (far: {', '.join(x['far_from_development'])})"
         lines.append(f"| {x['source']}{mark} | {x['row']} | {x['published_s']:.3f} | {x['predicted_s'] or '-'} | {err} "
                      f"| {iv} | {x['layout'] or '-'} | {100 * x['baseline_error']:+.1f}% |")
     return "\n".join(lines)
@@ -325,7 +416,8 @@ def main(argv=None) -> None:
 
     ap = argparse.ArgumentParser(prog="python -m trainperf.planner.loso",
                                  description="leave-one-source-out cross-validation of the planner, with intervals")
-    ap.add_argument("--data", help="planner-dev directory (default $TRAINPERF_PLANNER_DEV or /work/shared/planner-dev)")
+    ap.add_argument("--data", help="directory of the development tables (default $TRAINPERF_PLANNER_DEV, else the "
+                    "tables shipped in trainperf/planner/devdata)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--plot", metavar="PNG")
     ap.add_argument("--fast", action="store_true", help="intervals from the outer folds' errors (not nested)")
@@ -356,14 +448,18 @@ def report(data_dir=None, *, as_json=False, plot_path=None, nested=True, json_du
     if bar is not None:
         bar.close()
     res["generation_check"] = generation_check(baseline_efficiency=res["baseline_all"])
+    res["criteria"] = criteria(res["summary"])
+    res["coverage_by_scale"] = coverage_by_scale(res)
     if plot_path:
         plot(res, plot_path)
     if as_json:
         from trainperf.runio import dumps_strict
 
         return dumps_strict(res)
-    return render_markdown(res) + "\n\n## Held-out check: another GPU generation (V100)\n\n" + render_generation_check(
-        res["generation_check"])
+    return (render_criteria(res["criteria"]) + "\n\nCoverage if every interval were scaled (the judged sources' levels "
+            "differ more than any one width can absorb):\n\n" + render_scales(res["coverage_by_scale"]) + "\n\n"
+            + render_markdown(res)
+            + "\n\n## Held-out check: another GPU generation (V100)\n\n" + render_generation_check(res["generation_check"]))
 
 
 if __name__ == "__main__":

@@ -15,9 +15,9 @@ def _table(rows: list[list[str]], right: set[int]) -> list[str]:
     return out
 
 
-def _row(rank: str, e: Estimate, spread) -> list[str]:
+def _row(rank: str, e: Estimate, spread, far=None) -> list[str]:
     L = e.layout
-    lo, hi = spread.bounds_for(e)
+    lo, hi = spread.bounds_for(e, len(far(e)) if far else 0)
     rc = f"partial {L.recompute_layers}/{e.layers_per_stage}" if L.recompute == "partial" else L.recompute
     return [
         rank, str(L.tp), str(L.pp), str(L.interleave), str(L.dp), str(L.micro_batch), str(e.microbatches),
@@ -40,11 +40,26 @@ def breakdown(e: Estimate) -> str:
             f"binding term: {e.binding.replace('_', ' ')}")
 
 
+def far_note(far: dict, spread) -> str:
+    """The plan's words for a query far from every development source (empty when it is near)."""
+    if not far or not spread.far:
+        return ""
+    what = "; ".join(f"{k}: {v}" for k, v in sorted(far.items()))
+    n = len(far)
+    return (f"far from every development source in {n} respect{'s' if n > 1 else ''} ({what}): the interval counts "
+            f"the between-source variance {n + 1} times instead of once, so it is wider than near the development set "
+            f"({100 * spread.relative_width(0.0, n):.0f}% against {100 * spread.relative_width():.0f}% of a compute-bound "
+            "estimate); measure one step (--measured) before trusting the plan")
+
+
 def render(plan: Plan, *, batch_note: str, top: int, baseline, calibration, elapsed: float, emitted,
-           flop_convention: str, moves=None, spread=None, stack=None, pins=None) -> str:
+           flop_convention: str, moves=None, spread=None, stack=None, pins=None, far=None, explained=None) -> str:
+    """The plan as text. ``far``: a function of an estimate giving the respects in which it is far from every
+    development source (:func:`trainperf.planner.distance.far_from`); ``explained``: the lines of ``--explain``."""
     from trainperf.planner.interval import ACROSS, unvalidated_part
 
     spread = spread or ACROSS
+    far = far or (lambda e: {})
     g, model = plan.gpu, plan.model
     lines = [
         f"trainperf plan: {model.describe()}",
@@ -62,28 +77,36 @@ def render(plan: Plan, *, batch_note: str, top: int, baseline, calibration, elap
     if pins:
         lines.append("pinned (held in every candidate): " + ", ".join(f"--{k} {v}" for k, v in pins.items()))
     lines.append("")
-    rows = [HEADER] + [_row(str(i + 1), e, spread) for i, e in enumerate(plan.candidates[:top])]
+    rows = [HEADER] + [_row(str(i + 1), e, spread, far) for i, e in enumerate(plan.candidates[:top])]
     base_est = baseline["estimate"] if baseline else None
     if base_est is not None and baseline["rank"] > top:
-        rows.append(_row(str(baseline["rank"]), base_est, spread))
+        rows.append(_row(str(baseline["rank"]), base_est, spread, far))
     lines += _table(rows, RIGHT)
     lines += [
         "",
         f"TFLOP/s/GPU and MFU count {flop_convention}; MFU is against the dense {g.half_dtype.upper()} peak of {g.key} "
         f"({g.half_tflops:g} TFLOP/s). v: interleaved stages per GPU; m: micro-batches per pipeline per step.",
-        f"80% interval: {spread.basis} ({100 * (2.718281828459045 ** spread.low - 1):+.0f}% / "
-        f"{100 * (2.718281828459045 ** spread.high - 1):+.0f}% of an estimate spent in compute"
+        f"80% interval: {100 * (2.718281828459045 ** spread.low - 1):+.0f}% / "
+        f"{100 * (2.718281828459045 ** spread.high - 1):+.0f}% of an estimate spent in compute, from {spread.basis}"
+        + (f" (sources' levels {100 * spread.between_sd:.1f}% apart, sd, and their runs {100 * spread.within_sd:.1f}% "
+           "around them)" if spread.between_sd is not None and spread.within_sd is not None else "")
         + (f"; wider by {spread.noncompute_scale:g} x the share of the step in communication, bubbles and the "
-           "optimizer, where the model is less sure)." if spread.noncompute_scale else ")."),
+           "optimizer, where the model is less sure." if spread.noncompute_scale else "."),
         "",
         f"best: {plan.best.layout.short()}: {plan.best.step_time_s:.2f} s/step "
-        f"(80% interval {spread.bounds_for(plan.best)[0]:.2f}-{spread.bounds_for(plan.best)[1]:.2f} s), "
+        f"(80% interval {spread.bounds_for(plan.best, len(far(plan.best)))[0]:.2f}-"
+        f"{spread.bounds_for(plan.best, len(far(plan.best)))[1]:.2f} s), "
         f"{plan.global_batch * model.seq / plan.best.step_time_s:,.0f} tokens/s",
         "  " + breakdown(plan.best),
     ]
+    if explained:
+        lines += ["", *explained]
     unvalidated = None if calibration else unvalidated_part(g)
+    at = next(i for i, line in enumerate(lines) if line.startswith("80% interval:")) + 1
+    wide = far_note(far(plan.best), spread)
+    if wide:
+        lines.insert(at, f"note: the best layout is {wide}.")
     if unvalidated:
-        at = next(i for i, line in enumerate(lines) if line.startswith("80% interval:")) + 1
         lines.insert(at, f"note: {unvalidated}.")
     for note in plan.notes:
         lines += ["", f"WARNING: {note}"]

@@ -32,8 +32,29 @@ A :class:`Stack` is a set of switches, each a physical mechanism with its own co
   prefetched beside compute. True pins ZeRO-3, None leaves it to the search.
 * ``float8``: the linear layers' GEMMs at the FP8 dense peak (torchao / Transformer Engine
   dynamic scaling: each operand cast to FP8 in a memory-bound pass); attention stays BF16.
-* ``async_tp``: tensor-parallel collectives decomposed and overlapped with the matmuls they feed
-  (torchtitan AsyncTP, TE comm overlap); otherwise on the critical path.
+* ``fp8_weight_cache``: under ``float8``, each weight is cast to FP8 (and transposed) once per step,
+  on the first micro-batch, and the copy reused by the others: Transformer Engine's ``is_first_microbatch``,
+  which Megatron-Core passes ("it allows caching of the FP8 versions of the weights", TE's ``Linear.forward``
+  documentation). Off: every micro-batch casts every weight again (torchao's dynamic scaling).
+* ``async_tp``: tensor-parallel communication overlapped with the GEMMs by decomposition (Megatron-Core's
+  ``--tp-comm-overlap`` with Transformer Engine userbuffers; torchtitan's AsyncTP, PyTorch's
+  micro-pipelined TP): each all-gather / reduce-scatter is cut into TP-degree chunks that travel while the
+  GEMM works on the chunk before (the GEMMs run as TP-degree slices of the tokens); the last chunk of each
+  reduce-scatter has no GEMM left beside it. Off: every TP collective on the critical path.
+  ``tp_overlap`` says how: ``decomposed`` (the above) or ``concurrent`` (the collectives run beside other,
+  independent work of the layer, as LLaMA's hand-written backward overlaps its all-reduces with the
+  activations' computation, LLaMA sect. 2.4: no chunking, nothing left exposed by construction).
+* ``nvls``: all-reduces within an NVSwitch 3 node (H100 / H200 HGX) reduce in the switch (NVLink SHARP),
+  which NCCL >= 2.17 picks by default (``NCCL_NVLS_ENABLE=0`` turns it off): up to 480 GB/s bus bandwidth on
+  8 GPUs against the ring's 370 (:mod:`trainperf.planner.parts`). No effect on parts without it.
+* ``param_gather``: whether the distributed optimizer's parameter all-gather after the step overlaps the
+  next forward (``overlap``: Megatron-Core's ``--overlap-param-gather``) or runs before it (``after``); None:
+  as ``dp_reduce``.
+* ``dp_bucket``: how the overlapped data-parallel reduction is bucketed, which sets what stays exposed: the
+  last bucket (the first layers' and the embedding's gradients, ready when the backward ends) cannot
+  overlap anything. ``ddp``: PyTorch DDP's ``bucket_cap_mb`` = 25 MB of gradients; ``megatron``:
+  Megatron-Core's ``max(40M, 1M x DP)`` parameters per bucket (``DistributedDataParallel``, its default);
+  ``ideal``: nothing left exposed (the model before issue 39; for comparison).
 * ``sequence_parallel``: whether the stack has sequence parallelism at all. False: tensor-parallel
   layouts keep the norm / dropout / residual region's activations whole on every TP rank (Megatron-LM
   before Korthikanti et al. 2022): more activation memory and elementwise time. None: searched.
@@ -55,6 +76,8 @@ from dataclasses import dataclass, fields, replace
 from trainperf.errors import UserError
 
 DP_REDUCE = ("overlap", "after")
+DP_BUCKETS = ("ddp", "megatron", "ideal")
+TP_OVERLAPS = ("decomposed", "concurrent")
 RECOMPUTE_KINDS = ("none", "selective", "full", "partial")
 ATTENTION_KERNELS = ("fa2", "fa3")
 GRAD_REDUCE_OPS = ("reduce-scatter", "all-reduce")
@@ -72,6 +95,11 @@ class Stack:
     fsdp: bool | None = None
     float8: bool = False
     async_tp: bool = False
+    tp_overlap: str = "decomposed"
+    fp8_weight_cache: bool = False
+    nvls: bool = True
+    param_gather: str | None = None
+    dp_bucket: str = "ddp"
     grad_bytes: float | None = None
     """Bytes per parameter of the replicated gradient buffer, when the stack keeps 16-bit gradients
     and moves the FP32 copy into the sharded optimizer part (DeepSpeed's BF16_Optimizer: 2); None:
@@ -102,12 +130,23 @@ class Stack:
             raise UserError(f"--attention {self.attention!r}: choose flash or eager")
         if self.attention_kernel not in ATTENTION_KERNELS:
             raise UserError(f"--attention-kernel {self.attention_kernel!r}: choose one of {', '.join(ATTENTION_KERNELS)}")
+        if self.param_gather not in (None,) + DP_REDUCE:
+            raise UserError(f"--param-gather {self.param_gather!r}: choose one of {', '.join(DP_REDUCE)}")
+        if self.tp_overlap not in TP_OVERLAPS:
+            raise UserError(f"stack {self.name!r}: tp_overlap {self.tp_overlap!r}: choose one of {', '.join(TP_OVERLAPS)}")
+        if self.dp_bucket not in DP_BUCKETS:
+            raise UserError(f"stack {self.name!r}: dp_bucket {self.dp_bucket!r}: choose one of {', '.join(DP_BUCKETS)}")
         if self.grad_reduce_op not in GRAD_REDUCE_OPS:
             raise UserError(f"--grad-reduce-op {self.grad_reduce_op!r}: choose one of {', '.join(GRAD_REDUCE_OPS)}")
         bad = [k for k in self.recompute or () if k not in RECOMPUTE_KINDS]
         if bad or (self.recompute is not None and not self.recompute):
             raise UserError(f"stack {self.name!r}: recompute kinds {list(self.recompute)!r}: choose among "
                             f"{', '.join(RECOMPUTE_KINDS)}")
+
+    @property
+    def param_gather_mode(self) -> str:
+        """How the distributed optimizer's parameter all-gather runs: ``param_gather``, else as ``dp_reduce``."""
+        return self.param_gather or self.dp_reduce
 
     def mechanisms(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "name"}
@@ -137,10 +176,15 @@ PRESETS: dict[str, tuple[Stack, str]] = {
                       "no distributed optimizer (ZeRO-0), no sequence parallelism, whole-layer "
                       "checkpointing of every layer or none (no selective or block recompute)"),
     "megatron-core": (Stack("megatron-core", dp_reduce="overlap", fused=True, attention="flash",
-                            attention_kernel="fa3", distributed_optimizer=True, fsdp=False),
-                      "Megatron-Core with Transformer Engine: DP reduce-scatter overlapped with the "
-                      "backward and param all-gather with the forward (distributed optimizer, ZeRO-1), "
-                      "fused kernels, Transformer Engine's cuDNN fused attention (Hopper-native: fa3)"),
+                            attention_kernel="fa3", distributed_optimizer=True, fsdp=False, async_tp=True,
+                            fp8_weight_cache=True, param_gather="overlap", dp_bucket="megatron"),
+                      "Megatron-Core with Transformer Engine as NVIDIA's performance configurations run it: "
+                      "distributed optimizer (ZeRO-1) with the gradient reduce-scatter overlapped with the backward "
+                      "(--overlap-grad-reduce) and the parameter all-gather with the forward "
+                      "(--overlap-param-gather), in Megatron-Core's buckets; tensor-parallel communication "
+                      "overlapped with the GEMMs (--tp-comm-overlap, userbuffers; --no-async-tp for Megatron-LM's "
+                      "default); fused kernels; Transformer Engine's cuDNN fused attention (Hopper-native: fa3); "
+                      "under --float8 Transformer Engine's FP8 weights cast once per step"),
     "fsdp": (Stack("fsdp", dp_reduce="overlap", fused=False, attention="flash", attention_kernel="fa2",
                    distributed_optimizer=False, fsdp=True),
              "PyTorch FSDP (ZeRO-3) in eager mode: per-layer all-gather / reduce-scatter prefetched beside "
