@@ -174,6 +174,11 @@ class _Sim:
         s, e = self._place(S_COMPUTE, call_end, max(int(nbytes / 1500), 1500), 0)
         self.p.sets.append((s, e, S_COMPUTE, nbytes, corr))
 
+    def gemm(self, spec: tuple, us: float, after: int) -> tuple[int, int]:
+        out = self.kernel(spec, us, S_COMPUTE, after)
+        self.call("cudaStreamIsCapturing", 0.8)  # cuBLAS asks before each launch
+        return out
+
     def rng_range(self, name: str, role: str, body, *args) -> Any:
         """A CPU range (an op, an annotation) around ``body``."""
         self.op_id += 1
@@ -216,9 +221,10 @@ class _Sim:
             if "allocator" in has:
                 self.call("cudaMalloc", 35.0)
             k = 2 if backward else 1
-            for _ in range(k):
-                self.op("aten::mm", self.kernel, gemm, g_us, S_COMPUTE, first.pop() if first else 0)
-            self.op("aten::add", self.kernel, K_ADD, 18.0)
+            for _ in range(k):  # emit_nvtx nests PyTorch's op calls: a GEMM is about six ranges, one launch
+                self.op("aten::t", self.op, "aten::transpose", self.op, "aten::as_strided")
+                self.op("aten::matmul", self.op, "aten::mm", self.gemm, gemm, g_us, first.pop() if first else 0)
+            self.op("aten::add", lambda: (self.op("aten::empty_strided"), self.kernel(K_ADD, 18.0)))
             self.op("aten::gelu_backward" if backward else "aten::gelu", self.kernel, K_GELU, 22.0)
             self.op("aten::native_layer_norm", self.kernel, K_NORM, 25.0)
             if "launch_bound" in has:

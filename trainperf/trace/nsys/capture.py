@@ -19,6 +19,7 @@ import numpy as np
 from trainperf.errors import UserError
 from trainperf.trace import intervals as iv
 from trainperf.trace.analyze import _clean, analyze_timeline
+from trainperf.trace.tb import launch_index
 from trainperf.trace.nsys import layout, metrics
 from trainperf.trace.nsys.reader import RankSpec, read_rank
 from trainperf.trace.nsys.schema import KERNEL, MEMCPY, MEMSET, NVTX, RUNTIME, Export, check_file, is_nsys_export
@@ -127,9 +128,23 @@ def iter_capture(path: str | Path, *, step: str | None = None, progress: Callabl
                                       progress=tick)
                 extra["notes"] = notes + extra["notes"]
                 extra["export"] = exp
+                _trim()  # the rows' transient objects, freed, go back to the system before the figures
                 yield spec, tl, extra
+                del tl, extra  # not alive while the next rank is read
+                _trim()
         finally:
             exp.close()
+
+
+def _trim() -> None:
+    """Hand freed heap memory back to the system (glibc's malloc_trim; elsewhere nothing): the rows streamed
+    through Python leave the heap fragmented, which would count against the next rank's peak."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def read_capture(path: str | Path, *, step: str | None = None, progress: Callable[[int], None] | None = None
@@ -199,13 +214,17 @@ def analyze_capture(path: str | Path, *, patterns: Any = None, top_n: int = 10, 
         elif not dev.get("num_sms") and spec.device is not None:
             notes.append("the capture gives no SM count for the GPU: blocks per SM, SM efficiency and the "
                          "occupancy estimate are not computed")
+        notes += _launched_before(tl, s_lo)
         gm = _gpu_metrics(exp, dev, spec.device, *_window_ns(res, tl.base_us))
         if gm["not_measured"]:
             notes.append(gm["not_measured"])
         if res.get("device_info"):
             res["device_info"]["from"] = f"nsys {dev.get('from')}" if dev.get("from") else \
                 res["device_info"].get("from")
-        res["notes"] = notes + res["notes"]
+        tb_note = "no ProfilerStep#N in the trace"  # the plugin's wording: here the capture has no step range
+        res["notes"] = notes + [n if not n.startswith(tb_note) else
+                                "no step range in the capture: the whole capture (its CPU span) is one step"
+                                for n in res["notes"] if not (n.startswith(tb_note) and chosen["notes"])]
         res |= {"label": spec.label, "source": "nsys",
                 "rank_hint": {"device": spec.device, "pid": spec.info.get("pid"), "process": spec.info.get("process"),
                               "nccl_rank": spec.info.get("nccl_rank"), "nccl_ranks": spec.info.get("nccl_ranks"),
@@ -221,6 +240,20 @@ def analyze_capture(path: str | Path, *, patterns: Any = None, top_n: int = 10, 
         out.append(_clean(res))
         del tl
     return out
+
+
+def _launched_before(tl: Timeline, lo: np.ndarray) -> list[str]:
+    """A note when the capture opens on GPU work launched before it began (no launch call in the capture): the
+    host was that far ahead of the GPU, and the analysed window starts after that work (the step rule)."""
+    if not lo.size or not tl.g_ts.size:
+        return []
+    orphan = (launch_index(tl) < 0) & (tl.g_ts + tl.g_dur <= lo[0])
+    if not orphan.any():
+        return []
+    ahead = (float((tl.g_ts + tl.g_dur)[orphan].max()) - float(tl.g_ts.min())) / 1000.0
+    return [f"the capture opens on {int(orphan.sum())} GPU event(s) ({ahead:.0f} ms) launched before it began (no "
+            f"launch call in the capture: the host ran about {ahead:.0f} ms ahead of the GPU); the analysed window "
+            "starts after them, as the TensorBoard plugin's step rule does"]
 
 
 def _gpu_metrics(exp: Export, dev: dict, device: int | None, lo: float | None, hi: float | None) -> dict[str, Any]:

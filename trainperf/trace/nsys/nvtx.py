@@ -28,7 +28,8 @@ import numpy as np
 from trainperf.errors import UserError
 from trainperf.trace.intervals import Accumulator
 from trainperf.trace.nsys.schema import NVTX, Export
-from trainperf.trace.timeline import _R_COMM, _R_DL, _R_OP, _R_STEP, _R_SYNC, _Column, _Names, _op_role
+from trainperf.trace.nsys.columns import column
+from trainperf.trace.timeline import _R_COMM, _R_DL, _R_OP, _R_STEP, _R_SYNC, _Names, _op_role
 
 RANGE_TYPES = (59, 60, 70, 71)  # NvtxPushPopRange, NvtxStartEndRange and their NVTXT forms
 DOMAIN_CREATE = 75
@@ -73,10 +74,10 @@ def _text_sql(exp: Export) -> str:
 class Ranges:
     """The NVTX ranges of one process, read into the Timeline's ``c_*`` columns as they stream in."""
 
-    def __init__(self, names: _Names):
+    def __init__(self, names: _Names, capacity: int = 0):
         self.names = names
-        self.cols = {k: _Column(dt) for k, dt in (("ts", np.float64), ("dur", np.float64), ("name", np.int32),
-                                                   ("tid", np.int64), ("kind", np.int8))}
+        self.cols = {k: column(dt, capacity, wide=k == "tid") for k, dt in (
+            ("ts", np.float64), ("dur", np.float64), ("name", np.int32), ("tid", np.int64), ("kind", np.int8))}
         self.role: list[int] = []  # by name id
         self.kind: list[int] = []
         self.ops = Accumulator()

@@ -33,14 +33,15 @@ import numpy as np
 
 from trainperf.trace.nsys import nvtx as nv
 from trainperf.trace.nsys import occupancy
+from trainperf.trace.nsys.columns import column
 from trainperf.trace.nsys.schema import DRIVER, KERNEL, MEMCPY, MEMSET, RUNTIME, Export, pid_range
-from trainperf.trace.timeline import GPU_KERNEL, GPU_MEMCPY, GPU_MEMSET, Timeline, _Column, _Names, _clean_steps
+from trainperf.trace.timeline import GPU_KERNEL, GPU_MEMCPY, GPU_MEMSET, Timeline, _Names, _clean_steps
 
 SYNC_TABLE = "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION"
 _VERSION_SUFFIX = re.compile(r"_v\d+$")
 _G = {"ts": np.float64, "dur": np.float64, "kind": np.int8, "name": np.int32, "stream": np.int64, "device": np.int64,
-      "corr": np.int64, "occ": np.float32, "bps": np.float32, "bytes": np.float64, "coll": np.int32, "pg": np.int32}
-_R = {"ts": np.float64, "dur": np.float64, "corr": np.int64, "ext": np.int64, "name": np.int32, "driver": bool,
+      "corr": np.int64, "occ": np.float32, "bps": np.float32, "bytes": np.float64}
+_R = {"ts": np.float64, "dur": np.float64, "corr": np.int64, "name": np.int32, "driver": bool,
       "tid": np.int64}
 
 
@@ -67,9 +68,12 @@ class _Builder:
     def __init__(self, exp: Export, spec: RankSpec, progress: Callable[[int], None] | None):
         self.exp, self.spec, self.progress = exp, spec, progress
         self.names = _Names()
-        self.g = {k: _Column(dt) for k, dt in _G.items()}
-        self.r = {k: _Column(dt) for k, dt in _R.items()}
-        self.s = {k: _Column(dt) for k, dt in (("ts", np.float64), ("dur", np.float64), ("stream", np.int64))}
+        n_g = sum(exp.row_estimate(t) for t in (KERNEL, MEMCPY, MEMSET))
+        n_r = sum(exp.row_estimate(t) for t in (RUNTIME, DRIVER))
+        self.g = {k: column(dt, n_g) for k, dt in _G.items()}
+        self.r = {k: column(dt, n_r, wide=k == "tid") for k, dt in _R.items()}
+        self.s = {k: column(dt, exp.row_estimate(SYNC_TABLE))
+                  for k, dt in (("ts", np.float64), ("dur", np.float64), ("stream", np.int64))}
         self.string_ids: dict[int, int] = {}  # StringIds id -> names index
         self.lim = None
         self.notes: list[str] = []
@@ -110,8 +114,6 @@ class _Builder:
         g["occ"].add(nan32 if occ is None else occ)
         g["bps"].add(nan32 if bps is None else bps)
         g["bytes"].add(np.full(n, np.nan) if nbytes is None else nbytes.astype(np.float64))
-        g["coll"].add(np.full(n, -1, dtype=np.int32))
-        g["pg"].add(np.full(n, -1, dtype=np.int32))
         if self.progress:
             self.progress(n)
 
@@ -226,7 +228,6 @@ class _Builder:
                 r["ts"].add(a[:, 0] / 1000.0)
                 r["dur"].add(np.maximum(a[:, 1] - a[:, 0], 0) / 1000.0)
                 r["corr"].add(a[:, 2])
-                r["ext"].add(np.full(len(a), -1, dtype=np.int64))
                 r["name"].add(ids)
                 uniq = np.unique(ids)
                 flag = np.array([self.names.names[i].startswith("cu") and not self.names.names[i].startswith("cuda")
@@ -269,7 +270,7 @@ def read_rank(exp: Export, spec: RankSpec, *, step: str | None = None, nccl_doma
     b.copies()
     b.syncs()
     b.calls()
-    ranges = nv.Ranges(b.names)
+    ranges = nv.Ranges(b.names, exp.row_estimate(nv.NVTX))
     lo, hi = pid_range(spec.pid) if spec.pid is not None else (None, None)
     ranges.read(exp, lo, hi, nccl_domains or set(), progress)
     t = Timeline()
@@ -277,6 +278,10 @@ def read_rank(exp: Export, spec: RankSpec, *, step: str | None = None, nccl_doma
     for prefix, cols in (("g_", b.g), ("r_", b.r), ("s_", b.s)):
         for k, col in cols.items():
             setattr(t, prefix + k, col.array())
+    # what an export never has (collective and process-group names on kernels, External ids on calls): one
+    # read-only -1 per row, taking no memory
+    t.g_coll = t.g_pg = np.broadcast_to(np.int32(-1), t.g_ts.shape)
+    t.r_ext = np.broadcast_to(np.int32(-1), t.r_ts.shape)
     t.op_ext = np.zeros(0, dtype=np.int64)
     c = ranges.columns()
     chosen = nv.choose_steps(c, b.names.names, step, str(exp.path))

@@ -50,7 +50,7 @@ class Export:
         check_file(self.path)
         try:
             self.db = sqlite3.connect(f"file:{quote(str(self.path.resolve()))}?mode=ro", uri=True)
-            self.db.execute("PRAGMA cache_size = -16384")  # 16 MB of page cache, whatever the file's size
+            self.db.execute("PRAGMA cache_size = -4096")  # 4 MB of page cache: every read is one sequential scan
             self.db.execute("PRAGMA temp_store = FILE")
             names = [r[0] for r in self.db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
             self.tables: dict[str, list[str]] = {
@@ -81,7 +81,7 @@ class Export:
         """``coalesce(column, default)`` when the table has the column, else the default as a literal."""
         return f'coalesce("{column}", {default!r})' if self.has(table, column) else repr(default)
 
-    def rows(self, sql: str, args: tuple = (), size: int = 32768):
+    def rows(self, sql: str, args: tuple = (), size: int = 16384):
         """The rows of a query, ``size`` at a time (never all of them in memory)."""
         try:
             cur = self.db.execute(sql, args)
