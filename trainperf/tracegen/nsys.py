@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import os
 import sqlite3
+
+import numpy as np
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -253,21 +255,29 @@ def make_export(path: str | Path, job: Job | None = None, *, schema: str = "3.25
     return {"path": str(path), "job": job, "procs": procs, "schema": schema, "gpu_metrics": samples}
 
 
-def make_pair(directory: str | Path, cause: str, job: Job | None = None, *, schema: str = "3.25"
-              ) -> dict[str, Any]:
-    """``before.sqlite`` (the job with ``cause``) and ``after.sqlite`` (the same job without it), and each
-    one's mean step time from the simulation (the speed-up's answer)."""
+def steady_step_ns(p: Proc, last: int) -> float:
+    """The simulation's answer for a step's time: the median period between the last ``last`` step starts (once
+    the launch queue has filled, every step starts one period after the one before)."""
+    starts = [s for s, _ in p.steps]
+    tail = [b - a for a, b in list(zip(starts, starts[1:]))[-last:]]
+    return float(np.median(tail)) if tail else float("nan")
+
+
+def make_pair(directory: str | Path, cause: str, job: Job | None = None, *, schema: str = "3.25",
+              gpu_metrics: bool = False) -> dict[str, Any]:
+    """``before.sqlite`` (the job with ``cause``) and ``after.sqlite`` (the same job without it), and each one's
+    steady-state step time from the simulation (the median period of the second half of the steps): the
+    speed-up's answer, ``speedup`` = before / after."""
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
-    base = job or Job(steps=8)
+    base = job or Job(steps=12)
     before = Job(**{**base.__dict__, "causes": tuple(sorted(set(base.causes) | {cause}))})
     after = Job(**{**base.__dict__, "causes": tuple(c for c in before.causes if c != cause)})
-    out = {}
+    out: dict[str, Any] = {}
     for name, j in (("before", before), ("after", after)):
-        got = make_export(d / f"{name}.sqlite", j, schema=schema)
-        p = got["procs"][0]
-        spans = [e - s for s, e in p.steps][1:]  # the first step warms up
-        out[name] = {"path": got["path"], "causes": j.causes, "step_ns": sum(spans) / len(spans)}
+        got = make_export(d / f"{name}.sqlite", j, schema=schema, gpu_metrics=gpu_metrics)
+        out[name] = {"path": got["path"], "causes": j.causes,
+                     "step_ns": steady_step_ns(got["procs"][0], max(2, j.steps // 2))}
     out["speedup"] = out["before"]["step_ns"] / out["after"]["step_ns"]
     out["removed"] = cause
     return out
@@ -316,4 +326,4 @@ def _last_step(p: Proc) -> Proc:
     return q
 
 
-__all__ = ["SCHEMAS", "Writer", "make_export", "make_large", "make_pair"]
+__all__ = ["SCHEMAS", "Writer", "make_export", "make_large", "make_pair", "steady_step_ns"]
