@@ -45,12 +45,16 @@ def test_not_sqlite_empty_missing_and_directories(tmp_path):
     assert not is_nsys_export(txt) and not is_nsys_export(empty) and not is_nsys_export(d)
 
 
-def test_sqlite_without_nsys_tables_lists_what_it_has(tmp_path):
-    p = tmp_path / "other.sqlite"
+def _plain_sqlite(p: Path, table: str) -> Path:
     db = sqlite3.connect(p)
-    db.execute("CREATE TABLE users (id INTEGER)")
+    db.execute(f"CREATE TABLE {table} (id INTEGER)")
     db.commit()
     db.close()
+    return p
+
+
+def test_sqlite_without_nsys_tables_lists_what_it_has(tmp_path):
+    p = _plain_sqlite(tmp_path / "other.sqlite", "users")
     with pytest.raises(UserError, match=r"other\.sqlite: an SQLite database but not an Nsight Systems export.*it has: "
                                         r"users.*nsys export --type=sqlite"):
         analyze_capture(p)
@@ -118,11 +122,7 @@ def test_a_failing_export_says_so(tmp_path, monkeypatch, good):
 
 
 def test_bench_generates_an_export_and_never_replaces_another_file(tmp_path):
-    p = tmp_path / "x.sqlite"
-    db = sqlite3.connect(p)
-    db.execute("CREATE TABLE t (a)")
-    db.commit()
-    db.close()
+    p = _plain_sqlite(tmp_path / "x.sqlite", "t")
     out = subprocess.run([sys.executable, "-m", "trainperf", "bench", "traces", str(tmp_path / "y.sqlite"),
                           "--generate-nsys-mb", "1"], capture_output=True, text=True, cwd=ROOT, timeout=300,
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
