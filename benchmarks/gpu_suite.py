@@ -69,7 +69,7 @@ def _close(trainer) -> None:
 
 def build(overrides: list[str]):
     from trainperf.config import load_config
-    from trainperf.config.resolve import resolve
+    from trainperf.train.resolve import resolve
     from trainperf.train.build import build_trainer
 
     cfg = load_config(None, overrides)

@@ -1,10 +1,10 @@
 """Which JSON parser reads a profiler trace: parse-only time and peak memory of each candidate, side by side.
 
     python benchmarks/trace_parsers.py [--events 1200000] [--kind a100_ddp] [--repeat 1] [--workdir DIR]
-                                       [--peer-python /work/peers/venv/bin/python] [--no-hta] [--json OUT]
+                                       [--peer-python PEERS/bin/python] [--no-hta] [--json OUT]
 
 Makes one generated trace of about ``--events`` events (``make_trace(kind, steps=50)`` repeated by
-``trainperf.trace.synth.repeat`` with shifted timestamps and ids) in both layouts, gzipped: ``lines`` (one
+``trainperf.tracegen.synth.repeat`` with shifted timestamps and ids) in both layouts, gzipped: ``lines`` (one
 event per line, as torch writes it) and ``single`` (one line, as tools re-save it). Then, on each file, each
 candidate runs in a process of its own, the candidates alternating within a repeat so that a change in the
 machine's load hits them alike:
@@ -75,8 +75,8 @@ def has(python: str, module: str | None) -> bool:
 
 
 def make_files(work: Path, events: int, kind: str) -> dict[str, tuple[Path, int]]:
-    from trainperf.trace import synth
-    from trainperf.trace.generate import make_trace
+    from trainperf.tracegen import synth
+    from trainperf.tracegen.generate import make_trace
 
     base = work / f"{kind}_50steps.json.gz"
     info = make_trace(base, kind=kind, steps=50, layout="lines", seed=11)
@@ -97,7 +97,8 @@ def main(argv=None) -> int:
     ap.add_argument("--kind", default="a100_ddp")
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--workdir", default=None)
-    ap.add_argument("--peer-python", default="/work/peers/venv/bin/python")
+    ap.add_argument("--peer-python", default=None,
+                    help="an interpreter holding the candidates trainperf does not install (HTA, orjson, ijson)")
     ap.add_argument("--no-hta", action="store_true")
     ap.add_argument("--layouts", default="single,lines")
     ap.add_argument("--json", default=None)

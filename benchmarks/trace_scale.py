@@ -2,7 +2,7 @@
 
     python benchmarks/trace_scale.py SRC.json.gz [--times 16] [--repeat 1] [--workdir DIR] [--json OUT]
 
-Writes SRC repeated ``--times`` times (``trainperf.trace.synth.repeat``: the events copied with shifted
+Writes SRC repeated ``--times`` times (``trainperf.tracegen.synth.repeat``: the events copied with shifted
 timestamps, ids and profiler steps renumbered) in each layout: ``lines`` (one event per line, as torch writes
 a trace) and ``single`` (the whole JSON on one line, as tools that re-save traces write it), gzipped. Then
 runs ``python -m trainperf diagnose FILE --json`` on each, as a whole process, ``--repeat`` times alternating,
@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from trainperf.bench.traces import run_child  # noqa: E402
-from trainperf.trace import synth  # noqa: E402
+from trainperf.tracegen import synth  # noqa: E402
 
 
 def main(argv=None) -> int:

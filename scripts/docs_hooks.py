@@ -7,7 +7,7 @@ A page holds a marker line ``<!-- generated: NAME -->``; ``on_page_markdown`` re
   usage, description and a table of its arguments;
 - ``config``: every config field from the JSON Schema of the config (``Config.model_json_schema()``,
   whose descriptions are the fields' docstrings): dotted name, type and range, default, description;
-- ``rules``: the diagnosis rules table (``trainperf.monitor.diagnose.rules_markdown``).
+- ``rules``: the diagnosis rules table (``trainperf.diagnosis.rules.rules_markdown``).
 
 So the reference cannot drift from the code: a new option or field appears at the next build. An
 unknown marker fails the build. Used by ``mkdocs.yml`` (``hooks:``) and by
@@ -171,7 +171,7 @@ def config_markdown() -> str:
 
 # --------------------------------------------------------------------------- rules
 def rules_markdown() -> str:
-    from trainperf.monitor.diagnose import rules_markdown as table
+    from trainperf.diagnosis.rules import rules_markdown as table
 
     return table().rstrip() + "\n"
 

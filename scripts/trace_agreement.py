@@ -1,8 +1,8 @@
 """How far trainperf's per-rank figures are from HTA's and the TensorBoard plugin's, over every trace that has
 stored peer figures: the largest difference per figure, and what was not compared and why.
 
-    python scripts/trace_agreement.py          # generated traces (tests/data/traces) and, when present,
-                                               # the peers' own traces under $TRAINPERF_TRACE_CORPUS
+    python scripts/trace_agreement.py          # generated traces (tests/data/traces) and the peers' own
+                                               # traces committed under tests/data/real
 
 The comparison is the one tests/unit/test_trace_figures.py asserts (``compare``: its tolerances, its
 exclusions); this prints the margins instead of pass/fail.
@@ -17,12 +17,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.unit.test_trace_figures import CORPUS, CORPUS_ORACLES, GENERATED, TRACES, compare, sha256  # noqa: E402
+from tests.unit.test_trace_figures import CORPUS_ORACLES, GENERATED, REAL, TRACES, compare, sha256  # noqa: E402
 from trainperf.trace import analyze_file  # noqa: E402
 
 
 def main() -> int:
-    for label, oracles, root in (("generated", GENERATED, TRACES), ("corpus", CORPUS_ORACLES, CORPUS)):
+    for label, oracles, root in (("generated", GENERATED, TRACES), ("corpus", CORPUS_ORACLES, REAL)):
         worst: dict = defaultdict(lambda: (0.0, None))
         n: dict = defaultdict(int)
         skipped: dict = defaultdict(list)

@@ -1,10 +1,14 @@
 """The peers' figures on traces, computed once and stored, so trainperf's tests can assert agreement without
-either peer installed. Run with an interpreter that has HTA 0.5.0 and torch-tb-profiler 0.4.3:
+either peer installed. Run from the repository's root with an interpreter that has HTA 0.5.0 and
+torch-tb-profiler 0.4.3 (PEERS/bin/python: a virtual environment of your own holding both):
 
-    /work/peers/venv/bin/python scripts/trace_oracles.py --out tests/data/trace_oracles/corpus.json \\
-        --root /work/peers  $(find /work/peers/hta-data /work/peers/tb-data -name '*.json.gz')
-    /work/peers/venv/bin/python scripts/trace_oracles.py --out tests/data/trace_oracles/generated.json \\
+    PEERS/bin/python scripts/trace_oracles.py --out tests/data/trace_oracles/corpus.json \\
+        --root tests/data/real $(find tests/data/real -name '*.json*' | sort)
+    PEERS/bin/python scripts/trace_oracles.py --out tests/data/trace_oracles/generated.json \\
         --root tests/data/traces tests/data/traces/*.json.gz
+
+The real traces are the peers' own, committed under tests/data/real (tests/data/real/README.md: where each
+comes from). An existing --out file is extended: move it away first to compute it afresh.
 
 For each trace (named by its path under --root, with its sha256):
 

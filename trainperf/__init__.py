@@ -24,7 +24,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "load_config": ("trainperf.config.load", "load_config"),
     "Config": ("trainperf.config.schema", "Config"),
-    "resolve": ("trainperf.config.resolve", "resolve"),
+    "resolve": ("trainperf.train.resolve", "resolve"),
     "optimize": ("trainperf.distributed.parallelize", "optimize"),
     "build_model": ("trainperf.models.build", "build_model"),
     "HybridLoader": ("trainperf.data.hybrid", "HybridLoader"),

@@ -8,6 +8,10 @@ Reading: :func:`read_json` and :func:`read_jsonl` accept nothing but JSON text: 
 empty or cut-off files raise :class:`~trainperf.errors.UserError` naming the file and the fix.
 Old files holding ``NaN``/``Infinity`` still load; those values read as ``None``, as a strictly
 written file would hold them. A JSON-lines file may hold lines cut or zero-filled by a crash (skipped).
+
+Directories: :func:`ensure_dir` checks that an output directory can be made and written before anything
+is (a UserError naming the flag or field otherwise); :func:`previous_name` is where a run directory keeps
+another run's records.
 """
 
 from __future__ import annotations
@@ -80,6 +84,25 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     finally:
         tmp.unlink(missing_ok=True)
     return path
+
+
+def ensure_dir(path, what: str) -> None:
+    """Check that the output directory ``path`` (``what``: the flag or field naming it) can be created and
+    written, without creating it (a command refused later for another reason leaves nothing behind); raise
+    a UserError that says why not: a file in the way, a file above it, no permission (never an OSError
+    traceback later)."""
+    if path is None:
+        return
+    p = Path(path).absolute()
+    if p.exists() and not p.is_dir():
+        raise UserError(f"{what} {str(path)!r} is a file, not a directory; choose a directory path")
+    probe = p
+    while not probe.exists():  # the nearest existing ancestor decides
+        probe = probe.parent
+    if not probe.is_dir():
+        raise UserError(f"{what} {str(path)!r} cannot be created ({probe} is a file); choose a directory path")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise UserError(f"{what} {str(path)!r} is not writable by this user ({probe}); choose a writable directory")
 
 
 def _nan_as_none(_constant: str) -> None:
@@ -255,3 +278,11 @@ def previous_name(name: str) -> str:
     """``summary.json`` -> ``summary.previous.json``: where a run directory keeps another run's records."""
     stem, dot, ext = name.partition(".")
     return f"{stem}.previous{dot}{ext}"
+
+
+def rank_of(path: Path) -> int:
+    """``metrics.jsonl`` -> 0, ``metrics.rank3.jsonl`` -> 3."""
+    for p in path.name.split("."):
+        if p.startswith("rank") and p[4:].isdigit():
+            return int(p[4:])
+    return 0

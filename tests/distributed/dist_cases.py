@@ -1,4 +1,4 @@
-"""Workers for the distributed layout tests: run in gloo processes by trainperf.distributed.harness.spawn.
+"""Workers for the distributed layout tests: run in gloo processes by trainperf.distributed.spawn.spawn.
 
 One process group per world size runs every case of that size (starting processes is the slow
 part here). Each case trains a tiny GPT (2 layers, hidden 64, 4 heads, seq 32, vocab 64, global
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 
-from trainperf.distributed import harness as H
+from trainperf.bench import harness as H
 
 STEPS = 3
 # gloo's collective timeout for these groups: a hang detector, never a speed limit. On a loaded 2-core

@@ -67,7 +67,7 @@ def test_killed_rank_ends_the_job_with_a_named_report(tmp_path):
 
 def test_a_failed_job_tells_diagnose_which_rank_ended_it(tmp_path):
     """The fail-fast report went to stderr only; `trainperf diagnose RUN_DIR` afterwards said nothing of it."""
-    from trainperf.monitor.diagnose import diagnose
+    from trainperf.diagnosis.engine import diagnose
 
     proc, _, out = _run(tmp_path, "exit")
     assert proc.returncode != 0

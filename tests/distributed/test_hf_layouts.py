@@ -13,7 +13,7 @@ pytest.importorskip("transformers", reason="transformers not installed (pip inst
 
 import dist_cases  # noqa: E402
 from test_layouts import _check  # noqa: E402
-from trainperf.distributed.harness import spawn  # noqa: E402
+from trainperf.distributed.spawn import spawn  # noqa: E402
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 

@@ -1,5 +1,5 @@
 """Every layout matches one process (CPU, gloo, 2 and 4 processes, tiny GPT, 3 steps), driven
-through the real ``Trainer.train_step`` on both sides (trainperf.distributed.harness.run_trainer).
+through the real ``Trainer.train_step`` on both sides (trainperf.bench.harness.run_trainer).
 
 Tolerances (fp32): per-step loss within a relative 1e-5 of the one-process loss of the same
 global batch, and every gathered parameter within an absolute 1e-4 after the steps (AdamW at
@@ -20,7 +20,7 @@ import os
 import pytest
 
 import dist_cases
-from trainperf.distributed.harness import spawn
+from trainperf.distributed.spawn import spawn
 
 pytestmark = pytest.mark.distributed
 

@@ -12,7 +12,7 @@ import os
 import pytest
 
 import dist_cases
-from trainperf.distributed.harness import spawn
+from trainperf.distributed.spawn import spawn
 
 pytestmark = pytest.mark.distributed
 

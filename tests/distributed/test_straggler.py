@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from trainperf.distributed.harness import free_port
+from trainperf.distributed.spawn import free_port
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 

@@ -13,7 +13,7 @@ import pytest
 
 from tests.conftest import TINY
 from trainperf.config import load_config
-from trainperf.config.resolve import resolve
+from trainperf.train.resolve import resolve
 from trainperf.tune.search import Options, tune
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]

@@ -110,7 +110,7 @@ def test_old_files_with_nan_read_as_null(tmp_path):
 
 def test_diagnose_and_report_on_garbage_run_dir(tmp_path, capsys):
     from trainperf.cli import main
-    from trainperf.monitor.diagnose import load_run
+    from trainperf.diagnosis.rundir import load_run
 
     rng = random.Random(SEED + 2)
     d = tmp_path / "run"

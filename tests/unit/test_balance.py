@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from trainperf.config import load_config
-from trainperf.config.resolve import DeviceFacts, resolve
+from trainperf.train.resolve import DeviceFacts, resolve
 from trainperf.config.schema import Config
 from trainperf.data.sampler import GlobalBatchSampler
 from trainperf.distributed.balance import (BalanceDecision, BalancePolicy, BalanceVerdict, DynamicBalancer, coefficient_of_variation,

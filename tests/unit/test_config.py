@@ -8,7 +8,7 @@ import pytest
 
 from trainperf.cli import main
 from trainperf.config import load_config
-from trainperf.config.resolve import DeviceFacts, resolve
+from trainperf.train.resolve import DeviceFacts, resolve
 from trainperf.errors import ConfigError
 
 CPU = DeviceFacts(cpus=2, local_ranks=1, fused_adam_devices=("cpu", "cuda"))

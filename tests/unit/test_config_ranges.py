@@ -10,7 +10,7 @@ from pydantic import BaseModel
 
 from trainperf.config import load_config
 from trainperf.config.load import _bounds
-from trainperf.config.resolve import DeviceFacts, resolve
+from trainperf.train.resolve import DeviceFacts, resolve
 from trainperf.config.schema import Config
 from trainperf.errors import ConfigError
 

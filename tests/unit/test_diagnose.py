@@ -13,8 +13,10 @@ import pytest
 from tests.conftest import TINY
 from trainperf.cli import main
 from trainperf.config import load_config
-from trainperf.config.resolve import resolve
-from trainperf.monitor.diagnose import RULES, diagnose, format_findings, rules_markdown
+from trainperf.train.resolve import resolve
+from trainperf.diagnosis.rules import RULES, rules_markdown
+from trainperf.diagnosis.engine import diagnose
+from trainperf.diagnosis.text import format_findings
 from trainperf.train.build import build_trainer
 from trainperf.train.run import fit
 

@@ -14,7 +14,8 @@ import sys
 import pytest
 
 from tests.conftest import ROOT
-from trainperf.monitor.diagnose import diagnose, format_findings
+from trainperf.diagnosis.engine import diagnose
+from trainperf.diagnosis.text import format_findings
 
 WORKER = r"""
 import sys, time, torch, torch.distributed as dist

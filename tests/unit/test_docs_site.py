@@ -124,7 +124,7 @@ def test_config_reference_lists_every_field_with_its_default():
 
 
 def test_rules_page_is_the_rule_table():
-    from trainperf.monitor.diagnose import RULES
+    from trainperf.diagnosis.rules import RULES
 
     page = _hooks().expand((DOCS / "concepts" / "diagnosis-rules.md").read_text())
     for rule in RULES:

@@ -181,7 +181,7 @@ def test_a_config_mismatch_names_the_key_that_differs_not_two_whole_sections():
 
 
 def test_the_cli_prints_its_own_warnings_without_python_source_lines():
-    # "/work/main/trainperf/train/checkpoint.py:227: UserWarning: checkpoint of step 6 is corrupt ..." was
+    # "<the checkout>/trainperf/train/checkpoint.py:227: UserWarning: checkpoint of step 6 is corrupt ..." was
     # what a user saw; a library's warning keeps Python's format
     import trainperf.train.checkpoint as ck
     from trainperf.cli import _cli_warning_format

@@ -248,7 +248,7 @@ def test_layout_options_that_were_silently_ignored_are_refused(capsys, monkeypat
     """interleave=2 with gpipe was ignored, interleave=4 refused with 'choose pipeline <= 1'; sequence_parallel
     without tensor parallelism was ignored."""
     from trainperf.config import load_config
-    from trainperf.config.resolve import resolve
+    from trainperf.train.resolve import resolve
     from trainperf.errors import ConfigError
 
     world = 2 if any("pipeline" in s for s in sets) else 1

@@ -68,13 +68,14 @@ def test_monitor_peak_on_a_v100_never_claims_tensor_cores_it_lacks():
 
 
 def test_doctor_and_trace_rules_read_the_16_bit_peak_of_the_part():
+    from trainperf.diagnosis.evidence import Evidence
+    from trainperf.diagnosis.rules_trace import _tc_ratio
     from trainperf.hardware.probe import _catalog_peak
-    from trainperf.monitor.rules_trace import _tc_ratio
 
     assert _catalog_peak("Tesla V100-SXM2-16GB") == ("fp16", 125.0)
     assert _catalog_peak("NVIDIA A100-SXM4-80GB") == ("bf16", 312.0)
     assert _catalog_peak("Tesla T4") is None
-    ratio, why = _tc_ratio({"device": {"name": "Tesla V100-SXM2-32GB"}})
+    ratio, why = _tc_ratio(Evidence(device={"name": "Tesla V100-SXM2-32GB"}))
     assert ratio == pytest.approx(125 / 15.7) and "fp16" in why
 
 

@@ -114,7 +114,7 @@ def test_vocabulary_checked_against_the_data():
 
 
 def test_config_errors_name_the_fix(tmp_path):
-    from trainperf.config.resolve import model_shape
+    from trainperf.models.shape import model_shape
     from trainperf.models.build import build_model
 
     with pytest.raises(ConfigError, match="exactly one of"):
@@ -131,7 +131,7 @@ def test_config_errors_name_the_fix(tmp_path):
     with pytest.raises(ConfigError, match="learned position embeddings"):
         model_shape(_cfg({"config": GPT2}, block_size=64))
     # tensor parallelism is checked before any work
-    from trainperf.config.resolve import check_model_shape
+    from trainperf.train.resolve import check_model_shape
 
     c = _cfg({"config": LLAMA})
     c.parallelism.tensor = 4
@@ -200,7 +200,7 @@ def test_trainperf_train_with_model_hf(tmp_path):
 def test_memory_estimate_of_an_hf_model_matches_the_measurement():
     """`trainperf memory --measure` on a Hugging Face Llama: the traced estimate of every checkpointing mode
     lands within 10% of the measured activation bytes (measured: within 0.1%)."""
-    from trainperf.config.resolve import resolve
+    from trainperf.train.resolve import resolve
     from trainperf.memory.report import memory_report
 
     cfg = _cfg({"config": dict(LLAMA, max_position_embeddings=64)}, block_size=32)
@@ -224,7 +224,7 @@ def test_memory_estimate_of_an_hf_model_matches_the_measurement():
     ("model_type", [1], "model.hf.config.model_type=\\[1\\]: needs a model type name"),  # TypeError: unhashable
 ])
 def test_a_config_transformers_or_the_model_cannot_build_is_a_config_error(field, value, needle):
-    from trainperf.config.resolve import model_shape
+    from trainperf.models.shape import model_shape
 
     with pytest.raises(ConfigError, match=needle):
         model_shape(_cfg({"config": {**LLAMA, field: value}}))

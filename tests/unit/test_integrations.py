@@ -94,7 +94,7 @@ def test_lightning_callback_diagnosed(tmp_path, delay_s, bound):
     ids = [f["id"] for f in _diagnose(tmp_path / "run")["findings"]]
     assert ("data_bound" in ids) is bound, ids
     if bound:  # `trainperf report` reads the same directory
-        from trainperf.monitor.report import build_report
+        from trainperf.diagnosis.report import build_report
 
         rep = build_report(tmp_path / "run")
         assert {"loss", "phases", "throughput"} <= {Path(c).stem for c in rep["charts"]}, rep

@@ -264,7 +264,7 @@ def check_kept(name: str, out: Path) -> None:
             return
         doc = json.loads(settings.read_text())
         from trainperf.config.load import load_config
-        from trainperf.config.resolve import resolve
+        from trainperf.train.resolve import resolve
 
         resolve(load_config(str(out / "tune" / "tuned.yaml")), world_size=1)  # the best so far loads and resolves
         assert doc["interrupted"] is True or name == "tune-confirmation", doc
@@ -302,7 +302,7 @@ def test_an_interrupt_at_a_random_moment_is_clean(name, seed, corpus, tmp_path, 
 def _worker_script(body: str) -> str:
     return ("import sys, time\n"
             "from trainperf.config import load_config\n"
-            "from trainperf.config.resolve import resolve\n"
+            "from trainperf.train.resolve import resolve\n"
             "from trainperf.tune import trial\n"
             f"cfg = resolve(load_config(None, {TUNE!r}), world_size=1).cfg\n" + body)
 

@@ -17,7 +17,7 @@ transformers = pytest.importorskip("transformers", reason="transformers not inst
 
 from tests.conftest import TINY, run_cli  # noqa: E402
 from trainperf.config import load_config  # noqa: E402
-from trainperf.config.resolve import resolve  # noqa: E402
+from trainperf.train.resolve import resolve  # noqa: E402
 from trainperf.train.build import build_trainer  # noqa: E402
 from trainperf.train.run import fit  # noqa: E402
 

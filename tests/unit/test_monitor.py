@@ -301,7 +301,7 @@ import os, signal, sys
 sys.path.insert(0, {str(ROOT)!r})
 from tests.conftest import TINY
 from trainperf.config import load_config
-from trainperf.config.resolve import resolve
+from trainperf.train.resolve import resolve
 from trainperf.train.build import build_trainer
 from trainperf.train.run import fit
 cfg = load_config(None, TINY + ["data.source=synthetic", "run.steps=50", "run.dir={run_dir}",
@@ -323,7 +323,7 @@ fit(tr, resume="never", verbose=False)
     assert [r["step"] for r in recs] == [1, 2, 3, 4]
     samples = (run_dir / "samples.jsonl").read_text().splitlines()
     assert "meta" in json.loads(samples[0])
-    from trainperf.monitor.diagnose import diagnose
+    from trainperf.diagnosis.engine import diagnose
 
     result = diagnose(run_dir)
     assert result["crashed"] and result["summary"]["steps_recorded"] == 4
@@ -364,7 +364,7 @@ def test_cuda_oom_writes_a_snapshot_before_the_error(tmp_path):
 def test_prometheus_from_a_training_run(tmp_path):
     """monitor.prometheus_port=0 serves while training; the summary says where."""
     from trainperf.config import load_config
-    from trainperf.config.resolve import resolve
+    from trainperf.train.resolve import resolve
     from trainperf.monitor.monitor import Monitor
 
     cfg = load_config(None, TINY + ["monitor.prometheus_port=0", "monitor.sample_every_s=0.05",

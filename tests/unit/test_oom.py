@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainperf.distributed import harness as H
+from trainperf.bench import harness as H
 from trainperf.distributed.parallelize import is_oom
 from trainperf.train.knobs import Knobs, from_environ
 
@@ -55,7 +55,7 @@ def test_the_cli_knob_comes_from_the_environment_only_at_the_edge():
 def test_the_diagnosis_reports_the_recovery(tmp_path):
     import json
 
-    from trainperf.monitor.diagnose import diagnose
+    from trainperf.diagnosis.engine import diagnose
 
     recs = [{"step": i, "loss": 3.0, "lr": 1e-3, "step_time_s": 0.1, "tokens_per_s": 100.0,
              "phases_s": {"data": 0.0, "forward": 0.05, "backward": 0.05}} for i in range(1, 21)]

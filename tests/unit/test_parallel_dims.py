@@ -40,9 +40,9 @@ def test_product_mismatch_names_the_fix():
 
 
 def test_model_shape_checks_name_the_choices():
-    """One shape check (config.resolve.check_model_shape) for resolve, launch and plan."""
+    """One shape check (train.resolve.check_model_shape) for resolve, launch and plan."""
     from trainperf.config import load_config
-    from trainperf.config.resolve import check_model_shape
+    from trainperf.train.resolve import check_model_shape
 
     base = ["model.n_layer=4", "model.n_head=8", "model.n_embd=64"]
     with pytest.raises(ConfigError, match=r"tensor=3 does not divide model.n_head=8 .*choose parallelism.tensor among "
@@ -181,7 +181,7 @@ def test_comm_counter_ring_formula():
 
 def test_powersgd_formula_is_over_10x_at_hidden_128():
     from trainperf.bench.comm import BENCH_MODEL, formula_bytes
-    from trainperf.distributed.harness import make_config
+    from trainperf.bench.harness import make_config
     from trainperf.models.build import build_model
 
     cfg = make_config({**BENCH_MODEL, "parallelism.data": 2})
@@ -201,7 +201,7 @@ def test_fp16_hook_the_backend_cannot_run_is_a_config_error(monkeypatch):
     import torch.distributed as dist
 
     from trainperf.distributed import ddp
-    from trainperf.distributed.harness import free_port
+    from trainperf.distributed.spawn import free_port
 
     monkeypatch.setattr(ddp, "backend_supports_allreduce", lambda *a: False)  # as on a backend without fp16
     store = dist.TCPStore("127.0.0.1", free_port(), 1, True)

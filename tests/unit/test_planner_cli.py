@@ -64,7 +64,8 @@ def test_bad_input_exits_2(capsys, argv, needle):
 
 def test_emit_config_is_accepted_by_the_config_loader(tmp_path, capsys):
     from trainperf.config.load import load_config
-    from trainperf.config.resolve import check_batch, check_model_shape
+    from trainperf.config.resolve import check_batch
+    from trainperf.train.resolve import check_model_shape
 
     path = tmp_path / "plan.yaml"
     out = _json(capsys, "--model", "gpt3-175b", "--gpus", "512", "--pp", "4", "--emit-config", str(path))

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from trainperf.config import load_config
-from trainperf.config.resolve import resolve
+from trainperf.train.resolve import resolve
 from trainperf.errors import ConfigError
 from trainperf.memory import preflight
 

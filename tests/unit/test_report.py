@@ -27,7 +27,7 @@ RUN_CHARTS = {"loss", "throughput", "phases", "utilization", "ranks", "memory"}
 
 def tiny_run(d: Path, *overrides: str) -> Path:
     from trainperf.config import load_config
-    from trainperf.config.resolve import resolve
+    from trainperf.train.resolve import resolve
     from trainperf.train.build import build_trainer
     from trainperf.train.run import fit
 
@@ -158,9 +158,10 @@ def test_trace_report_charts_render_in_headless_chromium(tmp_path):
             pytest.fail("CI: " + msg)
         pytest.skip(msg)
     from tests.unit.trace_factory import base_rank
-    from trainperf.trace import synth
+    from trainperf.tracegen import ranks as tracegen_ranks
 
-    synth.multi_rank(base_rank(tmp_path / "base.json.gz"), tmp_path / "ranks", world=4, straggler=2, slowdown=1.3)
+    tracegen_ranks.multi_rank(base_rank(tmp_path / "base.json.gz"), tmp_path / "ranks", world=4, straggler=2,
+                              slowdown=1.3)
     page = tmp_path / "ranks" / "trace_report.html"
     assert main(["report", str(tmp_path / "ranks")]) == 0
     html = page.read_text()

@@ -19,7 +19,7 @@ import torch
 
 from tests.conftest import ROOT, TINY, run_cli
 from trainperf.monitor import steplog
-from trainperf.monitor.rundir import load_run, merge_parts
+from trainperf.diagnosis.rundir import load_run, merge_parts
 from trainperf.monitor.sinks import JSONLSink
 from trainperf.runio import dumps_strict
 
@@ -190,7 +190,7 @@ sys.path.insert(0, {root!r})
 {side}
 from tests.conftest import TINY
 from trainperf.config import load_config
-from trainperf.config.resolve import resolve
+from trainperf.train.resolve import resolve
 from trainperf.train.build import build_trainer
 from trainperf.train.run import fit
 cfg = load_config(None, TINY + ["data.source=synthetic", "run.steps=1000000", "run.log_every=1000000",

@@ -1,9 +1,8 @@
 """``trainperf diagnose PATH`` / ``report PATH`` over profiler traces, end to end through the reader:
 the --json contract, the straggler found by compute on generated multi-rank traces with the waits right,
 bad files (exit 2, the file named, no traceback), and a CLI that never imports torch. Generated traces and
-the real ones committed under tests/data/real (HTA's A100 rank, the plugin's ResNet-50 with num_workers=0)
-everywhere (CI); the plugin's num_workers=4 sample under $TRAINPERF_TRACE_CORPUS (default /work/peers),
-skipped with the reason when absent."""
+the real ones committed under tests/data/real (HTA's A100 rank, the plugin's ResNet-50 with num_workers=0
+and 4), everywhere, CI included: a missing trace fails, it is not skipped."""
 
 from __future__ import annotations
 
@@ -19,18 +18,17 @@ import pytest
 
 from tests.conftest import ROOT
 from tests.unit.trace_factory import base_rank
-from tests.unit.trace_fixtures import missing, real_trace
+from tests.unit.trace_fixtures import real_trace
 from trainperf.cli import main
-from trainperf.trace import synth
+from trainperf.tracegen import ranks as tracegen_ranks
 
 A100 = "hta-data/tests/data/nccl_parser_config/nccl_data.json.gz"  # committed under tests/data/real
 TB0 = "tb-data/resnet50_num_workers_0/worker0.1623143089861.pt.trace.json.gz"  # committed
-TB4 = "tb-data/resnet50_num_workers_4/worker0.1623212756351.pt.trace.json.gz"  # the corpus's only
+TB4 = "tb-data/resnet50_num_workers_4/worker0.1623212756351.pt.trace.json.gz"  # committed
 CONTRACT = {"source", "traces", "ranks", "findings", "not_measured"}
 ELEMENT = {"path", "rank", "device", "steps", "step_time_us", "step_breakdown_pct", "gpu_utilization_pct",
            "sm_efficiency_pct", "achieved_occupancy_pct", "tensor_core_kernel_pct", "temporal_pct", "idle_pct",
            "comm_compute_overlap_pct", "top_kernels", "launch", "memcpy", "host_syncs"}
-needs = pytest.mark.skipif
 
 
 def strict(text: str):
@@ -70,7 +68,7 @@ def test_diagnose_a_trace_prints_the_contract(rank_trace, capsys):
 
 
 def _straggler_case(src: Path, out_dir: Path, capsys, *, world: int, straggler: int, slowdown: float):
-    truth = synth.multi_rank(src, out_dir, world=world, straggler=straggler, slowdown=slowdown)
+    truth = tracegen_ranks.multi_rank(src, out_dir, world=world, straggler=straggler, slowdown=slowdown)
     out = diagnose_json(out_dir, capsys)
     assert [t["rank"] for t in out["traces"]] == list(range(world))
     st = out["ranks"]["straggler"]
@@ -91,13 +89,11 @@ def test_straggler_by_compute_on_ranks_generated_from_a_generated_rank(rank_trac
     _straggler_case(rank_trace, tmp_path / "mr", capsys, world=4, straggler=3, slowdown=1.3)
 
 
-@needs(real_trace(A100) is None, reason=missing(A100))
 def test_straggler_by_compute_on_ranks_generated_from_a_real_a100_rank(tmp_path, capsys):
     out = _straggler_case(real_trace(A100), tmp_path / "mr", capsys, world=4, straggler=1, slowdown=1.25)
     assert out["ranks"]["matching"]["by"] == ["process group"]
 
 
-@needs(real_trace(TB0) is None, reason=missing(TB0))
 def test_data_bound_on_the_real_resnet50_num_workers_0_names_num_workers(capsys):
     out = diagnose_json(real_trace(TB0), capsys)
     f = next(f for f in out["findings"] if f["id"] == "data_bound")
@@ -105,7 +101,6 @@ def test_data_bound_on_the_real_resnet50_num_workers_0_names_num_workers(capsys)
     assert f["gain"]["fraction"] > 0.2 and "if DataLoader waits were hidden" in f["gain"]["text"]
 
 
-@needs(real_trace(TB4) is None, reason=missing(TB4))
 def test_the_real_resnet50_num_workers_4_has_no_data_finding(capsys):
     out4 = diagnose_json(real_trace(TB4), capsys)
     assert "data_bound" not in ids(out4), out4["findings"]
@@ -218,7 +213,7 @@ def test_report_of_a_trace_and_of_a_directory_of_ranks(rank_trace, tmp_path, cap
     assert main(["report", str(rank_trace), "--out", str(tmp_path / "one.html"), "--json"]) == 0
     one = strict(capsys.readouterr().out)
     assert set(one["charts"]) == {"trace_breakdown", "trace_temporal"} and one["skipped"] == ["trace_ranks"]
-    synth.multi_rank(rank_trace, tmp_path / "mr", world=3, straggler=1, slowdown=1.4)
+    tracegen_ranks.multi_rank(rank_trace, tmp_path / "mr", world=3, straggler=1, slowdown=1.4)
     assert main(["report", str(tmp_path / "mr"), "--json"]) == 0
     many = strict(capsys.readouterr().out)
     html = Path(many["html"]).read_text()

@@ -156,8 +156,9 @@ def test_an_empty_path_is_not_the_current_directory(capsys):
 
 
 def test_report_of_several_traces_says_it_compares_runs(doc, tmp_path, capsys):
-    a, b = tmp_path / "a.json", tmp_path / "b.json"
-    a.write_text(json.dumps(doc))
-    b.write_text(json.dumps(doc))
-    assert main(["report", str(a), str(b)]) == 2
+    # two profiles are compared A against B (report A B); three are not a comparison report can make
+    a, b, c = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "c.json"
+    for p in (a, b, c):
+        p.write_text(json.dumps(doc))
+    assert main(["report", str(a), str(b), str(c)]) == 2
     assert "is a trace (or a directory of traces), not a run directory" in capsys.readouterr().err

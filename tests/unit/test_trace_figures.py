@@ -12,11 +12,11 @@ an artefact of its storage. The plugin's Kernel is compared as ``kernel + commun
 the time only communication kernels cover out of it (0.4.3 calls a kernel communication only when it was
 launched under an ``nccl:*`` op, which torch 2.x no longer records around most collectives).
 
-Generated traces (tests/data/traces, made by trainperf.trace.generate) and the real traces committed under
-tests/data/real (a subset of HTA's tests and of the plugin's samples, one per class: A100 with NCCL, ns
-units, CPU only, no rank, ROCm, sampled ranks, ResNet-50 on a V100, the plugin's GPU-metrics input) run
-everywhere (CI). The rest of the real traces are read under $TRAINPERF_TRACE_CORPUS (default /work/peers)
-and skipped with the reason when absent or not the file the oracle was computed on.
+Generated traces (tests/data/traces, made by trainperf.tracegen.generate) and the real traces committed under
+tests/data/real (every trace of HTA's tests and of the plugin's samples that the oracle file names and that
+their public repositories hold: A100 with NCCL, ns units, CPU only, no rank, ROCm, MTIA, sampled ranks,
+critical-path and trace-diff inputs, ResNet-50 on a V100, the plugin's GPU-metrics input) run everywhere, CI
+included. A trace the oracle file names that is not in the repository fails its test; none is skipped.
 """
 
 from __future__ import annotations
@@ -30,9 +30,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.trace_fixtures import FIXTURES, OWN, REAL, TRACES, missing, oracles, real_trace
+from tests.unit.trace_fixtures import FIXTURES, OWN, REAL, ROOT, TRACES, oracles, real_trace
 from trainperf.errors import UserError
-from trainperf.trace import analyze_file, classify_kernel, is_tensor_core, make_trace, synth
+from trainperf.trace import analyze_file, classify_kernel, is_tensor_core
+from trainperf.tracegen import synth
+from trainperf.tracegen.generate import make_trace
 from trainperf.trace.hta import hta_type_name
 from trainperf.trace.reader import CHUNK, TraceReader, read_all, repair
 
@@ -134,26 +136,31 @@ def test_figures_agree_with_hta_and_the_plugin_on_generated_traces(name):
 
 @pytest.mark.parametrize("name", sorted(CORPUS_ORACLES))
 def test_figures_agree_with_hta_and_the_plugin_on_their_own_traces(name):
-    p = real_trace(name)
-    if p is None:
-        pytest.skip(missing(name))
-    o = CORPUS_ORACLES[name]
-    if p.is_relative_to(REAL):  # a committed copy is the file the oracle was computed on, or a failure
-        assert sha256(p) == o["sha256"], f"{p} differs from the file the oracle was computed on"
-    elif sha256(p) != o["sha256"]:
-        pytest.skip(f"{p} is not the file the oracle was computed on (sha256 differs)")
-    assert_agrees(analyze_file(p), o)
+    p = real_trace(name)  # committed: a missing trace fails here
+    assert sha256(p) == CORPUS_ORACLES[name]["sha256"], f"{p} differs from the file the oracle was computed on"
+    assert_agrees(analyze_file(p), CORPUS_ORACLES[name])
 
 
 def test_the_committed_real_traces_are_the_oracles_files_and_named_in_their_readme():
     files = sorted(str(f.relative_to(REAL)) for f in REAL.rglob("*") if f.is_file()
-                   and f.name not in ("README.md", "LICENSE"))
-    assert len(files) >= 8 and sum((REAL / f).stat().st_size for f in files) < 4_000_000
+                   and f.name != "README.md" and not f.name.startswith("LICENSE"))
+    assert files == sorted(CORPUS_ORACLES), "every trace the oracle file names is committed, and only those"
+    assert sum((REAL / f).stat().st_size for f in files) < 30_000_000  # a few tens of MB at most
     readme = (REAL / "README.md").read_text()
     for f in files:
-        assert f in CORPUS_ORACLES and sha256(REAL / f) == CORPUS_ORACLES[f]["sha256"], f
+        assert sha256(REAL / f) == CORPUS_ORACLES[f]["sha256"], f
         assert f in readme, f"{f}: say where it came from in {REAL / 'README.md'}"
-    assert (REAL / "hta-data/LICENSE").is_file() and (REAL / "tb-data/LICENSE").is_file()
+    assert all((REAL / f).is_file() for f in ("hta-data/LICENSE", "tb-data/LICENSE", "tb-data/LICENSE-2021-01"))
+
+
+def test_no_oracle_or_trace_is_looked_for_outside_the_repository():
+    """The oracle files were computed on the committed traces (their command names them by repository paths)."""
+    command = oracles("corpus.json")["command"]
+    assert "--root tests/data/real" in command and not [w for w in command.split() if w.startswith("/")]
+    assert all(name in command for name in CORPUS_ORACLES)
+    with pytest.raises(FileNotFoundError, match=r"tests/data/real/hta-data/nope\.json\.gz is missing"):
+        real_trace("hta-data/nope.json.gz")
+    assert real_trace(sorted(CORPUS_ORACLES)[0]).is_relative_to(ROOT / "tests/data/real")
 
 
 def test_the_moe_all_to_all_is_communication_with_its_overlap_where_hta_calls_it_computation():

@@ -1,5 +1,5 @@
 """Which traces a PATH holds and which rank each is (trainperf/trace/ranks.py), and the multi-rank generator
-(trainperf/trace/synth.py) whose straggler and waits are known: checked here on the raw events, so these
+(trainperf/tracegen/synth.py) whose straggler and waits are known: checked here on the raw events, so these
 tests do not depend on the reader. A real rank (HTA's A100 trace, committed under tests/data/real) and a
 generated one everywhere (CI)."""
 
@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from tests.unit.trace_factory import base_rank, comm_rows, read_json
-from tests.unit.trace_fixtures import missing, real_trace
+from tests.unit.trace_fixtures import real_trace
 from trainperf.errors import UserError
-from trainperf.trace import synth
+from trainperf.tracegen import ranks as tracegen_ranks
 from trainperf.trace.ranks import across_ranks, assign_ranks, comm_waits, discover, rank_from_name
 
 HTA_A100 = "hta-data/tests/data/nccl_parser_config/nccl_data.json.gz"  # committed under tests/data/real
@@ -70,7 +70,7 @@ def test_discover_file_dir_run_dir_and_errors(tmp_path):
 
 
 def _check_generated(src: Path, out: Path, *, world: int, straggler: int, slowdown: float) -> dict:
-    truth = synth.multi_rank(src, out, world=world, straggler=straggler, slowdown=slowdown)
+    truth = tracegen_ranks.multi_rank(src, out, world=world, straggler=straggler, slowdown=slowdown)
     files = sorted(out.glob("rank*.pt.trace.json.gz"))
     assert len(files) == world
     rows = {}
@@ -112,13 +112,12 @@ def test_generated_ranks_from_a_generated_rank_have_known_waits(tmp_path):
     _check_generated(src, tmp_path / "mr", world=4, straggler=2, slowdown=1.4)
     src = base_rank(tmp_path / "nopg.json", steps=2, pg=False)  # no process group recorded: by stream order
     rows = {}
-    synth.multi_rank(src, tmp_path / "mr2", world=2, straggler=0, slowdown=1.2)
+    tracegen_ranks.multi_rank(src, tmp_path / "mr2", world=2, straggler=0, slowdown=1.2)
     for r in range(2):
         rows[r] = comm_rows(tmp_path / "mr2" / f"rank{r}.pt.trace.json.gz")
     assert comm_waits(rows)["by"] == ["stream order"]
 
 
-@pytest.mark.skipif(real_trace(HTA_A100) is None, reason=missing(HTA_A100))
 def test_generated_ranks_from_a_real_a100_rank_have_known_waits(tmp_path):
     truth = _check_generated(real_trace(HTA_A100), tmp_path / "mr", world=4, straggler=1, slowdown=1.3)
     assert truth["comm_kernels"] == 21 and truth["steps"] == 3

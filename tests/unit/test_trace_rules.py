@@ -9,9 +9,9 @@ import json
 
 import pytest
 
-from trainperf.monitor.diagnose import RULES, rules_markdown
-from trainperf.monitor.engine import contract, diagnose_results
-from trainperf.monitor.trace_text import format_traces
+from trainperf.diagnosis.rules import RULES, rules_markdown
+from trainperf.diagnosis.engine import contract, diagnose_results
+from trainperf.diagnosis.text import format_traces
 from trainperf.trace.ranks import across_ranks
 
 BASE = {

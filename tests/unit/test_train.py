@@ -16,7 +16,7 @@ import torch
 
 from tests.conftest import ROOT, run_cli
 from trainperf.config import load_config
-from trainperf.config.resolve import resolve
+from trainperf.train.resolve import resolve
 from trainperf.train.checkpoint import CheckpointManager
 from trainperf.train.knobs import CKPT_KILL_ENV as FAULT_ENV
 from trainperf.train.build import build_trainer
@@ -209,7 +209,7 @@ def test_a_model_that_cannot_be_built_releases_the_loaders_already_started(tiny_
     import trainperf.data.loader as loader_mod
     import trainperf.models.build as model_build
     from trainperf.config import load_config
-    from trainperf.config.resolve import resolve
+    from trainperf.train.resolve import resolve
     from trainperf.errors import ConfigError
     from trainperf.train.build import build_trainer
 

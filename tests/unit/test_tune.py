@@ -13,7 +13,7 @@ import torch
 
 from tests.conftest import TINY
 from trainperf.config import load_config
-from trainperf.config.resolve import resolve
+from trainperf.train.resolve import resolve
 from trainperf.tune import space
 from trainperf.tune.fit import HEADROOM, Estimator
 from trainperf.tune.result import STATUSES
@@ -423,7 +423,7 @@ def test_a_users_script_without_a_main_guard_starts_workers_once(tmp_path):
     script = tmp_path / "mine.py"
     script.write_text(
         "from trainperf.config import load_config\n"
-        "from trainperf.config.resolve import resolve\n"
+        "from trainperf.train.resolve import resolve\n"
         "from trainperf.tune.trial import Worker\n"
         f"cfg = resolve(load_config(None, {BASE!r}), world_size=1).cfg\n"
         "print('script body ran', flush=True)\n"

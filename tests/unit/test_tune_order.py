@@ -11,7 +11,7 @@ import pytest
 
 from tests.unit.test_tune import BASE, CPU, Fake
 from trainperf.config import load_config
-from trainperf.config.resolve import resolve
+from trainperf.train.resolve import resolve
 from trainperf.tune import order, space
 from trainperf.tune.fit import Estimator
 from trainperf.tune.search import Options, tune

@@ -12,7 +12,7 @@ import torch
 
 from tests.conftest import ROOT, run_cli
 from trainperf.config import load_config
-from trainperf.config.resolve import DeviceFacts, resolve
+from trainperf.train.resolve import DeviceFacts, resolve
 from trainperf.errors import ConfigError
 from trainperf.xla import env
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from trainperf.monitor.diagnose import diagnose
-from trainperf.monitor.xla import recompile_finding
+from trainperf.diagnosis.engine import diagnose
+from trainperf.diagnosis.rules_xla import recompile_finding
 
 
 def _records(n: int, compiles_at: dict[int, int], shape_at=lambda step: [8, 64]) -> list[dict]:

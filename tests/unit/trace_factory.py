@@ -8,7 +8,7 @@ import gzip
 import json
 from pathlib import Path
 
-from trainperf.trace import synth
+from trainperf.tracegen import synth
 
 NCCL = "ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)"
 

@@ -1,19 +1,18 @@
 """The generated traces kept under tests/data/traces (their bytes are checked against the generator), the
-peers' figures on them and on the real traces (tests/data/trace_oracles), and where the real traces are:
-a subset committed under tests/data/real (run everywhere, CI included), the rest under
-$TRAINPERF_TRACE_CORPUS (default /work/peers), both with the relative paths the oracle file uses."""
+peers' figures on them and on the real traces (tests/data/trace_oracles), and the real traces themselves:
+committed under tests/data/real with the relative paths the oracle file uses (their sources, commits and
+licenses: tests/data/real/README.md). Every trace a test names is in the repository: one that is not there
+fails the test that needs it, it is never skipped."""
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 TRACES = ROOT / "tests/data/traces"
 ORACLES = ROOT / "tests/data/trace_oracles"
 REAL = ROOT / "tests/data/real"
-CORPUS = Path(os.environ.get("TRAINPERF_TRACE_CORPUS", "/work/peers"))
 
 # name -> make_trace(path, **kwargs)
 FIXTURES = {
@@ -30,24 +29,22 @@ OWN = ["trainperf_cpu_rank0_step4.json.gz"]
 
 
 def oracles(name: str) -> dict:
-    p = ORACLES / name
-    return json.loads(p.read_text()) if p.is_file() else {"traces": {}}
+    """The peers' figures stored in tests/data/trace_oracles/``name`` (FileNotFoundError when it is not there)."""
+    return json.loads((ORACLES / name).read_text())
 
 
-def real_trace(rel: str) -> Path | None:
-    """The real trace ``rel`` (e.g. ``hta-data/tests/data/...``): the committed copy, else the corpus's, else None."""
-    for root in (REAL, CORPUS):
-        if (root / rel).is_file():
-            return root / rel
-    return None
-
-
-def missing(rel: str) -> str:
-    return f"{rel} is neither in {REAL.relative_to(ROOT)} nor under $TRAINPERF_TRACE_CORPUS ({CORPUS})"
+def real_trace(rel: str) -> Path:
+    """The committed real trace ``rel`` (e.g. ``hta-data/tests/data/...``); FileNotFoundError, naming where it
+    belongs and where it comes from, when it is not in the repository."""
+    p = REAL / rel
+    if not p.is_file():
+        raise FileNotFoundError(f"{p.relative_to(ROOT)} is missing: the real traces are part of the repository "
+                                f"(their sources and commits: {(REAL / 'README.md').relative_to(ROOT)})")
+    return p
 
 
 def write_fixtures(out: Path = TRACES) -> list[Path]:
-    from trainperf.trace.generate import make_trace
+    from trainperf.tracegen.generate import make_trace
 
     paths = []
     for name, kw in FIXTURES.items():

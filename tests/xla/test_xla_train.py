@@ -13,8 +13,8 @@ import torch
 
 from tests.conftest import ROOT, TINY
 from trainperf.config import load_config
-from trainperf.config.resolve import resolve
-from trainperf.monitor.diagnose import diagnose
+from trainperf.train.resolve import resolve
+from trainperf.diagnosis.engine import diagnose
 from trainperf.train.checkpoint import CheckpointManager
 from trainperf.train.build import build_trainer
 from trainperf.train.run import fit
@@ -61,7 +61,7 @@ def train(corpus, run_dir, device, steps=STEPS, resume="never", extra=(), wrap_l
 def step_records(run_dir: Path) -> list[dict]:
     """The step records, each with its loss: on XLA the loss (a lazy tensor) reaches the file in a follow-up
     ``"part": "values"`` line, which the project's reader merges into its step's record."""
-    from trainperf.monitor.rundir import merge_parts, read_jsonl
+    from trainperf.diagnosis.rundir import merge_parts, read_jsonl
 
     return [r for r in merge_parts(read_jsonl(run_dir / "metrics.jsonl")) if "loss" in r and "step_time_s" in r]
 

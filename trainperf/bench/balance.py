@@ -99,7 +99,7 @@ def measure(args) -> dict:
 
 
 def run_bench(args) -> dict:
-    from trainperf.distributed.harness import run_processes
+    from trainperf.distributed.spawn import run_processes
 
     os.environ["OMP_NUM_THREADS"] = "1"  # inherited by the spawned ranks
     hog = _busy_process(args) if getattr(args, "busy", False) else None

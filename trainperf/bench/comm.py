@@ -60,7 +60,7 @@ def formula_bytes(name: str, cfg, model_numel: int, matrices: list[tuple[int, in
 
 
 def _work(rank: int, world: int, rows: list, steps: int):
-    from trainperf.distributed import harness as H
+    from trainperf.bench import harness as H
     from trainperf.models.build import build_model
 
     out = []
@@ -92,7 +92,7 @@ def _work(rank: int, world: int, rows: list, steps: int):
 
 def measure(row_names: list[str] | None = None, *, steps: int = 4, world: int = 2) -> dict:
     """Run the rows (all, or those named) in ``world`` gloo processes; the result with per-row figures."""
-    from trainperf.distributed.harness import spawn
+    from trainperf.distributed.spawn import spawn
     from trainperf.errors import UserError
 
     rows = ROWS

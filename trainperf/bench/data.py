@@ -279,7 +279,7 @@ def measure(args) -> dict:
                disable=None if not args.json else True)
     rows = []
     if args.cache_dir:
-        from trainperf.cli._common import ensure_dir
+        from trainperf.runio import ensure_dir
 
         ensure_dir(args.cache_dir, "--cache-dir")  # a file there, or no parent: exit 2 naming it
         os.makedirs(args.cache_dir, exist_ok=True)

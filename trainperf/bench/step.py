@@ -47,7 +47,7 @@ def plain_loop_step(model, opt, source, rng, batch, device, clip):
 
 def _trainer(cfg_path, overrides, steps_needed):
     from trainperf.config import load_config
-    from trainperf.config.resolve import resolve
+    from trainperf.train.resolve import resolve
     from trainperf.train.build import build_trainer
 
     cfg = load_config(cfg_path, overrides)

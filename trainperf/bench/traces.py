@@ -7,12 +7,14 @@ Each tool runs as a whole process on the same PATH (a trace file, or a directory
 
 * trainperf: ``python -m trainperf diagnose PATH --json`` (reading, every figure, the rules);
 * HTA: ``TraceAnalysis(trace_dir)`` (load) + ``get_temporal_breakdown`` + ``get_idle_time_breakdown``:
-  the work the speed claim is about. A single file is given to HTA as a temporary directory holding a
-  link to it. Once more, untimed against the claim, HTA's ``get_comm_comp_overlap`` and
+  the work the speed claim is about. A single file, or a directory holding other JSON beside the traces,
+  is given to HTA as a temporary directory of links to the trace files trainperf reads. Once more, untimed against the claim, HTA's ``get_comm_comp_overlap`` and
   ``get_gpu_kernel_breakdown`` for the figures that compare.
 
-Per tool: wall time (median over the repeats, and each run), peak resident memory of the child process (the
-child program's own high-water mark, ``VmHWM``, its imports included; see :func:`run_child`). Then the figures
+Per tool: wall time (median over the repeats, and each run), CPU time (its worker processes included), peak
+resident memory of the child process (the child program's own high-water mark, ``VmHWM``, its imports
+included) and of its whole process tree (both read with worker processes when given several ranks; see
+:func:`run_child`). Then the figures
 both compute, per rank, with their difference in percentage points: temporal breakdown (compute / non-compute
 / idle % of the GPU timeline), idle breakdown (host_wait / kernel_wait / other, HTA's idle time summed over
 the rank's streams), comm/compute overlap, and kernel time by type.
@@ -198,24 +200,52 @@ def _hwm_mb(pid: int) -> float | None:
     return None
 
 
+def _tree_rss_mb(pid: int) -> float | None:
+    """The resident memory of a process and all its descendants now, summed (MB; pages shared after a fork
+    count in each process, so this is an upper bound), or None when it cannot be read."""
+    try:
+        import psutil
+
+        root = psutil.Process(pid)
+        total = 0
+        for q in [root, *root.children(recursive=True)]:
+            try:
+                total += q.memory_info().rss
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                pass
+        return total / 2**20
+    except Exception:  # noqa: BLE001 - gone, or no psutil: not measured
+        return None
+
+
 def run_child(argv: list[str], *, env: dict | None = None, timeout: float = 3600.0) -> dict[str, Any]:
-    """Run a process; its wall time, CPU time (user + system, via os.wait4) and peak RSS, exit code, stdout
-    and the tail of stderr. On a loaded machine the CPU time is the steadier figure: it leaves out the time the
-    child waited for a core.
+    """Run a process; its wall time, CPU time (user + system, via os.wait4: its reaped worker processes
+    included) and peak RSS, exit code, stdout and the tail of stderr. On a loaded machine the CPU time is the
+    steadier figure: it leaves out the time the child waited for a core.
 
     Peak RSS is the child program's own high-water mark (``VmHWM`` from /proc, read every few ms while it
     runs: it only grows), not ``ru_maxrss``: Linux carries into a child's ``ru_maxrss`` the resident size
     the parent had when it forked, so a large parent would floor every child's figure. Where /proc is absent
-    ``ru_maxrss`` is the fallback (``peak_rss_from`` says which)."""
+    ``ru_maxrss`` is the fallback (``peak_rss_from`` says which). A program that reads with worker processes
+    (trainperf on a directory of ranks, HTA on several ranks) holds memory in them too: ``tree_peak_rss_mb``
+    is the largest sum of resident memory over the child and its descendants seen while it ran (sampled every
+    ~20 ms; pages shared after a fork counted in each process: an upper bound), ``largest_rss_mb`` the
+    largest single process of the tree (wait4's ``ru_maxrss``)."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         t0 = time.perf_counter()
         p = subprocess.Popen(argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env)
         deadline = t0 + timeout
-        hwm = None
+        hwm = tree = None
+        tick = 0
         while True:
             h = _hwm_mb(p.pid)  # before wait4: once reaped, the pid is gone
             if h is not None:
                 hwm = h if hwm is None else max(hwm, h)
+            if tick % 4 == 0:
+                s = _tree_rss_mb(p.pid)
+                if s is not None:
+                    tree = s if tree is None else max(tree, s)
+            tick += 1
             pid, status, ru = os.wait4(p.pid, os.WNOHANG)
             if pid:
                 break
@@ -230,7 +260,9 @@ def run_child(argv: list[str], *, env: dict | None = None, timeout: float = 3600
         err.seek(0)
         return {"wall_s": wall, "cpu_s": ru.ru_utime + ru.ru_stime,
                 "peak_rss_mb": hwm if hwm is not None else ru.ru_maxrss / 1024,
-                "peak_rss_from": "VmHWM" if hwm is not None else "ru_maxrss", "rc": p.returncode,
+                "peak_rss_from": "VmHWM" if hwm is not None else "ru_maxrss",
+                "tree_peak_rss_mb": max(tree, hwm or 0.0) if tree is not None else None,
+                "largest_rss_mb": ru.ru_maxrss / 1024, "rc": p.returncode,
                 "stdout": out.read().decode("utf-8", "replace"), "stderr": err.read().decode("utf-8", "replace")[-2000:]}
 
 
@@ -241,12 +273,17 @@ def _hta_json(stdout: str) -> dict | None:
     return None
 
 
-def _hta_dir(path: Path, tmp: Path) -> Path:
-    if path.is_dir():
+def _hta_dir(path: Path, tmp: Path, files: list[Path]) -> Path:
+    """The directory HTA is given: PATH when it holds the trace files and nothing else HTA would read (it
+    parses every .json / .json.gz there: a truth.json or a config beside the traces stops it); else a
+    temporary directory of links to the same trace files trainperf reads."""
+    if path.is_dir() and {p.resolve() for p in path.iterdir() if p.name.endswith((".json", ".json.gz"))} == \
+            {f.resolve() for f in files}:
         return path
     d = tmp / "hta_traces"
     d.mkdir()
-    (d / path.name).symlink_to(path.resolve())
+    for f in files:
+        (d / f.name).symlink_to(f.resolve())
     return d
 
 
@@ -307,13 +344,13 @@ def bench_traces(path: str | Path, *, repeat: int = 1, hta_python: str | None = 
     extra: dict | None = None
     notes = []
     with tempfile.TemporaryDirectory(prefix="bench-traces-") as tmp:
-        hdir = _hta_dir(path, Path(tmp)) if py else None
+        hdir = _hta_dir(path, Path(tmp), files) if py else None
         for _ in range(repeat):
             r = run_child(tp_argv, env=env, timeout=timeout)
             if r["rc"] != 0:
                 raise UserError(f"trainperf diagnose {path} failed (exit {r['rc']}): {r['stderr'][-500:]}")
             tp_out = json.loads(r["stdout"])
-            runs["trainperf"].append({k: r[k] for k in ("wall_s", "cpu_s", "peak_rss_mb")})
+            runs["trainperf"].append({k: r[k] for k in ("wall_s", "cpu_s", "peak_rss_mb", "tree_peak_rss_mb")})
             if py:
                 h = run_child([py, "-c", HTA_TIMED, str(hdir)], env=env, timeout=timeout)
                 got = _hta_json(h["stdout"]) if h["rc"] == 0 else None
@@ -323,6 +360,7 @@ def bench_traces(path: str | Path, *, repeat: int = 1, hta_python: str | None = 
                 else:
                     hta_out = got
                     runs["hta"].append({"wall_s": h["wall_s"], "cpu_s": h["cpu_s"], "peak_rss_mb": h["peak_rss_mb"],
+                                        "tree_peak_rss_mb": h["tree_peak_rss_mb"],
                                         "load_s": got["load_s"], "breakdowns_s": got["breakdowns_s"]})
         if py:
             x = run_child([py, "-c", HTA_EXTRA, str(hdir)], env=env, timeout=timeout)
@@ -338,7 +376,9 @@ def bench_traces(path: str | Path, *, repeat: int = 1, hta_python: str | None = 
         walls = [r["wall_s"] for r in rs]
         return {"wall_s": statistics.median(walls), "wall_s_runs": walls,
                 "cpu_s": statistics.median(r["cpu_s"] for r in rs),
-                "peak_rss_mb": max(r["peak_rss_mb"] for r in rs), **(
+                "peak_rss_mb": max(r["peak_rss_mb"] for r in rs),
+                "tree_peak_rss_mb": max((r["tree_peak_rss_mb"] for r in rs if r.get("tree_peak_rss_mb") is not None),
+                                        default=None), **(
                     {"load_s": statistics.median(r["load_s"] for r in rs),
                      "breakdowns_s": statistics.median(r["breakdowns_s"] for r in rs)} if "load_s" in rs[0] else {})}
 
@@ -350,6 +390,8 @@ def bench_traces(path: str | Path, *, repeat: int = 1, hta_python: str | None = 
             "speedup": (hta_s["wall_s"] / tp_s["wall_s"]) if (tp_s and hta_s) else None,
             "cpu_speedup": (hta_s["cpu_s"] / tp_s["cpu_s"]) if (tp_s and hta_s and tp_s["cpu_s"]) else None,
             "rss_ratio": (hta_s["peak_rss_mb"] / tp_s["peak_rss_mb"]) if (tp_s and hta_s) else None,
+            "tree_rss_ratio": (hta_s["tree_peak_rss_mb"] / tp_s["tree_peak_rss_mb"])
+            if (tp_s and hta_s and hta_s.get("tree_peak_rss_mb") and tp_s.get("tree_peak_rss_mb")) else None,
             "figures": compare_figures(tp_out or {}, hta_out or {}, extra) if hta_out else [],
             "hta_measures": "load + temporal + idle breakdown (whole process)",
             "trainperf_measures": "trainperf diagnose PATH --json (whole process: every figure and the rules)",

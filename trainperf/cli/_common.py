@@ -5,6 +5,10 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from trainperf.lazy import moved_names
+
+__getattr__ = moved_names(__name__, {"ensure_dir": "trainperf.runio"})
+
 
 def whole(minimum: int = 1, maximum: int = 2**53):
     """An argparse ``type`` for a whole number in [``minimum``, ``maximum``]: ``--gpus 0`` is an error that
@@ -70,27 +74,3 @@ def print_json(obj: Any) -> None:
     from trainperf.runio import dumps_strict
 
     sys.stdout.write(dumps_strict(obj) + "\n")
-
-
-def ensure_dir(path, what: str) -> None:
-    """Check that the output directory ``path`` (``what``: the flag or field naming it) can be created and
-    written, without creating it (a command refused later for another reason leaves nothing behind); raise
-    a UserError that says why not: a file in the way, a file above it, no permission (never an OSError
-    traceback later)."""
-    import os
-    from pathlib import Path
-
-    from trainperf.errors import UserError
-
-    if path is None:
-        return
-    p = Path(path).absolute()
-    if p.exists() and not p.is_dir():
-        raise UserError(f"{what} {str(path)!r} is a file, not a directory; choose a directory path")
-    probe = p
-    while not probe.exists():  # the nearest existing ancestor decides
-        probe = probe.parent
-    if not probe.is_dir():
-        raise UserError(f"{what} {str(path)!r} cannot be created ({probe} is a file); choose a directory path")
-    if not os.access(probe, os.W_OK | os.X_OK):
-        raise UserError(f"{what} {str(path)!r} is not writable by this user ({probe}); choose a writable directory")

@@ -45,18 +45,21 @@ def run(args) -> int:
     mb = res["bytes"] / 2**20
     print(f"trainperf bench traces: {res['path']} ({len(res['files'])} file(s), {mb:.2f} MB on disk, "
           f"{_v(res['events'], '{:,}')} events); each tool a whole process, {res['repeat']} run(s), alternating")
-    hdr = f"{'tool':<12}{'measures':<50}{'wall s':>9}{'CPU s':>9}{'peak RSS MB':>13}"
+    hdr = f"{'tool':<12}{'measures':<50}{'wall s':>9}{'CPU s':>9}{'peak RSS MB':>13}{'tree MB':>9}"
     print(hdr)
     print("-" * len(hdr))
     tp, hta = res["trainperf"], res["hta"]
     print(f"{'trainperf':<12}{'diagnose PATH --json (every figure + rules)':<50}{_v(tp['wall_s'], '{:.2f}'):>9}"
-          f"{_v(tp.get('cpu_s'), '{:.2f}'):>9}{_v(tp['peak_rss_mb'], '{:.0f}'):>13}")
+          f"{_v(tp.get('cpu_s'), '{:.2f}'):>9}{_v(tp['peak_rss_mb'], '{:.0f}'):>13}"
+          f"{_v(tp.get('tree_peak_rss_mb'), '{:.0f}'):>9}")
     if hta:
         print(f"{'HTA 0.5':<12}{'load + temporal + idle breakdown':<50}{_v(hta['wall_s'], '{:.2f}'):>9}"
-              f"{_v(hta.get('cpu_s'), '{:.2f}'):>9}{_v(hta['peak_rss_mb'], '{:.0f}'):>13}")
+              f"{_v(hta.get('cpu_s'), '{:.2f}'):>9}{_v(hta['peak_rss_mb'], '{:.0f}'):>13}"
+              f"{_v(hta.get('tree_peak_rss_mb'), '{:.0f}'):>9}")
         print(f"  HTA inside its process: load {hta['load_s']:.2f} s, breakdowns {hta['breakdowns_s']:.2f} s")
         print(f"  trainperf is {res['speedup']:.1f}x faster by wall time ({_v(res.get('cpu_speedup'))}x by CPU time), "
-              f"with {res['rss_ratio']:.1f}x less peak memory")
+              f"with {res['rss_ratio']:.1f}x less peak memory ({_v(res.get('tree_rss_ratio'))}x over the process "
+              "trees)")
     if res["figures"]:
         print()
         h2 = f"{'rank':>5}  {'figure':<62}{'trainperf':>11}{'HTA':>9}{'diff (pts)':>12}"
@@ -67,8 +70,10 @@ def run(args) -> int:
                   f"{_v(r['diff_points'], '{:+.2f}'):>12}")
     for n in res["notes"]:
         print(f"note: {n}")
-    print("wall, CPU (user + system): median over the runs; peak RSS: the child program's own high-water mark "
-          "(VmHWM), imports included. Timings on a shared machine: compare the two in one run, not across runs.")
+    print("wall, CPU (user + system, worker processes included): median over the runs; peak RSS: the child "
+          "program's own high-water mark (VmHWM), imports included; tree: the largest sum over the child and its "
+          "worker processes, sampled every ~20 ms (pages shared after a fork counted in each). Timings on a shared "
+          "machine: compare the two in one run, not across runs.")
     return 0
 
 

@@ -34,7 +34,7 @@ def _world_size(cfg, explicit):
 
 def run_show(args) -> int:
     from trainperf.config import load_config
-    from trainperf.config.resolve import resolve
+    from trainperf.train.resolve import resolve
 
     cfg = load_config(args.config, args.overrides)
     resolved = resolve(cfg, world_size=_world_size(cfg, args.world_size))

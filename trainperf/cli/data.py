@@ -51,9 +51,9 @@ def register(subparsers) -> None:
 
 
 def prepare_command(args) -> int:
-    from trainperf.cli._common import ensure_dir
     from trainperf.data.prepare import prepare_tokens
     from trainperf.errors import UserError
+    from trainperf.runio import ensure_dir
 
     ensure_dir(args.out, "--out")
     from trainperf.data.prepare import check_output_dir
@@ -90,7 +90,7 @@ def export_command(args) -> int:
         raise DataError(f"{args.src!r} holds no prepared tokens (no meta.json); run `trainperf data prepare` first")
     if args.seq_len < 1:
         raise DataError(f"--seq-len {args.seq_len} must be at least 1")
-    from trainperf.cli._common import ensure_dir
+    from trainperf.runio import ensure_dir
 
     ensure_dir(args.out, "--out")
     final = Path(args.out)

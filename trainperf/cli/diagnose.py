@@ -27,19 +27,13 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def progress_bar(path, quiet: bool):
-    """A tqdm bar over the bytes of the traces (stderr), or None: off with --json or when stderr is not a
-    terminal."""
+def progress_bar(files, quiet: bool):
+    """A tqdm bar over the bytes of the trace ``files`` (stderr), or None: off with --json or when stderr is not
+    a terminal."""
     if quiet or not sys.stderr.isatty():
         return None, None
     from tqdm import tqdm
 
-    from trainperf.trace.ranks import discover
-
-    try:
-        files = discover(path)["files"]
-    except Exception:  # noqa: BLE001 - the diagnosis itself reports a bad PATH
-        return None, None
     total = sum(f.stat().st_size for f in files)
     if not total:
         return None, None
@@ -55,13 +49,15 @@ def progress_bar(path, quiet: bool):
 def run(args) -> int:
     from trainperf.cli._common import print_json
     from trainperf.errors import UserError
-    from trainperf.monitor.engine import contract, diagnose_path
+    from trainperf.diagnosis.engine import contract, diagnose_found
+    from trainperf.trace.ranks import discover
 
     if args.top < 0:
         raise UserError(f"--top {args.top}: give 0 or more kernels to list")
-    bar, update = progress_bar(args.path, args.json)
+    found = discover(args.path)  # PATH is looked at once: the bar and the diagnosis read the same files
+    bar, update = progress_bar(found["files"], args.json)
     try:
-        result = diagnose_path(args.path, top_n=args.top, patterns=args.comm_patterns or None, progress=update)
+        result = diagnose_found(found, top_n=args.top, patterns=args.comm_patterns or None, progress=update)
     finally:
         if bar is not None:
             bar.close()
@@ -69,12 +65,11 @@ def run(args) -> int:
         print_json(contract(result))  # strict JSON: null, never NaN
         return 0
     if result["source"] == "trace":
-        from trainperf.monitor.trace_text import format_traces
+        from trainperf.diagnosis.text import format_traces
 
         print(format_traces(result))
     else:
-        from trainperf.monitor.diagnose import format_findings
-        from trainperf.monitor.trace_text import format_run_traces
+        from trainperf.diagnosis.text import format_findings, format_run_traces
 
         print(format_findings(result).lstrip("\n"))
         extra = format_run_traces(result)

@@ -52,12 +52,10 @@ def check_layout(args) -> None:
     processes (ParallelDims), the batch splits, the model shape fits; on this node (not --slurm, which
     runs elsewhere) the whole resolution against this machine's hardware. ConfigError: exit 2."""
     from trainperf.config import load_config
-    from trainperf.config.resolve import (
-        DeviceFacts, check_batch, check_model_shape, check_pipeline_schedule, derive_data_degree, resolve,
-        resolve_global_batch,
-    )
+    from trainperf.config.resolve import DeviceFacts, check_batch, check_pipeline_schedule, resolve_global_batch
     from trainperf.distributed.parallel_dims import ParallelDims
     from trainperf.errors import ConfigError
+    from trainperf.train.resolve import check_model_shape, derive_data_degree, resolve
 
     if args.nproc_per_node < 1 or args.nnodes < 1:
         raise ConfigError(f"--nproc-per-node={args.nproc_per_node} and --nnodes={args.nnodes} must be at least 1")

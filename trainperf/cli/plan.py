@@ -475,8 +475,9 @@ def _emit_config(plan, path: str) -> str:
     import yaml
 
     from trainperf.config.load import build_config
-    from trainperf.config.resolve import check_batch, check_model_shape, check_pipeline_schedule
+    from trainperf.config.resolve import check_batch, check_pipeline_schedule
     from trainperf.models.presets import PRESETS
+    from trainperf.train.resolve import check_model_shape
 
     best = plan.best
     L, model = best.layout, plan.model

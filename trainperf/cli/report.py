@@ -109,7 +109,7 @@ def run(args) -> int:
         print(f"report: {result['html']} ({len(result['charts'])} charts"
               + (f"; no data for {', '.join(result['skipped'])}" if result["skipped"] else "") + ")")
         if result.get("known") is not None:  # a run killed before its first step record: what it left
-            from trainperf.monitor.diagnose import known_lines
+            from trainperf.diagnosis.text import known_lines
 
             print("\n".join(known_lines(result)))
     return 0
@@ -121,24 +121,31 @@ def _build(args) -> dict:
     if len(args.run_dirs) == 1:
         from trainperf.trace.ranks import discover
 
-        if discover(args.run_dirs[0])["kind"] == "run":
-            from trainperf.monitor.report import build_report
+        found = discover(args.run_dirs[0])  # looked at once, handed on
+        if found["kind"] == "run":
+            from trainperf.diagnosis.report import build_report
 
-            result = build_report(args.run_dirs[0], args.out)
+            result = build_report(args.run_dirs[0], args.out, found=found)
         else:
-            from trainperf.monitor.trace_report import build_trace_report
+            from trainperf.diagnosis.trace_report import build_trace_report
 
-            result = build_trace_report(args.run_dirs[0], args.out, top_n=args.top,
+            result = build_trace_report(args.run_dirs[0], args.out, found=found, top_n=args.top,
                                         patterns=args.comm_patterns or None)
     else:
         from trainperf.trace.ranks import discover
 
+        kinds = [discover(p)["kind"] if os.path.exists(p) else None for p in args.run_dirs]
+        if len(args.run_dirs) == 2 and None not in kinds and "run" not in kinds:  # two profiles: A against B
+            from trainperf.diagnosis.trace_compare import build_profiles_report
+
+            return build_profiles_report(*args.run_dirs, args.out, patterns=args.comm_patterns or None)
         for p in args.run_dirs:
             if os.path.exists(p) and discover(p)["kind"] != "run":
                 raise UserError(f"{p} is a trace (or a directory of traces), not a run directory: with several paths "
-                                "`trainperf report` puts runs side by side; write one trace report per path "
-                                f"(`trainperf report {p}`), or give a directory holding each rank's trace")
-        from trainperf.monitor.compare import build_compare_report
+                                "`trainperf report` puts runs side by side, or two profiles (A B) against each other; "
+                                f"write one trace report per path (`trainperf report {p}`), give two profiles, or a "
+                                "directory holding each rank's trace")
+        from trainperf.diagnosis.compare import build_compare_report
 
         result = build_compare_report(args.run_dirs, args.out)
     return result

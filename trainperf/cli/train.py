@@ -67,8 +67,8 @@ def _check_writable_dirs(cfg) -> list[Path]:
     """The run directory (and a checkpoint directory set apart) can be created and written, checked before the
     model is built: a path that is a file, or under one, or read-only, once ended the run with a traceback.
     Returns the directories made here (deepest first), for :func:`_remove_if_empty`."""
-    from trainperf.cli._common import ensure_dir
     from trainperf.errors import ConfigError, UserError
+    from trainperf.runio import ensure_dir
 
     created: list[Path] = []
     for field, path in (("run.dir", cfg.run_dir()), ("checkpoint.dir", cfg.checkpoint.dir)):
@@ -101,7 +101,7 @@ def _train(args) -> int:
     import os
 
     from trainperf.config import load_config
-    from trainperf.config.resolve import resolve
+    from trainperf.train.resolve import resolve
     from trainperf.memory import preflight
     from trainperf.train.build import train
     from trainperf.train.knobs import from_environ

@@ -45,7 +45,7 @@ def run(args) -> int:
     cfg = load_config(args.config, args.overrides)
     opts = Options(budget_s=args.budget_min * 60, steps=args.steps, warmup=args.warmup, nproc=args.nproc,
                    progress=not args.json and sys.stderr.isatty())
-    from trainperf.cli._common import ensure_dir
+    from trainperf.runio import ensure_dir
 
     ensure_dir(args.out, "--out")
     res = tune(cfg, config_path=args.config, out_dir=args.out, options=opts, doctor=_doctor)

@@ -250,7 +250,7 @@ def build_config(data: dict, *, source: str = "") -> Config:
 
 def load_config(path: str | None = None, overrides: Iterable[str] = ()) -> Config:
     """Load a config: defaults < YAML file < ``--set`` overrides. Cross-field checks that need
-    the world size or hardware happen in :func:`trainperf.config.resolve.resolve`."""
+    the world size or hardware happen in :func:`trainperf.train.resolve.resolve`."""
     data = _read_yaml(path) if path else {}
     data = apply_overrides(data, overrides)
     source = path or "defaults"

@@ -1,9 +1,11 @@
-"""Resolve every ``auto`` from the hardware and check cross-field constraints.
+"""The autos of the config that the machine decides, and the config's own cross-field rules.
 
-:func:`resolve` returns a new :class:`Config` with no ``auto`` left (except
-``model.vocab_size``, which comes from the data when the model is built) and a
-dict ``notes`` mapping each resolved field path to the reason, shown by
-``trainperf config show``.
+:func:`resolve_device` and :func:`resolve_settings` replace each ``auto`` that follows from the device and the
+machine (:class:`DeviceFacts`) with its value and its reason; :func:`check_batch`,
+:func:`check_pipeline_schedule` and :func:`resolve_global_batch` are the batch and pipeline arithmetic. None of
+them needs more than the config and the facts. Joining them with the model, the parallel layout and an XLA
+device is the assembly's: :func:`trainperf.train.resolve.resolve` returns the :class:`Resolved` config that
+``trainperf config show`` prints and ``train`` builds from.
 """
 
 from __future__ import annotations
@@ -16,6 +18,15 @@ from typing import Any
 from trainperf.config.schema import Config
 from trainperf.errors import ConfigError
 from trainperf.hardware.cpu import loader_workers, local_world_size, usable_cpus
+from trainperf.lazy import moved_names
+
+# kept here for one release: the assembly (XLA, the layout, the degrees against the model) moved to
+# trainperf.train.resolve, the model's shape to trainperf.models.shape
+__getattr__ = moved_names(__name__, {
+    "resolve": "trainperf.train.resolve", "derive_data_degree": "trainperf.train.resolve",
+    "check_model_shape": "trainperf.train.resolve", "check_layout": "trainperf.train.resolve",
+    "model_shape": "trainperf.models.shape", "seq_len_of": "trainperf.models.shape",
+})
 
 
 def _native_bf16(torch) -> bool:
@@ -105,33 +116,21 @@ def _divisors(n: int, show: int = 24) -> str:
     return text if complete else text + " (among others)"
 
 
-def derive_data_degree(cfg: Config, world_size: int) -> int:
-    """The data-parallel degree (``parallelism.data=-1`` derived from the world size); ParallelDims
-    owns the rule and its error messages."""
-    from trainperf.distributed.parallel_dims import ParallelDims
-
-    return ParallelDims.from_config(cfg, world_size).dp_replicate
-
-
-def resolve(cfg: Config, facts: DeviceFacts | None = None, world_size: int | None = None) -> Resolved:
-    """Resolve ``auto`` fields and validate combinations. Raises ConfigError naming the fix."""
-    facts = facts or DeviceFacts.probe()
-    world_size = world_size or world_size_from_env()
-    cfg = cfg.model_copy(deep=True)
-    notes: dict[str, str] = {}
-
-    # --- device
+def resolve_device(cfg: Config, facts: DeviceFacts, notes: dict) -> None:
+    """``run.device: auto`` -> cuda when this machine has a CUDA device, else cpu; cuda without one is refused.
+    In place, with the reason in ``notes`` (an XLA device is resolved after this, by the assembly)."""
     if cfg.run.device == "auto":
         cfg.run.device = "cuda" if facts.cuda else "cpu"
         notes["run.device"] = f"CUDA available ({facts.cuda_name})" if facts.cuda else "no CUDA device found"
     if cfg.run.device == "cuda" and not facts.cuda:
         raise ConfigError("run.device='cuda' but no CUDA device is visible; use run.device=cpu or auto")
+
+
+def resolve_settings(cfg: Config, facts: DeviceFacts, notes: dict) -> None:
+    """The autos that follow from the device and the machine alone: threads, host memory, precision, the
+    optimizer's kernel, the loader's workers and pinned memory, the process group's backend. In place, each
+    with its reason in ``notes``; a setting this device cannot run is refused with the fix."""
     on_cuda = cfg.run.device == "cuda"
-    if cfg.run.device == "xla":  # torch_xla usable? precision and backend for XLA (trainperf/xla/env.py)
-        from trainperf.xla.env import resolve_xla
-
-        resolve_xla(cfg, notes, world_size)
-
     if cfg.run.threads == "auto":
         cfg.run.threads = max(1, facts.cpus // facts.local_ranks)
         notes["run.threads"] = f"{facts.cpus} usable CPUs / {facts.local_ranks} local rank(s)"
@@ -203,94 +202,6 @@ def resolve(cfg: Config, facts: DeviceFacts | None = None, world_size: int | Non
         raise ConfigError("distributed.backend='nccl' needs CUDA devices; use gloo or auto on CPU")
     if cfg.distributed.backend == "xla" and cfg.run.device != "xla":
         raise ConfigError(f"distributed.backend='xla' needs run.device=xla (run.device={cfg.run.device!r}); use auto")
-
-    # --- parallel degrees and batch arithmetic
-    p = cfg.parallelism
-    dp = derive_data_degree(cfg, world_size)
-    if p.data == -1:
-        notes["parallelism.data"] = f"world size {world_size} / (tensor {p.tensor} x pipeline {p.pipeline} x data_shard {p.data_shard})"
-        p.data = dp
-    # Degrees x world size first (ParallelDims owns the rule and names the fix); layout-bound
-    # compression checks only when several processes run (one process ignores compression).
-    from trainperf.distributed.parallel_dims import ParallelDims, check_compression
-
-    xla = cfg.run.device == "xla"  # XLA processes are data-parallel through torch_xla (the backend), no mesh
-    dims = ParallelDims.single() if xla else ParallelDims.from_config(cfg, world_size)
-    resolve_global_batch(cfg, notes)
-    # micro_batch is a memory knob, the global batch the contract: a micro-batch larger than a data
-    # rank's share (e.g. gpt-tiny's 16 at data=2) trains as that share (no accumulation), the same
-    # training. The field keeps its value (evaluation batches stay those of one process).
-    n_dp = max(1, p.data) * p.data_shard
-    share = cfg.train.global_batch // n_dp
-    if n_dp > 1 and cfg.train.global_batch % n_dp == 0 and cfg.train.micro_batch > share:
-        notes["train.micro_batch"] = (f"{cfg.train.micro_batch} > the per-rank batch {share} (global_batch "
-                                      f"{cfg.train.global_batch} / {n_dp} data ranks): each rank trains "
-                                      f"micro-batches of {share}")
-        check_batch(cfg, micro_batch=share)
-    else:
-        check_batch(cfg)
-    check_model_shape(cfg)
-    check_pipeline_schedule(cfg)
-    check_layout(cfg, dims)
-    _resolve_compile(cfg, dims, notes)
-    if world_size > 1 and not xla:
-        check_compression(p.compression.type, dp_replicate=p.data, dp_shard=p.data_shard, tp=p.tensor, pp=p.pipeline)
-    if p.compression.type != "none" and p.data_shard > 1:
-        raise ConfigError(
-            f"parallelism.compression.type={p.compression.type!r} applies to DDP gradients; with data_shard={p.data_shard} "
-            "(FSDP) use parallelism.fsdp_reduce_dtype instead"
-        )
-    from trainperf.distributed.balance import check_balance_config
-
-    check_balance_config(cfg, world_size)
-    return Resolved(cfg=cfg, notes=notes, world_size=world_size, dims=dims)
-
-
-def check_layout(cfg: Config, dims) -> None:
-    """The degrees against the model: a reference GPT's heads, width and blocks; a Hugging Face model
-    (``model.hf``) with data and tensor parallelism (its heads checked in check_model_shape); a user's
-    model (``model.entrypoint``) with data parallelism only."""
-    if cfg.model.hf is not None:
-        if dims.pp_enabled:
-            raise ConfigError(
-                f"parallelism.pipeline={dims.pp} needs the reference GPT's stage split; a Hugging Face model (model.hf) "
-                "trains with data parallelism (parallelism.data / data_shard) and tensor parallelism; set pipeline=1")
-        return
-    if cfg.model.entrypoint:
-        if dims.tp_enabled or dims.pp_enabled:
-            raise ConfigError(
-                f"model.entrypoint models train with data parallelism only (DDP: parallelism.data, FSDP2: "
-                f"parallelism.data_shard); got parallelism.tensor={dims.tp}, parallelism.pipeline={dims.pp}, which "
-                "need the reference GPT's blocks and attention projections; set both to 1 or use the reference model"
-            )
-        return
-    # the reference GPT: heads against tensor, blocks against stages, checked once, in check_model_shape
-
-
-def _resolve_compile(cfg: Config, dims, notes: dict) -> None:
-    """``compile.regional: auto``: the whole model in one process and under DDP, each block under
-    FSDP2, tensor or pipeline parallelism (whole-model graphs cannot span FSDP2's per-block hooks,
-    DTensor redistributions or stage boundaries; torchtitan compiles per block too)."""
-    c = cfg.compile
-    sharded = dims.fsdp_enabled or dims.tp_enabled or dims.pp_enabled
-    if c.regional == "auto":
-        c.regional = bool(sharded)
-        if c.enabled:
-            notes["compile.regional"] = ("FSDP2 / tensor / pipeline parallelism: each block compiled" if sharded
-                                         else "the whole model compiled in one graph")
-    elif c.enabled and sharded and c.regional is False:
-        raise ConfigError(
-            f"compile.regional=false (one graph for the whole model) cannot be used with {dims.describe()}: FSDP2's "
-            "per-block hooks, DTensor redistributions and pipeline stages split it; set compile.regional=true "
-            "(each block compiled) or auto"
-        )
-
-
-def seq_len_of(cfg: Config) -> int:
-    """Tokens per sample: the reference GPT's context, or ``model.block_size`` (default 128) for a user's model."""
-    if cfg.model.entrypoint:
-        return cfg.model.block_size or 128
-    return model_shape(cfg)["block_size"]
 
 
 def resolve_global_batch(cfg: Config, notes: dict | None = None) -> int:
@@ -383,63 +294,3 @@ def check_batch(cfg: Config, micro_batch: int | None = None) -> None:
     raise ConfigError("; ".join(problems) + ": " + ", or ".join(ways))
 
 
-def model_shape(cfg: Config) -> dict:
-    """The reference GPT shape this config asks for (preset + explicit fields)."""
-    from trainperf.models.presets import get_shape
-
-    if cfg.model.hf is not None:  # a Hugging Face model: its config says its shape
-        from trainperf.models.hf import shape_for_resolve
-
-        return shape_for_resolve(cfg)
-    shape = get_shape(cfg.model.preset).as_dict()
-    for key in ("n_layer", "n_head", "n_embd", "block_size"):
-        val = getattr(cfg.model, key)
-        if val is not None:
-            shape[key] = val
-    if cfg.model.vocab_size != "auto":
-        shape["vocab_size"] = cfg.model.vocab_size
-    return shape
-
-
-def check_model_shape(cfg: Config) -> None:
-    if cfg.model.hf is not None:
-        if cfg.model.entrypoint:
-            raise ConfigError("model.hf and model.entrypoint are both set; keep one")
-        if cfg.parallelism.tensor > 1:
-            from trainperf.distributed.hf_tp import check_tp_degree
-
-            s = model_shape(cfg)
-            check_tp_degree(s["n_head"], s["n_kv_head"], cfg.parallelism.tensor)
-            if s.get("model_type") == "gpt2" and cfg.parallelism.data_shard > 1:
-                raise ConfigError(
-                    f"parallelism.tensor={cfg.parallelism.tensor} with data_shard={cfg.parallelism.data_shard} "
-                    "(FSDP2) is not supported for GPT-2: its fused c_attn bias, sharded by both, did not give the "
-                    "one-process gradients; use tensor parallelism with DDP (parallelism.data) or FSDP2 alone")
-        return
-    if cfg.model.entrypoint:
-        return
-    s = model_shape(cfg)
-    if s["n_embd"] % s["n_head"]:
-        raise ConfigError(
-            f"model.n_embd={s['n_embd']} is not divisible by model.n_head={s['n_head']}; "
-            f"choose n_head among {_divisors(s['n_embd'])}"
-        )
-    p = cfg.parallelism
-    if s["n_head"] % p.tensor:
-        from trainperf.models.presets import PRESETS
-
-        fits = [n for n, sh in PRESETS.items() if sh.n_head % p.tensor == 0 and sh.n_layer >= p.pipeline * p.interleave]
-        raise ConfigError(
-            f"parallelism.tensor={p.tensor} does not divide model.n_head={s['n_head']} (model.preset="
-            f"{cfg.model.preset!r}); choose parallelism.tensor among {_divisors(s['n_head'])}, or a model whose head "
-            f"count is a multiple of {p.tensor} (model.n_head, or a model.preset such as {', '.join(fits[:3]) or '(none)'})"
-        )
-    virtual = p.interleave if (p.pipeline > 1 and p.pipeline_schedule == "interleaved_1f1b") else 1
-    stages = p.pipeline * virtual
-    if stages > s["n_layer"]:
-        best = max(1, s["n_layer"] // virtual)
-        raise ConfigError(
-            f"parallelism.pipeline x interleave = {p.pipeline} x {p.interleave} = {stages} stages exceeds "
-            f"model.n_layer={s['n_layer']} blocks (every stage needs at least one block); choose pipeline <= {best} "
-            "or a deeper model"
-        )

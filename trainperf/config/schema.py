@@ -3,7 +3,7 @@
 Every field carries a docstring: those docstrings are the JSON Schema
 descriptions (``trainperf config schema``) and the documentation. Unknown keys
 are rejected (the loader suggests the nearest valid name). ``"auto"`` values
-are resolved from the hardware probe by :mod:`trainperf.config.resolve`.
+are resolved from the hardware probe by :func:`trainperf.train.resolve.resolve`.
 
 Precedence: ``--set`` overrides > YAML file > the defaults written here.
 """

@@ -103,7 +103,7 @@ def build_data(cfg: Config, *, seq_len: int, device: torch.device, dp_rank: int 
         from trainperf.errors import ConfigError
 
         raise ConfigError(f"train.global_batch={cfg.train.global_batch!r} is not resolved yet; pass the config "
-                          "through trainperf.config.resolve.resolve(cfg) first (it turns auto into a number)")
+                          "through trainperf.train.resolve.resolve(cfg) first (it turns auto into a number)")
     if d.source == "synthetic":
         vocab = cfg.model.vocab_size if cfg.model.vocab_size != "auto" else VOCAB_SIZE
         train_src = SyntheticTokens(vocab, seq_len, seed=cfg.run.seed)

@@ -441,7 +441,7 @@ def dataset_vocab(cfg, dataset, packed: PackedRows | None) -> tuple[int, str]:
     if cfg.model.vocab_size != "auto":
         return int(cfg.model.vocab_size), "the dataset has no vocab_size: model.vocab_size used"
     if cfg.model.hf is not None:
-        from trainperf.config.resolve import model_shape
+        from trainperf.models.shape import model_shape
 
         mv = model_shape(cfg).get("vocab_size")
         if mv:

@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from trainperf.config.resume import check_resume_compatible, previous_dir, schedule_change_notes
 from trainperf.errors import CheckpointError
 
 _NAME = re.compile(r"^step-(\d{8})$")
@@ -278,8 +279,6 @@ class DcpCheckpointer:
     def _start_over(self) -> None:
         """Rank 0, ``--resume never``: the previous run's checkpoints renamed to ``<dir>.previous`` (nothing is
         deleted before this run writes its own; an aside kept from an attempt that wrote none stays)."""
-        from trainperf.train.checkpoint import previous_dir
-
         aside = previous_dir(self.dir)
         if not self.dir.is_dir() or not any(self.dir.iterdir()):
             self.set_aside = aside if aside.is_dir() else None
@@ -298,8 +297,6 @@ class DcpCheckpointer:
 
     def resume(self, trainer, mode: str) -> int | None:
         """``--resume auto | never | PATH`` (PATH: a step-XXXXXXXX directory saved on any layout)."""
-        from trainperf.train.checkpoint import check_resume_compatible
-
         if mode == "never":
             _barrier()
             if _rank() == 0:
@@ -312,8 +309,6 @@ class DcpCheckpointer:
         saved, current = read_trainer_state(path).get("config", {}), trainer.cfg.model_dump(mode="json")
         check_resume_compatible(saved, current)
         if _rank() == 0:
-            from trainperf.train.checkpoint import schedule_change_notes
-
             for line in schedule_change_notes(saved, current):
                 print(line, flush=True)
         extra = load(path, trainer.pm.modules, trainer.optimizer.optimizers)

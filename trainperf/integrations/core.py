@@ -90,10 +90,10 @@ def _check_args(run_dir, device, precision, log_every, monitor) -> tuple[Path, t
     """The constructor's arguments as the recorder uses them, or a UserError naming the value and the fix."""
     from pydantic import ValidationError
 
-    from trainperf.cli._common import ensure_dir
     from trainperf.config.load import format_validation_error
     from trainperf.config.schema import MonitorConfig
     from trainperf.errors import ConfigError, UserError
+    from trainperf.runio import ensure_dir
 
     if run_dir is None or not str(run_dir).strip():
         raise UserError(f"run_dir={run_dir!r}: give the directory the run writes, e.g. 'runs/mine'")
@@ -424,7 +424,9 @@ class StepRecorder:
 
             write_json(self.run_dir / "summary.json", summary)  # strict JSON (NaN -> null), atomic
             if verbose:
-                self.mon.print_findings()
+                from trainperf.diagnosis.engine import print_findings
+
+                print_findings(self.run_dir)
         return summary
 
     def close(self) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from trainperf.config.resolve import resolve
+from trainperf.train.resolve import resolve
 from trainperf.config.schema import Config
 from trainperf.errors import ConfigError
 from trainperf.memory.ac import apply_ac

@@ -7,7 +7,7 @@ import inspect
 import torch
 import torch.nn as nn
 
-from trainperf.config.resolve import model_shape
+from trainperf.models.shape import model_shape
 from trainperf.config.schema import Config
 from trainperf.errors import ConfigError
 from trainperf.entrypoint import load_entrypoint

@@ -187,7 +187,7 @@ def hf_shape(config) -> dict:
 
 
 def shape_for_resolve(cfg) -> dict:
-    """What ``config.resolve.model_shape`` reports for a ``model.hf`` model."""
+    """What ``models.shape.model_shape`` reports for a ``model.hf`` model."""
     config = hf_config(cfg.model.hf)
     s = hf_shape(config)
     return {"n_layer": s["n_layer"], "n_head": s["n_head"], "n_kv_head": s["n_kv_head"], "n_embd": s["n_embd"],

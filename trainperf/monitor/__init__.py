@@ -1,4 +1,4 @@
-"""Monitoring: phase timer, FLOPs/MFU, device sampler, sinks, profiler, diagnosis, report, compare.
+"""Monitoring inside training: phase timer, FLOPs/MFU, device sampler, sinks, step log, profiler window.
 
 For your own loop (what ``fit`` does for ``trainperf train``)::
 
@@ -13,22 +13,27 @@ For your own loop (what ``fit`` does for ``trainperf train``)::
                    "tokens_per_s": ..., "phases_s": phases})
     mon.close()                                            # then: trainperf diagnose runs/mine
 
-Importing this package does not import torch; ``Monitor`` loads on first use.
+Importing this package does not import torch; ``Monitor`` loads on first use. The diagnosis after the run,
+the reports and compare are :mod:`trainperf.diagnosis` (``diagnose``, ``build_report`` and ``compare_runs``
+are still handed on from here, deprecated, for one release).
 """
 
 from __future__ import annotations
 
-from trainperf.lazy import lazy_names
+from trainperf.lazy import lazy_names, moved_names
 
 _LAZY = {
     "Monitor": ("trainperf.monitor.monitor", "Monitor"),
     "PhaseTimer": ("trainperf.monitor.phases", "PhaseTimer"),
-    "diagnose": ("trainperf.monitor.diagnose", "diagnose"),
-    "build_report": ("trainperf.monitor.report", "build_report"),
-    "compare_runs": ("trainperf.monitor.compare", "compare_runs"),
 }
+_MOVED = {"diagnose": "trainperf.diagnosis.engine", "build_report": "trainperf.diagnosis.report",
+          "compare_runs": "trainperf.diagnosis.compare"}
 
 __all__ = list(_LAZY)
 
+_lazy = lazy_names("trainperf.monitor", globals(), _LAZY)
+_moved = moved_names("trainperf.monitor", _MOVED)
 
-__getattr__ = lazy_names("trainperf.monitor", globals(), _LAZY)
+
+def __getattr__(name: str):
+    return _moved(name) if name in _MOVED else _lazy(name)

@@ -118,11 +118,10 @@ class Monitor:
     def _remove_stale_rank_files(self) -> None:
         """A run must not be diagnosed with the files of an earlier, wider run in the same directory: the ranks
         beyond this run's world are renamed NAME.previous.EXT (kept, not read)."""
-        from trainperf.monitor.diagnose import _rank_of
-        from trainperf.runio import previous_name
+        from trainperf.runio import previous_name, rank_of
 
         for f in list(self.run_dir.glob("metrics.rank*.jsonl")) + list(self.run_dir.glob("samples.rank*.jsonl")):
-            if _rank_of(f) >= self.world:
+            if rank_of(f) >= self.world:
                 with contextlib.suppress(OSError):
                     f.replace(f.with_name(previous_name(f.name)))
 
@@ -297,11 +296,6 @@ class Monitor:
             self._samples.close()
         if self.jsonl is not None:
             self.jsonl.close()
-
-    def print_findings(self) -> None:
-        from trainperf.monitor.diagnose import diagnose, format_findings
-
-        print(format_findings(diagnose(self.run_dir)))
 
     def __enter__(self) -> "Monitor":
         return self

@@ -1,139 +1,14 @@
-"""``trainperf report TRACE|DIR``: the HTML report of profiler traces, and the trace section of a run's report.
-
-One self-contained HTML file (inline SVG drawn by :mod:`trainperf.monitor.charts`, no scripts, nothing
-fetched): a table of each rank's figures, then the charts — step time per rank broken down as the
-TensorBoard plugin does (kernel, memcpy, memset, runtime, dataloader, cpu_exec, other; ms per step), the
-GPU timeline per rank as HTA breaks it down (compute / non-compute / idle, %), and, with several ranks,
-compute and communication per rank (the communication split into the time spent waiting for the slowest
-rank and the rest) — then the findings with their gains and what was not measured.
-"""
+"""Moved to :mod:`trainperf.diagnosis` (the diagnosis has a package of its own): this path is deprecated and
+forwards its names, with a DeprecationWarning, for one release."""
 
 from __future__ import annotations
 
-import html
-from pathlib import Path
-from typing import Any
+from trainperf.lazy import moved_names
 
-from trainperf.monitor import charts as C
-from trainperf.monitor.trace_text import BREAKDOWN
-
-BREAKDOWN_COLORS = {"kernel": "#2e86ab", "communication": "#f18f01", "memcpy": "#ffc914", "memset": "#17bebb", "runtime": "#9b59b6",
-                    "dataloader": "#e4572e", "cpu_exec": "#76b041", "other": "#5f6b6d"}
-TEMPORAL_COLORS = {"compute": "#2e86ab", "non_compute": "#ffc914", "idle": "#d1495b"}
-
-
-def _n(v) -> float:
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else 0.0
-
-
-def _labels(traces: list[dict]) -> list[str]:
-    return [f"rank {t.get('rank')}" for t in traces]
-
-
-def chart_breakdown(traces: list[dict]) -> str | None:
-    if not traces or not any(t.get("step_time_us") for t in traces):
-        return None
-    stacks = [(k, [_n((t.get("step_breakdown_pct") or {}).get(k)) * _n(t.get("step_time_us")) / 1e5 for t in traces],
-               BREAKDOWN_COLORS[k]) for k in BREAKDOWN]
-    return C.stacked_bars(_labels(traces), stacks, title="Step time per rank, broken down (TensorBoard plugin's "
-                          "categories)", ylabel="ms per step")
-
-
-def chart_temporal(traces: list[dict]) -> str | None:
-    if not any(v is not None for t in traces for v in (t.get("temporal_pct") or {}).values()):
-        return None  # CPU-only traces: no GPU timeline to draw
-    stacks = [(k, [_n((t.get("temporal_pct") or {}).get(k)) for t in traces], c) for k, c in TEMPORAL_COLORS.items()]
-    return C.stacked_bars(_labels(traces), stacks, title="GPU timeline per rank: compute / non-compute / idle "
-                          "(HTA's temporal breakdown)", ylabel="% of the GPU timeline")
-
-
-def chart_ranks(ranks: dict) -> str | None:
-    per = ranks.get("per_rank") or []
-    if len(per) < 2 or not any(p.get("compute_us_per_step") for p in per):
-        return None
-    comp = [_n(p.get("compute_us_per_step")) / 1000 for p in per]
-    wait = [_n(p.get("comm_wait_us_per_step")) / 1000 for p in per]
-    comm = [max(0.0, _n(p.get("comm_us_per_step")) / 1000 - w) for p, w in zip(per, wait)]
-    return C.stacked_bars([f"rank {p['rank']}" for p in per],
-                          [("compute", comp, "#2e86ab"), ("communication", comm, "#ffc914"),
-                           ("waiting for the slowest rank", wait, "#e4572e")],
-                          title="Compute and communication per rank (GPU kernel time per step)", ylabel="ms per step")
-
-
-def _p(v) -> str:
-    return f"{v:.1f}%" if isinstance(v, (int, float)) else "-"
-
-
-def _ms(us) -> str:
-    return f"{us / 1000:.2f} ms" if isinstance(us, (int, float)) else "-"
-
-
-def rank_table(traces: list[dict]) -> str:
-    header = ["figure"] + _labels(traces)
-    rows = [["file"] + [Path(str(t.get("path"))).name for t in traces],
-            ["device"] + [str((t.get("device_info") or {}).get("name") if isinstance(t.get("device_info"), dict)
-                              else t.get("device") or "CPU only") for t in traces],
-            ["profiler steps"] + [str(t.get("steps") or "none: the whole trace") for t in traces],
-            ["step time"] + [_ms(t.get("step_time_us")) for t in traces]]
-    rows += [[f"{k} % of step"] + [_p((t.get("step_breakdown_pct") or {}).get(k)) for t in traces] for k in BREAKDOWN]
-    for key, label in (("gpu_utilization_pct", "GPU utilization"), ("sm_efficiency_pct", "est. SM efficiency"),
-                       ("achieved_occupancy_pct", "est. achieved occupancy"),
-                       ("tensor_core_kernel_pct", "tensor-core kernel time"),
-                       ("comm_compute_overlap_pct", "comm/compute overlap")):
-        rows.append([label] + [_p(t.get(key)) for t in traces])
-    for part in ("compute", "non_compute", "idle"):
-        rows.append([f"temporal {part}"] + [_p((t.get("temporal_pct") or {}).get(part)) for t in traces])
-    for part in ("host_wait", "kernel_wait", "other"):
-        rows.append([f"idle: {part}"] + [_p((t.get("idle_pct") or {}).get(part)) for t in traces])
-    return C.table(rows, header)
-
-
-def findings_html(result: dict) -> str:
-    if not result["findings"]:
-        return "<p>No rule fired: no bottleneck found in these traces.</p>"
-    e = html.escape
-    rows = "".join(f"<tr class='{e(f['severity'])}'><td>{e(f['severity'])}</td><td><code>{e(f['id'])}</code></td>"
-                   f"<td>{e(f['evidence'])}</td><td>{e(f['cause'])}</td><td>{e(f['fix'])}</td>"
-                   f"<td>{e((f.get('gain') or {}).get('text') or '-')}</td></tr>" for f in result["findings"])
-    return ("<table><tr><th>severity</th><th>id</th><th>evidence</th><th>likely cause</th><th>what to try</th>"
-            f"<th>gain (upper bound)</th></tr>{rows}</table>")
-
-
-def trace_section(result: dict) -> tuple[str, list[tuple[str, str | None]]]:
-    """The per-rank table and the charts of a diagnosis over traces: (table HTML, [(chart name, svg)])."""
-    traces = result.get("traces") or []
-    drawn = [("trace_breakdown", chart_breakdown(traces)), ("trace_temporal", chart_temporal(traces)),
-             ("trace_ranks", chart_ranks(result.get("ranks") or {}))]
-    return rank_table(traces), drawn
-
-
-def default_out(path: Path) -> Path:
-    return path / "trace_report.html" if path.is_dir() else path.with_name(path.name.split(".json")[0] + ".report.html")
-
-
-def build_trace_report(path: str | Path, out: str | Path | None = None, **kw) -> dict[str, Any]:
-    """Diagnose the traces of PATH and write the HTML report; returns {"html", "charts", "skipped", "findings"}."""
-    from trainperf.monitor.engine import diagnose_path
-
-    path = Path(path)
-    result = diagnose_path(path, **kw)
-    table, drawn = trace_section(result)
-    figs = "".join(C.figure(n, svg) for n, svg in drawn if svg)
-    missing = "".join(f"<li><code>{html.escape(str(m['id']))}</code>: {html.escape(m['reason'])}</li>"
-                      for m in result["not_measured"])
-    rk = result.get("ranks") or {}
-    said = [f"skipped {s['path']}: {s['why']}" for s in rk.get("skipped") or []] + list(rk.get("notes") or [])
-    said += [f"rank {t.get('rank')}: {n}" for t in result.get("traces") or [] for n in t.get("notes") or []]
-    notes = ("<h2>Notes</h2><ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in said) + "</ul>") if said else ""
-    body = (f"<h1>trainperf report: {html.escape(str(path))}</h1>"
-            f"<h2>Per rank</h2>{table}<div class=\"charts\">{figs}</div>{notes}<h2>Findings</h2>{findings_html(result)}"
-            f"<h2>Not measured</h2><ul>{missing or '<li>nothing</li>'}</ul>")
-    out = Path(out) if out else default_out(path)
-    from trainperf.runio import atomic_write_text
-
-    atomic_write_text(out, C.page(f"trainperf report: {path.name}", body))  # replaced whole or not at all
-    return {"html": str(out), "charts": [n for n, s in drawn if s], "skipped": [n for n, s in drawn if not s],
-            "findings": [f["id"] for f in result["findings"]]}
-
-
-__all__ = ["build_trace_report", "findings_html", "trace_section"]
+__getattr__ = moved_names(__name__, {
+    "BREAKDOWN": "trainperf.diagnosis.text", "BREAKDOWN_COLORS": "trainperf.diagnosis.trace_report",
+    "TEMPORAL_COLORS": "trainperf.diagnosis.trace_report", "chart_breakdown": "trainperf.diagnosis.trace_report",
+    "chart_temporal": "trainperf.diagnosis.trace_report", "chart_ranks": "trainperf.diagnosis.trace_report",
+    "rank_table": "trainperf.diagnosis.trace_report", "findings_html": "trainperf.diagnosis.page",
+    "trace_section": "trainperf.diagnosis.trace_report", "default_out": "trainperf.diagnosis.trace_report",
+    "build_trace_report": "trainperf.diagnosis.trace_report"})

@@ -1,35 +1,12 @@
-"""XLA's own figures per step, and the ``xla_recompile`` diagnosis rule.
+"""XLA's own figures per step, read by the trainer (:mod:`trainperf.xla.backend`) from ``torch_xla``'s metrics.
 
-XLA compiles one graph per distinct trace (op sequence + shapes + dtypes). A run that is
-healthy compiles during the first steps (first forward/backward, then the step that first holds
-optimizer state) and then reuses cached graphs. A shape that keeps changing (sequence length,
-a last partial batch, a Python value baked into the trace) makes every new variant compile
-again: often seconds each, silently. The trainer records, per step (``metrics.jsonl``)::
-
-    xla_compiles        compilations so far (torch_xla.debug.metrics CompileTime count)
-    xla_compile_s       seconds spent compiling so far (CompileTime total)
-    xla_executions      graph executions so far (ExecuteTime count)
-    xla_execute_s       seconds executing so far (ExecuteTime total; execution is asynchronous,
-                        so a step's figure can trail by a step)
-    xla_step_compiles   compilations during this step's train_step (the step graph; evaluation
-                        and loss transfers between steps compile their own small graphs, not
-                        counted here)
-    xla_batch_shape     the shape of this step's input batch [B, T]
-
-The rule fires when compilations keep happening after warm-up and names the first such step
-and the shape change there.
+The ``xla_recompile`` rule that reads them back from metrics.jsonl is in :mod:`trainperf.diagnosis.rules_xla`
+(its old names here are deprecated and forwarded for one release).
 """
 
 from __future__ import annotations
 
-import math
-
-# Warm-up: the first 10% of the recorded steps, at least this many (step 1 traces forward and
-# backward, step 2 first reads optimizer state: two distinct graphs before the steady one).
-WARMUP_MIN_STEPS = 3
-RECOMPILE_STEPS_WARN = 2  # steps after warm-up that compiled: "keeps growing" from two on
-RECOMPILE_TIME_CRIT = 0.20  # compile time after warm-up above this fraction of the train time: critical
-
+from trainperf.lazy import moved_names
 
 def step_metrics() -> dict:
     """Cumulative compile/execute figures from ``torch_xla.debug.metrics`` (cheap: host counters)."""
@@ -51,68 +28,5 @@ def compile_count() -> int:
     return int(data[0]) if data else 0
 
 
-def warmup_steps(n_records: int) -> int:
-    return max(WARMUP_MIN_STEPS, math.ceil(0.1 * n_records))
-
-
-def recompile_finding(records: list[dict]) -> dict | None:
-    """The ``xla_recompile`` finding from the step records of one rank (all steps, in order)."""
-    recs = sorted((r for r in records if "xla_step_compiles" in r), key=lambda r: r["step"])
-    if len(recs) <= WARMUP_MIN_STEPS:
-        return None
-    warm = warmup_steps(len(recs))
-    after = recs[warm:]
-    hits = [r for r in after if r["xla_step_compiles"] > 0]
-    if len(hits) < RECOMPILE_STEPS_WARN:
-        return None
-    n_compiles = sum(r["xla_step_compiles"] for r in hits)
-    first = hits[0]
-    prev = next((r for r in reversed(recs) if r["step"] < first["step"]), None)
-    shape_now, shape_before = first.get("xla_batch_shape"), (prev or {}).get("xla_batch_shape")
-    if shape_now is not None and shape_before is not None and shape_now != shape_before:
-        where = f"at step {first['step']} the batch shape changed from {shape_before} to {shape_now}"
-    elif shape_now is not None:
-        where = f"first at step {first['step']} (batch shape {shape_now}, unchanged: a Python value or " \
-                "control flow changed the trace)"
-    else:
-        where = f"first at step {first['step']}"
-    shapes = sorted({tuple(r["xla_batch_shape"]) for r in after if r.get("xla_batch_shape")})
-    compile_s = _delta(recs, after, "xla_compile_s")
-    train_s = sum(r.get("step_time_s", 0.0) for r in after)
-    frac = compile_s / train_s if (compile_s is not None and train_s) else None
-    ev = (f"{n_compiles} XLA compilation(s) in {len(hits)} of the {len(after)} steps after warm-up "
-          f"(steps {', '.join(str(r['step']) for r in hits[:8])}{', ...' if len(hits) > 8 else ''}); {where}")
-    if len(shapes) > 1:
-        ev += f"; {len(shapes)} distinct batch shapes after warm-up"
-    if frac is not None:
-        ev += f"; compiling took {compile_s:.1f} s, {100 * frac:.0f}% of the train time after warm-up"
-    return {"severity": "critical" if (frac is not None and frac > RECOMPILE_TIME_CRIT) else "warning",
-            "evidence": ev, "step": first["step"], "compiles_after_warmup": n_compiles,
-            "batch_shape": shape_now, "previous_batch_shape": shape_before}
-
-
-def _delta(recs: list[dict], after: list[dict], key: str) -> float | None:
-    if not after or key not in after[-1]:
-        return None
-    start = recs[len(recs) - len(after) - 1].get(key, 0.0) if len(recs) > len(after) else 0.0
-    return after[-1][key] - start
-
-
-def _check(s: dict) -> dict | None:
-    return recompile_finding(s.get("xla_steps") or [])
-
-
-# Registered in trainperf.monitor.diagnose.RULES as ``Rule(**XLA_RECOMPILE_RULE)``; the table needs
-# ``s["xla_steps"]`` (rank 0's step records that carry XLA figures) from compute_summary.
-XLA_RECOMPILE_RULE = dict(
-    id="xla_recompile",
-    symptom="XLA keeps compiling new graphs after warm-up",
-    condition=f"XLA compilations inside the step in >= {RECOMPILE_STEPS_WARN} steps after warm-up (first 10% of "
-              f"steps, at least {WARMUP_MIN_STEPS}); critical when compiling takes > {100 * RECOMPILE_TIME_CRIT:.0f}% "
-              "of the train time",
-    cause="input shapes change between steps (sequence length, a last partial batch) or a Python value changes "
-          "the traced graph, so each variant is compiled again",
-    fix="feed fixed shapes: pad or bucket sequences to a few lengths, data.drop_last=true; keep changing Python "
-        "values out of the graph; inspect with PT_XLA_DEBUG_LEVEL=1",
-    check=_check,
-)
+__getattr__ = moved_names(__name__, "trainperf.diagnosis.rules_xla", (
+    "WARMUP_MIN_STEPS", "RECOMPILE_STEPS_WARN", "RECOMPILE_TIME_CRIT", "warmup_steps", "recompile_finding"))

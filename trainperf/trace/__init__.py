@@ -17,7 +17,6 @@ _LAZY = {
     "is_tensor_core": ("trainperf.trace.patterns", "is_tensor_core"),
     "load_patterns": ("trainperf.trace.patterns", "load"),
     "Patterns": ("trainperf.trace.patterns", "Patterns"),
-    "make_trace": ("trainperf.trace.generate", "make_trace"),
 }
 __getattr__ = lazy_names(__name__, globals(), _LAZY)
 __all__ = sorted(_LAZY)

@@ -12,6 +12,7 @@ import numpy as np
 from trainperf.errors import UserError
 from trainperf.trace import figures as fg
 from trainperf.trace import hta, tb
+from trainperf.trace.collectives import collectives
 from trainperf.trace.patterns import load as load_patterns
 from trainperf.trace.patterns import tb_tensor_core
 from trainperf.trace.reader import TraceReader
@@ -186,7 +187,7 @@ def analyze_timeline(tl: Timeline, *, path: str = "", rank: int | None = None, p
         "_step_compute_us": cm["_step_compute_us"] if cm else [],
         "_step_comm_us": cm["_step_comm_us"] if cm else [],
         "_step_exposed_comm_us": cm["_step_exposed_comm_us"] if cm else [],
-        "_comm": cm["_comm"] if cm else [],
+        "_comm": collectives(tl, cls["kind"], lo, hi) if cm else None,
     }
     return _clean(res)
 

@@ -72,7 +72,8 @@ def step_of(ts: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
 
 def comm(tl: Timeline, cls: dict, lo: np.ndarray, hi: np.ndarray) -> dict[str, Any]:
     """Communication per step: union of comm kernels, the part not overlapped by compute kernels
-    (exposed), the GPU time of non-communication events (compute + copies/fills), per kind."""
+    (exposed), the GPU time of non-communication events (compute + copies/fills), per kind. The collectives
+    one by one, for matching across ranks: :func:`trainperf.trace.collectives.collectives`."""
     end = tl.g_ts + tl.g_dur
     isc = cls["kind"] == 1
     cu = iv.union(tl.g_ts[isc], end[isc])
@@ -86,31 +87,24 @@ def comm(tl: Timeline, cls: dict, lo: np.ndarray, hi: np.ndarray) -> dict[str, A
     kinds: dict[str, float] = {}
     streams: dict[str, float] = {}
     idx = np.flatnonzero(isc)
-    st = step_of(tl.g_ts[idx], lo, hi)
-    rows = []
+    idx = idx[step_of(tl.g_ts[idx], lo, hi) >= 0]
     names = tl.names
     kind_cache: dict[tuple, str] = {}
-    for j, i in enumerate(idx):
-        name = names[tl.g_name[i]]
-        coll = names[tl.g_coll[i]] if tl.g_coll[i] >= 0 else None
+    for i in idx:
         key = (tl.g_name[i], tl.g_coll[i])
         k = kind_cache.get(key)
         if k is None:
-            k = kind_cache[key] = collective_kind(name, coll)
-        if st[j] >= 0:
-            kinds[k] = kinds.get(k, 0.0) + float(tl.g_dur[i])
-            streams[str(int(tl.g_stream[i]))] = streams.get(str(int(tl.g_stream[i])), 0.0) + float(tl.g_dur[i])
-        rows.append([float(tl.g_ts[i] + tl.base_us), float(tl.g_dur[i]), int(tl.g_stream[i]), name,
-                     int(st[j]) if st[j] >= 0 else None, coll,
-                     names[tl.g_pg[i]] if tl.g_pg[i] >= 0 else None])
+            k = kind_cache[key] = collective_kind(names[key[0]], names[key[1]] if key[1] >= 0 else None)
+        kinds[k] = kinds.get(k, 0.0) + float(tl.g_dur[i])
+        streams[str(int(tl.g_stream[i]))] = streams.get(str(int(tl.g_stream[i])), 0.0) + float(tl.g_dur[i])
     nsteps = max(1, lo.size)
     tot_comm = float(comm_us.sum())
     return {"us_per_step": tot_comm / nsteps, "exposed_us_per_step": float(exposed.sum()) / nsteps,
             "hidden_pct": (100 * (1 - float(exposed.sum()) / tot_comm) if tot_comm > 0 else None),
             "us_per_kind": {k: v / nsteps for k, v in sorted(kinds.items(), key=lambda x: -x[1])},
-            "streams": sorted(streams, key=lambda s: -streams[s]), "kernels": int(idx.size),
+            "streams": sorted(streams, key=lambda s: -streams[s]), "kernels": int(np.count_nonzero(isc)),
             "_step_comm_us": comm_us.tolist(), "_step_exposed_comm_us": exposed.tolist(),
-            "_step_compute_us": compute_us.tolist(), "_comm": rows}
+            "_step_compute_us": compute_us.tolist()}
 
 
 def cpu_comm(tl: Timeline, lo: np.ndarray, hi: np.ndarray) -> dict[str, Any]:
@@ -118,7 +112,8 @@ def cpu_comm(tl: Timeline, lo: np.ndarray, hi: np.ndarray) -> dict[str, Any]:
     spans (``gloo:*`` / ``nccl:*`` ops, the TensorBoard plugin's Communication role; gloo runs them on its
     own threads). Exposed = the part no ``cpu_op`` covers (annotations do not count: one around the whole
     step would hide everything); compute = the step less its exposed communication (the time the rank did
-    not wait in a collective). One matching sequence per rank, in time order, for the waits across ranks."""
+    not wait in a collective). The ops one by one, for the waits across ranks:
+    :func:`trainperf.trace.collectives.collectives`."""
     ops = sorted(tl.comm_ops)
     starts = np.array([c[0] for c in ops], dtype=np.float64)
     ends = starts + np.array([c[1] for c in ops], dtype=np.float64)
@@ -128,12 +123,10 @@ def cpu_comm(tl: Timeline, lo: np.ndarray, hi: np.ndarray) -> dict[str, Any]:
     exposed = iv.within(iv.subtract(cu, busy), lo, hi)
     st = step_of(starts, lo, hi)
     kinds: dict[str, float] = {}
-    rows = []
     for j, (ts, dur, name) in enumerate(ops):
-        k = collective_kind(name, None)
         if st[j] >= 0:
+            k = collective_kind(name, None)
             kinds[k] = kinds.get(k, 0.0) + dur
-        rows.append([ts + tl.base_us, dur, 0, name, int(st[j]) if st[j] >= 0 else None, None, None])
     nsteps = max(1, lo.size)
     tot_comm, tot_exp = float(comm_us.sum()), float(exposed.sum())
     return {"us_per_step": tot_comm / nsteps, "exposed_us_per_step": tot_exp / nsteps,
@@ -141,7 +134,7 @@ def cpu_comm(tl: Timeline, lo: np.ndarray, hi: np.ndarray) -> dict[str, Any]:
             "us_per_kind": {k: v / nsteps for k, v in sorted(kinds.items(), key=lambda x: -x[1])},
             "streams": [], "kernels": 0, "cpu_ops": len(ops), "on": "cpu",
             "_step_comm_us": comm_us.tolist(), "_step_exposed_comm_us": exposed.tolist(),
-            "_step_compute_us": np.maximum(0.0, (hi - lo) - exposed).tolist(), "_comm": rows}
+            "_step_compute_us": np.maximum(0.0, (hi - lo) - exposed).tolist()}
 
 
 def memcpy(tl: Timeline, lo: np.ndarray, hi: np.ndarray) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Which traces a PATH holds, which rank each one is, and the figures across ranks.
+"""Which traces a PATH holds, and which rank each one is.
 
 PATH is a trace file (``.json``, ``.json.gz``, ``*.pt.trace.json[.gz]``), a directory of traces (one per
 rank), or a trainperf run directory (its ``profile/`` traces). :func:`discover` finds the files;
@@ -8,50 +8,22 @@ ranks not taken, in file-name order). Two files of one rank, a file whose name a
 disagree, or files from jobs of different world sizes are a :class:`~trainperf.errors.UserError` naming
 them.
 
-:func:`across_ranks` takes each rank's analysis (``trainperf.trace.analyze_file``) and computes:
-
-* step time and compute time per rank: compute is the GPU time covered by non-communication kernels
-  (union across streams) per profiler step, so a rank that waits inside its collectives is not counted
-  slow;
-* the straggler: the rank whose compute per step exceeds the median of the other ranks' by more than
-  ``STRAGGLER_RATIO`` (and ``STRAGGLER_MIN_GAP_US``);
-* per-rank communication wait. Collectives are matched across ranks by order: the communication kernels
-  of each process group (``Process Group Name`` when the trace records it, else each communication
-  stream in the order the streams first appear) form a sequence per rank, and the i-th kernel of a
-  sequence on one rank is the same collective as the i-th on the others, as long as their names agree
-  (matching stops at the first disagreement: the rest is reported unmatched). A collective ends on every
-  rank at about the same moment, when the last rank has arrived and the data has moved; the rank that
-  arrives last waits least, and its kernel lasts only the transfer. So the **wait** of rank r on a
-  collective is its kernel's duration minus the shortest duration of that collective on any rank:
-  ``wait_r = dur_r - min_k dur_k``. This needs no common clock across hosts (durations only) and
-  assumes the transfer itself takes as long on every rank (true of ring/tree all-reduce, all-gather and
-  reduce-scatter; an uneven all-to-all moves different amounts, and its wait is then an upper bound).
-  A rank's wait per step is the sum over the matched collectives in its steps, divided by its steps.
+The figures across ranks are in :mod:`trainperf.trace.across` (matching, clocks, waits, late ranks) and the
+reading of a job's files, on every core, in :mod:`trainperf.trace.job`; ``read_traces``, ``across_ranks``,
+``comm_waits`` and ``straggler`` are still importable from here.
 """
 
 from __future__ import annotations
 
 import re
-import statistics
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 from trainperf.errors import UserError
+from trainperf.lazy import lazy_names
 
-STRAGGLER_RATIO = 1.15  # as the run-directory straggler rule (monitor/rules_runtime.py)
-STRAGGLER_MIN_GAP_US = 1000.0
 TRACE_SUFFIXES = (".json", ".json.gz")
 _RANK_RE = re.compile(r"(?:^|[^a-z])(?:rank|worker)[-_]?(\d+)(?![0-9])", re.I)
-COMPUTE_DEFINITION = "GPU time in non-communication kernels per step"
-CPU_COMPUTE_DEFINITION = ("step time less exposed communication: on CPU-only traces, the time the rank was not waiting "
-                          "in a gloo/nccl collective")
-CPU_WAIT_DEFINITION = ("wait of a rank on a collective = its CPU op's duration - the shortest duration of the same "
-                       "collective on any rank (the last to arrive waits least); collectives matched across ranks "
-                       "by name and order; per step = sum over its steps / steps")
-WAIT_DEFINITION = ("wait of a rank on a collective = its kernel's duration - the shortest duration of the "
-                   "same collective on any rank (the last to arrive waits least); collectives matched across "
-                   "ranks by order within each process group (or communication stream); per step = sum over "
-                   "its steps / steps")
 
 
 # ---------------------------------------------------------------------------- finding the files
@@ -203,183 +175,13 @@ def assign_ranks(paths: Sequence[Path], infos: Sequence[Any]) -> list[tuple[int,
     return out
 
 
-# ---------------------------------------------------------------------------- across ranks
-def _num(v) -> float | None:
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+_LAZY = {  # the figures across ranks are in across.py (the reading of a job: job.read_traces)
+    "across_ranks": ("trainperf.trace.across", "across_ranks"), "comm_waits": ("trainperf.trace.across", "comm_waits"),
+    "straggler": ("trainperf.trace.across", "straggler"),
+    "COMPUTE_DEFINITION": ("trainperf.trace.across", "COMPUTE_DEFINITION"),
+    "CPU_COMPUTE_DEFINITION": ("trainperf.trace.across", "CPU_COMPUTE_DEFINITION"),
+    "STRAGGLER_RATIO": ("trainperf.trace.across", "STRAGGLER_RATIO"),
+    "WAIT_DEFINITION": ("trainperf.trace.across", "WAIT_DEFINITION")}
+__getattr__ = lazy_names(__name__, globals(), _LAZY)  # the figures across ranks moved to across.py / job.py
 
-
-def _sequences(comm: list) -> dict[tuple, list]:
-    """Communication kernels per matching key, in time order: (process group,) when recorded, else the
-    communication stream by the order the streams first appear."""
-    rows = sorted((r for r in comm if isinstance(r, (list, tuple)) and len(r) >= 4), key=lambda r: r[0])
-    stream_order: dict[Any, int] = {}
-    seqs: dict[tuple, list] = {}
-    for r in rows:
-        pg = r[6] if len(r) > 6 else None
-        if pg not in (None, ""):
-            key: tuple = ("pg", str(pg))
-        else:
-            key = ("stream", stream_order.setdefault(r[2], len(stream_order)))
-        seqs.setdefault(key, []).append(r)
-    return seqs
-
-
-def _same(a: list, b: list) -> bool:
-    ca = a[5] if len(a) > 5 else None
-    cb = b[5] if len(b) > 5 else None
-    if ca and cb:
-        return ca == cb
-    return a[3] == b[3]
-
-
-def comm_waits(per_rank: dict[int, list]) -> dict[str, Any]:
-    """Match collectives across ranks and measure each rank's wait (see the module docstring).
-    ``per_rank``: rank -> its ``_comm`` rows. Returns {"waits": {rank: [(step, wait_us)]},
-    "matched", "unmatched", "by"}."""
-    seqs = {r: _sequences(c or []) for r, c in per_rank.items()}
-    keys = sorted({k for s in seqs.values() for k in s})
-    waits: dict[int, list[tuple[int | None, float]]] = {r: [] for r in per_rank}
-    matched = unmatched = 0
-    by = set()
-    for key in keys:
-        holders = [r for r in seqs if key in seqs[r]]
-        if len(holders) < 2:
-            unmatched += sum(len(seqs[r][key]) for r in holders)
-            continue
-        by.add("process group" if key[0] == "pg" else "stream order")
-        lists = [seqs[r][key] for r in holders]
-        n = min(len(x) for x in lists)
-        for i in range(n):
-            row = [x[i] for x in lists]
-            if not all(_same(row[0], y) for y in row[1:]):
-                n = i
-                break
-            durs = [float(y[1]) for y in row]
-            low = min(durs)
-            for r, y, d in zip(holders, row, durs):
-                waits[r].append((y[4] if len(y) > 4 else None, d - low))
-            matched += 1
-        unmatched += sum(len(x) - n for x in lists)
-    return {"waits": waits, "matched": matched, "unmatched": unmatched, "by": sorted(by)}
-
-
-def _mean(xs) -> float | None:
-    xs = [x for x in (_num(v) for v in xs) if x is not None]
-    return sum(xs) / len(xs) if xs else None
-
-
-def across_ranks(results: list[dict]) -> dict[str, Any]:
-    """The contract's ``ranks``: per-rank step and compute time, communication wait, the straggler."""
-    per = []
-    for res in sorted(results, key=lambda r: r["rank"]):
-        steps = max(1, int(res.get("steps") or 0) or len(res.get("_step_compute_us") or []) or 1)
-        per.append({"rank": res["rank"], "path": res.get("path"), "steps": res.get("steps"),
-                    "step_time_us": _num(res.get("step_time_us")),
-                    "compute_us_per_step": _mean(res.get("_step_compute_us") or []),
-                    "comm_us_per_step": _mean(res.get("_step_comm_us") or []),
-                    "exposed_comm_us_per_step": _mean(res.get("_step_exposed_comm_us") or []),
-                    "comm_wait_us_per_step": None, "_steps": steps})
-    cpu = bool(results) and all(res.get("cpu_only") for res in results)
-    out: dict[str, Any] = {"count": len(per), "per_rank": per, "straggler": None,
-                           "wait_definition": CPU_WAIT_DEFINITION if cpu else WAIT_DEFINITION, "matching": None,
-                           "compute_definition": CPU_COMPUTE_DEFINITION if cpu else COMPUTE_DEFINITION,
-                           "notes": _job_notes(results)}
-    if len(per) < 2:
-        out["note"] = "one rank: the straggler and the communication wait need the traces of two or more ranks"
-        for p in per:
-            p.pop("_steps")
-        return out
-    m = comm_waits({res["rank"]: res.get("_comm") or [] for res in results})
-    out["matching"] = {"matched_collectives": m["matched"], "unmatched_kernels": m["unmatched"], "by": m["by"]}
-    for p in per:
-        ws = m["waits"].get(p["rank"], [])
-        p["comm_wait_us_total"] = sum(w for _, w in ws)
-        p["comm_wait_us_per_step"] = p["comm_wait_us_total"] / p["_steps"] if m["matched"] else None
-        p.pop("_steps")
-    out["straggler"] = straggler(per)
-    return out
-
-
-def _job_notes(results: list[dict]) -> list[str]:
-    """What the set of traces says about itself: ranks of the job that have no trace here (from
-    ``distributedInfo.world_size``), and two files that hold the same trace (one copied under two names)."""
-    notes = []
-    worlds = {_dist_rank(r.get("distributed_info"))[1] for r in results} - {None}
-    if len(worlds) == 1:
-        world = worlds.pop()
-        have = {r["rank"] for r in results}
-        missing = [k for k in range(world) if k not in have]
-        if missing:
-            shown = ", ".join(map(str, missing[:8])) + (" ..." if len(missing) > 8 else "")
-            notes.append(f"the job had {world} ranks (distributedInfo.world_size) and {len(have)} trace(s) are here: "
-                         f"rank(s) {shown} missing, so the figures across ranks (straggler, waits) leave them out")
-    seen: dict[tuple, int] = {}
-    for r in sorted(results, key=lambda r: r["rank"]):
-        key = (r.get("events"), r.get("base_time_us"), r.get("step_time_us"), tuple(r.get("step_numbers") or ()))
-        if key[0] and key in seen:
-            notes.append(f"the traces of ranks {seen[key]} and {r['rank']} are the same trace (same events, start "
-                         "time and steps): a file copied under two names? the figures across ranks count it twice")
-        seen.setdefault(key, r["rank"])
-    return notes
-
-
-def straggler(per: list[dict]) -> dict | None:
-    """The rank whose compute per step is furthest above the median of the others', if above the
-    threshold; by compute, never by wall time (a fast rank's collectives are long because they wait)."""
-    comp = {p["rank"]: p["compute_us_per_step"] for p in per if p.get("compute_us_per_step")}
-    if len(comp) < 2:
-        return None
-    worst = max(comp, key=comp.get)
-    base = statistics.median(v for r, v in comp.items() if r != worst)
-    ratio = comp[worst] / base if base else None
-    waits = {p["rank"]: p.get("comm_wait_us_per_step") for p in per}
-    others_wait = [w for r, w in waits.items() if r != worst and w is not None]
-    return {"rank": worst, "compute_us_per_step": comp[worst], "median_others_us": base, "ratio": ratio,
-            "excess_us_per_step": comp[worst] - base,
-            "slower": bool(ratio and ratio > STRAGGLER_RATIO and comp[worst] - base >= STRAGGLER_MIN_GAP_US),
-            "threshold_ratio": STRAGGLER_RATIO, "its_wait_us_per_step": waits.get(worst),
-            "others_wait_us_per_step": statistics.median(others_wait) if others_wait else None}
-
-
-# ---------------------------------------------------------------------------- reading a job
-def read_traces(files: list[Path], *, top_n: int = 10, patterns: list[str] | None = None,
-                progress: Callable[[int], None] | None = None) -> tuple[list[dict], dict]:
-    """(each rank's analysis, in rank order, with "rank" and "rank_from"; the figures across ranks). Among
-    several files, one that is valid JSON but no profiler trace (an execution trace, a config next to the
-    traces) is skipped and listed in the figures across ranks (``skipped``); a broken trace is an error."""
-    from trainperf.trace.analyze import analyze_file
-    from trainperf.trace.reader import NotATrace
-
-    results, skipped = [], []
-    done = 0  # bytes of the files read so far: ``progress`` gets a running total over every file
-    for p in files:
-        cb = (lambda n, base=done: progress(base + n)) if progress else None
-        try:
-            res = analyze_file(p, patterns=patterns, top_n=top_n, progress=cb)
-        except NotATrace as exc:
-            if len(files) == 1:
-                raise
-            skipped.append({"path": str(p), "why": exc.what})
-            continue
-        finally:
-            done += p.stat().st_size
-            if progress:
-                progress(done)
-        res["path"] = str(p)
-        results.append(res)
-    if not results:
-        each = "; ".join(f"{Path(x['path']).name} {x['why']}" for x in skipped[:5])
-        raise UserError(f"{files[0].parent}: none of its {len(files)} JSON files is a profiler trace ({each}). "
-                        "Pass a directory of torch.profiler traces (one per rank), or one trace file")
-    got = assign_ranks([Path(r["path"]) for r in results], [r.get("distributed_info") for r in results])
-    for res, (rank, how) in zip(results, got):
-        res["rank"], res["rank_from"] = rank, how
-    results.sort(key=lambda r: r["rank"])
-    across = across_ranks(results)
-    if skipped:
-        across["skipped"] = skipped
-    return results, across
-
-
-__all__ = ["across_ranks", "read_traces", "aside", "assign_ranks", "comm_waits", "discover", "rank_from_name", "straggler",
-           "COMPUTE_DEFINITION", "CPU_COMPUTE_DEFINITION", "STRAGGLER_RATIO", "WAIT_DEFINITION"]
+__all__ = ["aside", "assign_ranks", "discover", "is_run_dir", "is_trace_name", "rank_from_name", *_LAZY]

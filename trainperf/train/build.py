@@ -15,8 +15,9 @@ import contextlib
 
 import torch
 
-from trainperf.config.resolve import Resolved, seq_len_of
+from trainperf.config.resolve import Resolved
 from trainperf.hardware import hostmem
+from trainperf.models.shape import seq_len_of
 from trainperf.train.knobs import Knobs
 from trainperf.train.loop import Trainer
 

@@ -28,11 +28,12 @@ from typing import Any
 
 import torch
 
+from trainperf.config.resume import (  # noqa: F401  (the policy both checkpointers share: trainperf.config.resume)
+    RESUME_KEYS, SCHEDULE_KEYS, check_resume_compatible, previous_dir, schedule_change_notes,
+)
 from trainperf.errors import CheckpointError
 
 _NAME = re.compile(r"^step-(\d{8})\.json$")
-# Sections whose change makes a checkpoint meaningless for this run.
-RESUME_KEYS = ("model", "data.source", "data.path", "train.global_batch")
 
 
 def _fsync_dir(path: Path) -> None:
@@ -239,50 +240,6 @@ class CheckpointManager:
 
 
 # ---------------------------------------------------------------------- the trainer's checkpointer (one process)
-def _get(d: dict, dotted: str):
-    for part in dotted.split("."):
-        d = d.get(part, {}) if isinstance(d, dict) else {}
-    return d
-
-
-def check_resume_compatible(saved: dict, current: dict) -> None:
-    """Refuse a checkpoint whose model, data or global batch differ from this run's config."""
-    for key in RESUME_KEYS:
-        if _get(saved, key) != _get(current, key):
-            key, was, now = _first_difference(key, _get(saved, key), _get(current, key))
-            raise CheckpointError(
-                f"the checkpoint was written with {key}={was!r} but this run has {now!r}; "
-                "resume with the same setting, or start over with --resume never (or another run.dir)"
-            )
-
-
-SCHEDULE_KEYS = ("run.steps", "optimizer", "schedule")
-"""What a resume may change (unlike RESUME_KEYS) but what moves the learning rate from the resume step on."""
-
-
-def schedule_change_notes(saved: dict, current: dict) -> list[str]:
-    """One line per setting of the saved run that this run changes and that reshapes the learning-rate
-    schedule from the resume step on (the resume itself is exact; the rate is not the saved run's)."""
-    out = []
-    for key in SCHEDULE_KEYS:
-        was, now = _get(saved, key), _get(current, key)
-        if was is not None and was != now:
-            k, a, b = _first_difference(key, was, now)
-            out.append(f"resume: {k} was {a!r} in the checkpoint's run and is {b!r} now: the learning rate follows "
-                       "the new setting from the resume step on (it may jump there)")
-    return out
-
-
-def _first_difference(key: str, was, now) -> tuple[str, object, object]:
-    """The innermost key where two config sections differ (``model.n_layer: 2`` rather than both whole dicts)."""
-    while isinstance(was, dict) and isinstance(now, dict):
-        diff = next((k for k in sorted(set(was) | set(now), key=str) if was.get(k) != now.get(k)), None)
-        if diff is None:
-            break
-        key, was, now = f"{key}.{diff}", was.get(diff), now.get(diff)
-    return key, was, now
-
-
 def load_model_state(model, saved: dict, source) -> None:
     """``model.load_state_dict`` with a refusal naming the checkpoint and the first tensor that does not fit (a
     missing, unexpected or differently shaped one) instead of torch's RuntimeError."""
@@ -305,11 +262,6 @@ def load_model_state(model, saved: dict, source) -> None:
         model.load_state_dict(saved)
     except (RuntimeError, ValueError, TypeError) as exc:
         raise CheckpointError(f"checkpoint {source}: its model state does not fit this model ({exc}); {fix}") from None
-
-
-def previous_dir(directory: Path) -> Path:
-    """Where ``--resume never`` keeps the previous run's checkpoints until the new run has written its own."""
-    return directory.with_name(directory.name + ".previous")
 
 
 class FileCheckpointer:

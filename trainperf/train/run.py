@@ -120,7 +120,9 @@ def fit(trainer: Trainer, *, resume: str = "auto", verbose: bool = True) -> dict
             sink.close()
     if verbose and main:
         print_report(summary, run_dir)
-        monitor.print_findings()
+        from trainperf.diagnosis.engine import print_findings
+
+        print_findings(run_dir)
     return summary
 
 

@@ -52,7 +52,7 @@ def _spec(cfg: Config):
     if cfg.model.entrypoint:
         return None
     from trainperf.analytic.spec import TransformerSpec
-    from trainperf.config.resolve import model_shape
+    from trainperf.models.shape import model_shape
 
     try:
         s = model_shape(cfg)

@@ -33,7 +33,7 @@ from functools import partial
 from pathlib import Path
 from typing import Callable
 
-from trainperf.config.resolve import resolve
+from trainperf.train.resolve import resolve
 from trainperf.config.schema import Config
 from trainperf.errors import UserError
 from trainperf.tune import order, space, stats

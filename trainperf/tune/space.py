@@ -225,7 +225,7 @@ def threads(cfg: Config, facts: Facts) -> Dimension:
 def layouts(cfg: Config, facts: Facts, top: int = 3) -> Dimension:
     """Under torchrun: the ``top`` layouts the planner ranks fastest for this world size (its
     analytic cost model), as parallelism degrees + micro-batch + checkpointing."""
-    from trainperf.config.resolve import model_shape
+    from trainperf.models.shape import model_shape
     from trainperf.errors import UserError
     from trainperf.hardware.catalog import get_gpu, lookup_gpu
     from trainperf.planner.model import ModelSpec

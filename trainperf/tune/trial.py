@@ -102,7 +102,7 @@ class PeakMemory:
 def build(cfg: Config):
     """The ordinary trainer for ``cfg``: one process, or this rank of a group (RANK / WORLD_SIZE in
     the environment, the process group initialized: see :func:`_worker_main`)."""
-    from trainperf.config.resolve import resolve
+    from trainperf.train.resolve import resolve
     from trainperf.distributed.init import env_world
     from trainperf.train.build import build_trainer
 
@@ -532,7 +532,7 @@ class WorkerGroup:
 
     def __init__(self, cfg: Config, *, global_batch: int, warmup: int, nproc: int, timeout_s: float | None = None,
                  start_timeout_s: float | None = None):
-        from trainperf.distributed.harness import free_port
+        from trainperf.distributed.spawn import free_port
 
         self.timeout_s = timeout_s or GROUP_TIMEOUT_S + 30
         port = str(free_port())
