@@ -168,6 +168,27 @@ def bench_nsys(path: str | Path, *, repeat: int = 1, timeout: float = 3600.0) ->
     return out
 
 
+def generate_nsys(path: str | Path, mb: int) -> dict[str, Any]:
+    """A generated export of at least ``mb`` MB at ``path`` (reused when there): tracegen.nsys.make_large."""
+    from trainperf.trace.nsys.schema import is_nsys_export
+
+    p = Path(path)
+    if p.exists():
+        if not is_nsys_export(p):
+            raise UserError(f"--generate-nsys-mb: {p} exists and is not an Nsight Systems export; it is never "
+                            "replaced: pass a new path")
+        if p.stat().st_size >= mb * 1e6:
+            return {"reused": True, "bytes": p.stat().st_size}
+        raise UserError(f"--generate-nsys-mb {mb}: {p} is an export of {p.stat().st_size / 1e6:.0f} MB, smaller; it "
+                        "is never replaced: pass a new path")
+    if not p.parent.is_dir():
+        raise UserError(f"--generate-nsys-mb: {p.parent} is not a directory; pass a path in an existing directory")
+    from trainperf.tracegen.nsys import make_large
+
+    got = make_large(p, int(mb * 1e6))
+    return {"reused": False} | {k: v for k, v in got.items() if k != "path"}
+
+
 def find_hta(hta_python: str | None = None) -> tuple[str | None, str]:
     """(the interpreter that has HTA, how it was found) or (None, the note saying how to install it)."""
     cand = hta_python or os.environ.get("TRAINPERF_HTA_PYTHON")
@@ -398,4 +419,4 @@ def bench_traces(path: str | Path, *, repeat: int = 1, hta_python: str | None = 
             "notes": notes}
 
 
-__all__ = ["bench_nsys", "bench_traces", "compare_figures", "find_hta", "run_child"]
+__all__ = ["bench_nsys", "bench_traces", "generate_nsys", "compare_figures", "find_hta", "run_child"]

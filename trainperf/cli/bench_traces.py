@@ -30,10 +30,10 @@ def _v(x, fmt="{:.1f}") -> str:
 
 
 def run(args) -> int:
-    from trainperf.bench.traces import bench_traces
+    from trainperf.bench.traces import bench_traces, generate_nsys
 
     if args.generate_nsys_mb:
-        generated = _generate(args.path, args.generate_nsys_mb)
+        generated = generate_nsys(args.path, args.generate_nsys_mb)
     res = bench_traces(args.path, repeat=args.repeat, hta_python=args.hta_python)
     if args.generate_nsys_mb:
         res["generated"] = generated
@@ -75,30 +75,6 @@ def run(args) -> int:
           "worker processes, sampled every ~20 ms (pages shared after a fork counted in each). Timings on a shared "
           "machine: compare the two in one run, not across runs.")
     return 0
-
-
-def _generate(path: str, mb: int) -> dict:
-    """A generated export of at least ``mb`` MB at ``path`` (reused when there): tracegen.nsys.make_large."""
-    from pathlib import Path
-
-    from trainperf.errors import UserError
-    from trainperf.trace.nsys.schema import is_nsys_export
-
-    p = Path(path)
-    if p.exists():
-        if not is_nsys_export(p):
-            raise UserError(f"--generate-nsys-mb: {p} exists and is not an Nsight Systems export; it is never "
-                            "replaced: pass a new path")
-        if p.stat().st_size >= mb * 1e6:
-            return {"reused": True, "bytes": p.stat().st_size}
-        raise UserError(f"--generate-nsys-mb {mb}: {p} is an export of {p.stat().st_size / 1e6:.0f} MB, smaller; it "
-                        "is never replaced: pass a new path")
-    if not p.parent.is_dir():
-        raise UserError(f"--generate-nsys-mb: {p.parent} is not a directory; pass a path in an existing directory")
-    from trainperf.tracegen.nsys import make_large
-
-    got = make_large(p, int(mb * 1e6))
-    return {"reused": False} | {k: v for k, v in got.items() if k != "path"}
 
 
 def _print_nsys(res: dict) -> int:
