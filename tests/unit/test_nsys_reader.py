@@ -209,3 +209,11 @@ def test_nsys_reader_never_imports_torch(tmp_path):
                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "False"
+
+
+def test_progress_counts_bytes_up_to_the_files_size(tmp_path):
+    make_export(tmp_path / "a.sqlite", Job(ranks=2, steps=3))
+    seen: list[int] = []
+    analyze_capture(tmp_path / "a.sqlite", progress=seen.append)
+    assert len(seen) > 2 and seen == sorted(seen)
+    assert seen[-1] == (tmp_path / "a.sqlite").stat().st_size

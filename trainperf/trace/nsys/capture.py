@@ -134,6 +134,8 @@ def iter_capture(path: str | Path, *, step: str | None = None, progress: Callabl
                 _trim()
         finally:
             exp.close()
+    if progress is not None:
+        progress(sum(f.stat().st_size for f in files))  # done: the whole of every file
 
 
 def _trim() -> None:
