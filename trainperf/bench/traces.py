@@ -1,4 +1,6 @@
-"""``trainperf bench traces FILE|DIR``: trainperf and Holistic Trace Analysis side by side on the same traces.
+"""``trainperf bench traces FILE|DIR``: trainperf and Holistic Trace Analysis side by side on the same traces; on
+an Nsight Systems export (.sqlite), trainperf's nsys reader against a plain ``sqlite3`` scan of its kernel table
+(:func:`bench_nsys`).
 
 Each tool runs as a whole process on the same PATH (a trace file, or a directory of one trace per rank),
 ``repeat`` times, the two alternating so that a change in the machine's load hits both alike:
@@ -81,6 +83,110 @@ except Exception as exc:
     out["kernel_types_error"] = f"{type(exc).__name__}: {exc}"
 print("HTA_JSON " + json.dumps(out))
 """
+
+
+# The nsys children: trainperf's reader (every per-rank figure), and the floor: a plain sqlite3 scan of the kernel
+# table (each row to Python, as any Python reader of the table pays) and SQLite summing it without Python rows.
+NSYS_TP = r"""
+import json, sys, time
+t0 = time.perf_counter()
+from trainperf.trace.nsys import analyze_capture
+res = analyze_capture(sys.argv[1])
+print("NSYS_JSON " + json.dumps({"s": time.perf_counter() - t0, "ranks": len(res),
+      "events": sum(r.get("events") or 0 for r in res)}))
+"""
+NSYS_SCAN = r"""
+import json, sqlite3, sys, time
+from pathlib import Path
+from urllib.parse import quote
+t0 = time.perf_counter()
+db = sqlite3.connect(f"file:{quote(str(Path(sys.argv[1]).resolve()))}?mode=ro", uri=True)
+cols = [r[1] for r in db.execute("PRAGMA table_info(CUPTI_ACTIVITY_KIND_KERNEL)")]
+want = [c for c in ("start", "end", "deviceId", "streamId", "correlationId", "demangledName", "gridX", "gridY",
+                    "gridZ", "blockX", "blockY", "blockZ", "registersPerThread", "staticSharedMemory",
+                    "dynamicSharedMemory") if c in cols]
+if sys.argv[2] == "rows":
+    n = 0
+    for row in db.execute("SELECT " + ", ".join(f'"{c}"' for c in want) + " FROM CUPTI_ACTIVITY_KIND_KERNEL"):
+        n += 1
+else:
+    n = db.execute('SELECT count(*), sum("end" - start) FROM CUPTI_ACTIVITY_KIND_KERNEL').fetchone()[0]
+print("NSYS_JSON " + json.dumps({"s": time.perf_counter() - t0, "rows": n, "columns": len(want)}))
+"""
+
+
+def _nsys_json(stdout: str) -> dict | None:
+    for line in stdout.splitlines():
+        if line.startswith("NSYS_JSON "):
+            return json.loads(line[10:])
+    return None
+
+
+def bench_nsys(path: str | Path, *, repeat: int = 1, timeout: float = 3600.0) -> dict[str, Any]:
+    """trainperf's nsys reader against a plain ``sqlite3`` scan of the export's kernel table, each a whole
+    process, ``repeat`` times alternating: wall and CPU time, peak RSS (VmHWM), against the file's size."""
+    from trainperf.trace.nsys.schema import KERNEL, MEMCPY, MEMSET, NVTX, RUNTIME, Export
+
+    if repeat < 1:
+        raise UserError(f"--repeat {repeat}: run each reader at least once")
+    path = Path(path)
+    exp = Export(path)  # a UserError naming the file unless it is an export
+    rows = {t: exp.row_estimate(t) for t in (KERNEL, MEMCPY, MEMSET, RUNTIME, NVTX)}
+    exp.close()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    tools = {"trainperf": [sys.executable, "-c", NSYS_TP, str(path)],
+             "sqlite3_rows": [sys.executable, "-c", NSYS_SCAN, str(path), "rows"],
+             "sqlite3_sum": [sys.executable, "-c", NSYS_SCAN, str(path), "sum"]}
+    runs: dict[str, list[dict]] = {k: [] for k in tools}
+    inside: dict[str, dict] = {}
+    for _ in range(repeat):
+        for name, argv in tools.items():
+            r = run_child(argv, env=env, timeout=timeout)
+            got = _nsys_json(r["stdout"]) if r["rc"] == 0 else None
+            if got is None:
+                raise UserError(f"bench traces: the {name} reader failed on {path} (exit {r['rc']}): "
+                                f"{r['stderr'][-500:].strip()}")
+            inside[name] = got
+            runs[name].append({k: r[k] for k in ("wall_s", "cpu_s", "peak_rss_mb")} | {"inside_s": got["s"]})
+    size = path.stat().st_size
+    out: dict[str, Any] = {"path": str(path), "bytes": size, "rows": rows, "repeat": repeat, "kind": "nsys"}
+    for name, rs in runs.items():
+        out[name] = {"wall_s": statistics.median(r["wall_s"] for r in rs), "wall_s_runs": [r["wall_s"] for r in rs],
+                     "cpu_s": statistics.median(r["cpu_s"] for r in rs), "peak_rss_mb": max(r["peak_rss_mb"] for r in rs),
+                     "inside_s": statistics.median(r["inside_s"] for r in rs)}
+    tp, scan = out["trainperf"], out["sqlite3_rows"]
+    out["ranks"] = inside["trainperf"]["ranks"]
+    out["events"] = inside["trainperf"]["events"]
+    out["kernel_rows"] = inside["sqlite3_rows"]["rows"]
+    out["x_scan_wall"] = tp["wall_s"] / scan["wall_s"] if scan["wall_s"] else None
+    out["x_scan_cpu"] = tp["cpu_s"] / scan["cpu_s"] if scan["cpu_s"] else None
+    out["rss_mb_per_gb"] = tp["peak_rss_mb"] / (size / 1e9) if size else None
+    out["measures"] = {"trainperf": "nsys reader: analyze_capture, every rank's figures",
+                       "sqlite3_rows": "sqlite3: 15 columns of the kernel table, each row to Python",
+                       "sqlite3_sum": "sqlite3: count(*), sum(end - start) of the kernel table, in SQL"}
+    out["notes"] = []
+    return out
+
+
+def generate_nsys(path: str | Path, mb: int) -> dict[str, Any]:
+    """A generated export of at least ``mb`` MB at ``path`` (reused when there): tracegen.nsys.make_large."""
+    from trainperf.trace.nsys.schema import is_nsys_export
+
+    p = Path(path)
+    if p.exists():
+        if not is_nsys_export(p):
+            raise UserError(f"--generate-nsys-mb: {p} exists and is not an Nsight Systems export; it is never "
+                            "replaced: pass a new path")
+        if p.stat().st_size >= mb * 1e6:
+            return {"reused": True, "bytes": p.stat().st_size}
+        raise UserError(f"--generate-nsys-mb {mb}: {p} is an export of {p.stat().st_size / 1e6:.0f} MB, smaller; it "
+                        "is never replaced: pass a new path")
+    if not p.parent.is_dir():
+        raise UserError(f"--generate-nsys-mb: {p.parent} is not a directory; pass a path in an existing directory")
+    from trainperf.tracegen.nsys import make_large
+
+    got = make_large(p, int(mb * 1e6))
+    return {"reused": False} | {k: v for k, v in got.items() if k != "path"}
 
 
 def find_hta(hta_python: str | None = None) -> tuple[str | None, str]:
@@ -238,8 +344,11 @@ def compare_figures(tp: dict, hta: dict, extra: dict | None) -> list[dict]:
 def bench_traces(path: str | Path, *, repeat: int = 1, hta_python: str | None = None,
                  timeout: float = 3600.0) -> dict[str, Any]:
     """Run both tools on PATH; see the module docstring. Returns strict-JSON-ready figures."""
+    from trainperf.trace.nsys.schema import is_nsys_export
     from trainperf.trace.ranks import discover
 
+    if is_nsys_export(path):
+        return bench_nsys(path, repeat=repeat, timeout=timeout)
     if repeat < 1:
         raise UserError(f"--repeat {repeat}: run each tool at least once")
     path = Path(path)
@@ -310,4 +419,4 @@ def bench_traces(path: str | Path, *, repeat: int = 1, hta_python: str | None = 
             "notes": notes}
 
 
-__all__ = ["bench_traces", "compare_figures", "find_hta", "run_child"]
+__all__ = ["bench_nsys", "bench_traces", "generate_nsys", "compare_figures", "find_hta", "run_child"]

@@ -12,11 +12,15 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("traces", help="trainperf vs Holistic Trace Analysis on the same profiler traces: "
                                              "time, peak memory, the figures both compute",
                               description=bench.__doc__)
-    p.add_argument("path", metavar="FILE|DIR", help="a trace file, or a directory of traces (one per rank)")
+    p.add_argument("path", metavar="FILE|DIR", help="a trace file, a directory of traces (one per rank), or an "
+                                                    "Nsight Systems export (.sqlite: its reader against sqlite3)")
     p.add_argument("--repeat", type=whole(1), default=1, metavar="N", help="runs of each tool, alternating (default 1)")
     p.add_argument("--hta-python", default=None, metavar="PATH",
                    help="python of a venv with HolisticTraceAnalysis (default: $TRAINPERF_HTA_PYTHON, else this "
                         "interpreter if it has hta)")
+    p.add_argument("--generate-nsys-mb", type=whole(1), default=None, metavar="N",
+                   help="first write a generated Nsight Systems export of at least N MB at FILE (kept and reused when "
+                        "one that large is there), then measure it")
     add_json_flag(p)
     p.set_defaults(func=run)
 
@@ -26,12 +30,18 @@ def _v(x, fmt="{:.1f}") -> str:
 
 
 def run(args) -> int:
-    from trainperf.bench.traces import bench_traces
+    from trainperf.bench.traces import bench_traces, generate_nsys
 
+    if args.generate_nsys_mb:
+        generated = generate_nsys(args.path, args.generate_nsys_mb)
     res = bench_traces(args.path, repeat=args.repeat, hta_python=args.hta_python)
+    if args.generate_nsys_mb:
+        res["generated"] = generated
     if args.json:
         print_json(res)
         return 0
+    if res.get("kind") == "nsys":
+        return _print_nsys(res)
     mb = res["bytes"] / 2**20
     print(f"trainperf bench traces: {res['path']} ({len(res['files'])} file(s), {mb:.2f} MB on disk, "
           f"{_v(res['events'], '{:,}')} events); each tool a whole process, {res['repeat']} run(s), alternating")
@@ -64,4 +74,23 @@ def run(args) -> int:
           "program's own high-water mark (VmHWM), imports included; tree: the largest sum over the child and its "
           "worker processes, sampled every ~20 ms (pages shared after a fork counted in each). Timings on a shared "
           "machine: compare the two in one run, not across runs.")
+    return 0
+
+
+def _print_nsys(res: dict) -> int:
+    rows = ", ".join(f"{k.replace('CUPTI_ACTIVITY_KIND_', '').lower()} {v:,}" for k, v in res["rows"].items() if v)
+    print(f"trainperf bench traces: {res['path']} (Nsight Systems export, {res['bytes'] / 1e6:,.1f} MB; {rows}; "
+          f"{res['ranks']} rank(s)); each reader a whole process, {res['repeat']} run(s), alternating")
+    hdr = f"{'reader':<14}{'measures':<62}{'wall s':>9}{'CPU s':>9}{'peak RSS MB':>13}"
+    print(hdr)
+    print("-" * len(hdr))
+    for k in ("trainperf", "sqlite3_rows", "sqlite3_sum"):
+        r = res[k]
+        print(f"{k:<14}{res['measures'][k]:<62}{_v(r['wall_s'], '{:.2f}'):>9}{_v(r['cpu_s'], '{:.2f}'):>9}"
+              f"{_v(r['peak_rss_mb'], '{:.0f}'):>13}")
+    per_gb = f"; peak RSS {res['rss_mb_per_gb']:.0f} MB per GB of export" if res["bytes"] >= 1e8 else ""
+    print(f"  trainperf: {_v(res['x_scan_wall'])}x the wall time of the kernel-table scan ({_v(res['x_scan_cpu'])}x its "
+          f"CPU time), {res['kernel_rows']:,} kernel rows{per_gb}")
+    print("wall, CPU (user + system): median over the runs; peak RSS: the child program's own high-water mark "
+          "(VmHWM), imports included. Timings on a shared machine: compare the readers in one run, not across runs.")
     return 0

@@ -16,12 +16,16 @@ def union(starts, ends) -> Set:
     if s.size == 0:
         return EMPTY
     keep = e > s
-    s, e = s[keep], e[keep]
+    if not keep.all():
+        s, e = s[keep], e[keep]
+    del keep
     if s.size == 0:
         return EMPTY
     o = np.argsort(s, kind="stable")
-    s, e = s[o], e[o]
-    run = np.maximum.accumulate(e)
+    s = s[o]
+    run = e[o]  # a copy: the running maximum is taken in place
+    del o
+    np.maximum.accumulate(run, out=run)
     new = np.empty(s.size, dtype=bool)
     new[0] = True
     new[1:] = s[1:] > run[:-1]
@@ -34,40 +38,56 @@ def total(a: Set) -> float:
     return float(np.sum(a[1] - a[0])) if a[0].size else 0.0
 
 
-def _combine(a: Set, b: Set, want: str) -> Set:
-    """Boolean combination of two disjoint sets by a sweep over their endpoints."""
-    if want == "and" and (a[0].size == 0 or b[0].size == 0):
+_CHUNK = 1 << 18  # pieces of the second set per pass: bounds the temporaries of a combination
+
+
+def _overlaps(a: Set, b: Set) -> Set:
+    """a and b (each sorted and disjoint) intersected without sorting their endpoints: each piece of b against
+    the pieces of a that overlap it, found by binary search, ``_CHUNK`` pieces of b at a time (memory ~ the
+    result, not the endpoints). Pieces that only touch do not overlap."""
+    a0, a1 = a
+    out_s, out_e = [], []
+    for k in range(0, b[0].size, _CHUNK):
+        b0, b1 = b[0][k:k + _CHUNK], b[1][k:k + _CHUNK]
+        first = np.searchsorted(a1, b0, side="right")  # the first piece of a that ends after b's starts
+        cnt = np.maximum(np.searchsorted(a0, b1, side="left") - first, 0)  # ... up to the first starting after
+        n = int(cnt.sum())
+        if n == 0:
+            continue
+        j = np.repeat(np.arange(b0.size), cnt)
+        i = np.arange(n) + np.repeat(first - (np.cumsum(cnt) - cnt), cnt)
+        out_s.append(np.maximum(a0[i], b0[j]))
+        out_e.append(np.minimum(a1[i], b1[j]))
+    if not out_s:
         return EMPTY
-    if want == "minus":
-        if a[0].size == 0:
-            return EMPTY
-        if b[0].size == 0:
-            return a
-    na, nb = a[0].size, b[0].size
-    t = np.concatenate([a[0], a[1], b[0], b[1]])
-    w = np.empty(t.size, dtype=np.int8)  # one byte per endpoint: +-1 for a, +-2 for b
-    w[:na], w[na:2 * na], w[2 * na:2 * na + nb], w[2 * na + nb:] = 1, -1, 2, -2
-    # at one instant, ends before starts, so touching pieces do not overlap
-    o = np.lexsort((w, t))
-    t, w = t[o], w[o]
-    del o
-    state = np.cumsum(w, dtype=np.int32)  # after each endpoint: 1 = a only, 2 = b only, 3 = both
-    del w
-    inside = state == 3 if want == "and" else state == 1 if want == "minus" else state > 0
-    del state
-    if t.size < 2:
-        return EMPTY
-    seg = inside[:-1] & (t[1:] > t[:-1])
-    del inside
-    s, e = t[:-1][seg], t[1:][seg]
-    if s.size == 0:
-        return EMPTY
-    # the pieces are sorted and disjoint already: join the ones split by an endpoint inside (touching)
-    new = np.empty(s.size, dtype=bool)
+    s, e = np.concatenate(out_s), np.concatenate(out_e)
+    del out_s, out_e
+    new = np.empty(s.size, dtype=bool)  # join pieces that touch (none do when both inputs are merged)
     new[0] = True
     new[1:] = s[1:] > e[:-1]
+    if new.all():
+        return s, e
     idx = np.flatnonzero(new)
     return s[idx], e[np.append(idx[1:] - 1, s.size - 1)]
+
+
+def _combine(a: Set, b: Set, want: str) -> Set:
+    """a and b (``want`` "and") or a without b ("minus"), both sets sorted and disjoint."""
+    if want == "and":
+        if a[0].size == 0 or b[0].size == 0:
+            return EMPTY
+        return _overlaps(a, b)
+    if a[0].size == 0:
+        return EMPTY
+    if b[0].size == 0:
+        return a
+    # a without b = a and the gaps of b
+    g0 = np.concatenate([[-np.inf], b[1]])
+    g1 = np.concatenate([b[0], [np.inf]])
+    keep = g1 > g0
+    if not keep.all():
+        g0, g1 = g0[keep], g1[keep]
+    return _overlaps(a, (g0, g1))
 
 
 def intersect(a: Set, b: Set) -> Set:

@@ -20,6 +20,8 @@ figure can be reproduced), plus what came after: Hopper ``wgmma`` / ``gmma`` / `
 convolution or attention, since casts and scales are named by their dtype too), FlashAttention 2 and 3 (``flash::``,
 ``flash_fwd``, ``FlashAttnFwdSm90``), cuDNN / CUTLASS fused attention in half precision, CUTLASS
 ``tensorop`` kernels, and AMD matrix cores (``mfma``, Tensile ``_MI16x16x16``, Composable Kernel ``xdl``).
+A GEMM named by its ``ffma`` math (cuBLAS's ``sm80_xmma_gemm_f32f32_f32f32_f32_..._ffma_...``) runs on CUDA
+cores: it is an fp32 GEMM, whatever its ``xmma`` family says.
 
 Users extend the table (``--comm-pattern REGEX`` on the CLI, or a YAML/JSON file): see :func:`load`.
 A user's pattern is tried before the built-in ones of its class, and a user's ``compute`` pattern wins over
@@ -73,6 +75,10 @@ DTYPE_TENSOR_CORE_PATTERNS = [r"fp8|e4m3|e5m2|f8f8|f8f6f4|nvfp4|mxfp|fp4_|_fp4",
 # fp32 GEMM / convolution kernels on CUDA cores: a tensor core could run them (TF32 on Ampere+, bf16/fp16)
 FP32_GEMM_PATTERNS = [r"sgemm", r"scudnn", r"_simt_|simt_sgemm", r"gemmsn_|gemmk1_kernel", r"winograd(?!.*(?:h|16))",
                       r"convolve_sgemm", r"implicit_gemm.*f32f32_f32f32", r"fft2d_r2c|fft2d_c2r"]
+# kernels named by their FFMA math (fp32 fused multiply-add on CUDA cores) though their family is a tensor-core one:
+# cuBLAS's sm80_xmma_gemm_f32f32_f32f32_f32_..._ffma_... (what an H100 or A100 runs for an fp32 matmul without
+# TF32) is an fp32 GEMM, not a tensor-core kernel, whatever "xmma" says
+CUDA_CORE_PATTERNS = [r"(?:^|_)ffma(?:_|$)"]
 # GEMM / convolution kernels in general (the base of "which share of the GEMM time is low precision")
 GEMM_PATTERNS = [r"gemm", r"conv(?!er)", r"cudnn", r"cutlass", r"xmma", r"nvjet", r"wgrad|dgrad|fprop", r"matmul",
                  r"flash", r"fmha", r"attn", r"Cijk_", r"triton_tem_fused_.*mm", r"scaled_?mm|_mm_kernel|\bmm_?kernel"]
@@ -112,6 +118,7 @@ class Patterns:
         self._tc = _compile(list(self.tensor_core) + TENSOR_CORE_PATTERNS, "tensor_core")
         self._tc_dtype = _compile(DTYPE_TENSOR_CORE_PATTERNS, "tensor_core")
         self._fp32 = _compile(list(self.fp32_gemm) + FP32_GEMM_PATTERNS, "fp32_gemm")
+        self._cuda_core = _compile(CUDA_CORE_PATTERNS, "fp32_gemm")
         self._gemm = _compile(GEMM_PATTERNS + list(self.tensor_core) + list(self.fp32_gemm), "gemm")
         self._ws = _compile(list(self.warp_specialized) + WARP_SPECIALIZED_PATTERNS, "warp_specialized")
         self._cache: dict[str, tuple] = {}
@@ -134,8 +141,10 @@ class Patterns:
         else:
             kind = COMPUTE
         gemm_name = bool(self._gemm.search(name))
-        tc = kind == COMPUTE and (bool(self._tc.search(name)) or (gemm_name and bool(self._tc_dtype.search(name))))
-        fp32 = kind == COMPUTE and not tc and bool(self._fp32.search(name))
+        ffma = gemm_name and bool(self._cuda_core.search(name))  # an xmma GEMM on CUDA cores: fp32, not tensor cores
+        tc = kind == COMPUTE and not ffma and (bool(self._tc.search(name)) or
+                                               (gemm_name and bool(self._tc_dtype.search(name))))
+        fp32 = kind == COMPUTE and not tc and (ffma or bool(self._fp32.search(name)))
         gemm = kind == COMPUTE and (tc or fp32 or gemm_name)
         ws = tc and bool(self._ws.search(name))
         got = (kind, tc, fp32, gemm, ws)
@@ -240,6 +249,6 @@ def is_tensor_core(name: str, patterns: Any = None) -> bool:
     return load(patterns).describe(str(name))[1]
 
 
-__all__ = ["COMMUNICATION_PATTERNS", "DEFAULT", "FP32_GEMM_PATTERNS", "MEMORY_PATTERNS", "Patterns",
+__all__ = ["COMMUNICATION_PATTERNS", "CUDA_CORE_PATTERNS", "DEFAULT", "FP32_GEMM_PATTERNS", "MEMORY_PATTERNS", "Patterns",
            "TB_TENSOR_CORE", "TENSOR_CORE_PATTERNS", "WARP_SPECIALIZED_PATTERNS", "classify_kernel", "hta_kind",
            "is_tensor_core", "load", "tb_tensor_core"]

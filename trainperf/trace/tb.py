@@ -170,14 +170,19 @@ def _sm_efficiency(ts, end, bps, lo, hi) -> float | None:
     if not ok.any():
         return None
     t = np.concatenate([ts[ok], end[ok]])
-    typ = np.concatenate([np.zeros(ok.sum()), np.ones(ok.sum())])  # starts before ends at one instant
-    val = np.concatenate([bps[ok], -bps[ok]]).astype(np.float64)
-    o = np.lexsort((typ, t))
-    t, val = t[o], val[o]
-    level = np.cumsum(val)[:-1]  # the level between endpoint j and j+1
+    b = bps[ok].astype(np.float64)
+    val = np.concatenate([b, -b])
+    del b
+    o = np.argsort(t, kind="stable")  # at one instant the starts (the first half) come before the ends
+    t = t[o]
+    val = val[o]
+    del o
+    np.cumsum(val, out=val)  # in place: the level after each endpoint
+    level = val[:-1]  # the level between endpoint j and j+1
     a, b = t[:-1], t[1:]
     seg = (b > a) & (level > 0)
     a, b, w = np.maximum(a[seg], lo), np.minimum(b[seg], hi), np.minimum(level[seg], 1.0)
+    del t, level, val, seg
     keep = b > a
     if not keep.any():
         return None
