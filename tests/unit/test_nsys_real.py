@@ -128,3 +128,20 @@ def test_what_an_expert_reads_in_it(export, results):
         item = np.flatnonzero(tl.c_name == tl.names.index("aten::item"))
         around = item[(tl.c_ts[item] <= tl.r_ts[i]) & (tl.c_ts[item] + tl.c_dur[item] >= tl.r_ts[i] + tl.r_dur[i])]
         assert around.size == 1 and tl.c_tid[around[0]] == tl.r_tid[i]
+
+
+def test_diagnose_reads_the_export_and_names_what_the_expert_does(export, capsys):
+    """`trainperf diagnose X.sqlite`: both GPUs as ranks; the finding is the copies that fill the step (pinned
+    host-to-device weights every step), never launch-bound; the fp32 GEMMs are what is left."""
+    from trainperf.cli import main
+    from trainperf.diagnosis.engine import diagnose_path
+
+    r = diagnose_path(export)
+    assert r["ranks"]["count"] == 2 and {t["source"] for t in r["traces"]} == {"nsys"}
+    ids = [f["id"] for f in r["findings"]]
+    assert ids[0] == "copy_bound" and "launch_bound" not in ids, ids
+    f = r["findings"][0]
+    assert f["severity"] == "critical" and "HtoD" in f["evidence"] and "pinned" in f["evidence"]
+    assert main(["diagnose", str(export)]) == 0
+    out = capsys.readouterr().out
+    assert "copy_bound" in out and "fp32 GEMM/conv off tensor cores" in out

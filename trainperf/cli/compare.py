@@ -17,6 +17,8 @@ def register(subparsers) -> None:
     add_json_flag(p)
     p.add_argument("--comm-pattern", dest="comm_patterns", action="append", default=[], metavar="REGEX",
                    help="profiles: a kernel-name regex that is communication too (repeatable)")
+    p.add_argument("--step", default=None, metavar="NAME",
+                   help="Nsight Systems captures: the NVTX range that marks one training step")
     p.set_defaults(func=run)
 
 
@@ -49,7 +51,7 @@ def run(args) -> int:
         from trainperf.cli._common import print_json
         from trainperf.diagnosis.trace_compare import compare_profiles, format_profiles
 
-        result = compare_profiles(*args.run_dirs, patterns=args.comm_patterns or None)
+        result = compare_profiles(*args.run_dirs, patterns=args.comm_patterns or None, step=args.step)
         if args.json:
             print_json(result)
         else:

@@ -1,6 +1,6 @@
 """``trainperf diagnose PATH [--json] [--top N] [--comm-pattern REGEX ...]``: where did the time go, and what
-to change. PATH: a run directory, a torch.profiler trace (.json, .json.gz), or a directory of traces (one
-per rank). Reading traces never imports torch."""
+to change. PATH: a run directory, a torch.profiler trace (.json, .json.gz), a directory of traces (one
+per rank), or an Nsight Systems capture (.sqlite export, .nsys-rep report; a rank per GPU and process). Reading traces never imports torch."""
 
 from __future__ import annotations
 
@@ -14,6 +14,10 @@ def add_trace_args(p) -> None:
     p.add_argument("--comm-pattern", dest="comm_patterns", action="append", default=[], metavar="REGEX",
                    help="a kernel-name regex that is communication too (repeatable; added to the built-in "
                         "NCCL / all-to-all / NVSHMEM patterns)")
+    p.add_argument("--step", default=None, metavar="NAME",
+                   help="Nsight Systems captures: the NVTX range that marks one training step (default: a "
+                        "repeated top-level range named like a step, else the whole capture); torch.profiler "
+                        "traces mark their steps themselves (ProfilerStep#N)")
 
 
 def register(subparsers) -> None:
@@ -57,7 +61,8 @@ def run(args) -> int:
     found = discover(args.path)  # PATH is looked at once: the bar and the diagnosis read the same files
     bar, update = progress_bar(found["files"], args.json)
     try:
-        result = diagnose_found(found, top_n=args.top, patterns=args.comm_patterns or None, progress=update)
+        result = diagnose_found(found, top_n=args.top, patterns=args.comm_patterns or None, progress=update,
+                                step=args.step)
     finally:
         if bar is not None:
             bar.close()

@@ -130,7 +130,7 @@ def _build(args) -> dict:
             from trainperf.diagnosis.trace_report import build_trace_report
 
             result = build_trace_report(args.run_dirs[0], args.out, found=found, top_n=args.top,
-                                        patterns=args.comm_patterns or None)
+                                        patterns=args.comm_patterns or None, step=args.step)
     else:
         from trainperf.trace.ranks import discover
 
@@ -138,7 +138,8 @@ def _build(args) -> dict:
         if len(args.run_dirs) == 2 and None not in kinds and "run" not in kinds:  # two profiles: A against B
             from trainperf.diagnosis.trace_compare import build_profiles_report
 
-            return build_profiles_report(*args.run_dirs, args.out, patterns=args.comm_patterns or None)
+            return build_profiles_report(*args.run_dirs, args.out, patterns=args.comm_patterns or None,
+                                         step=args.step)
         for p in args.run_dirs:
             if os.path.exists(p) and discover(p)["kind"] != "run":
                 raise UserError(f"{p} is a trace (or a directory of traces), not a run directory: with several paths "

@@ -143,10 +143,11 @@ def diagnose_results(results: list[dict], across: dict, rules: list[Rule] | None
 
 
 def diagnose_found(found: dict, *, top_n: int = 10, patterns: list[str] | None = None,
-                   progress: Callable[[int], None] | None = None) -> dict[str, Any]:
+                   progress: Callable[[int], None] | None = None, step: str | None = None) -> dict[str, Any]:
     """The diagnosis of what :func:`trainperf.trace.ranks.discover` found: a run directory (its metrics and its
-    profile/ traces), a trace file or a directory of traces."""
-    kw = dict(top_n=top_n, patterns=patterns, progress=progress)
+    profile/ traces), a trace file, a directory of traces, or Nsight captures (``step``: the NVTX range of a
+    step)."""
+    kw = dict(top_n=top_n, patterns=patterns, progress=progress, step=step)
     if found["kind"] != "run":
         results, across = read_traces(found["files"], **kw)
         left = aside(found)

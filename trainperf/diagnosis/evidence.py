@@ -72,6 +72,10 @@ class GpuUse:
     sm_label: str = "SM activity (GPM)"
     mem_copy_util_pct: float | None = None
     mem_copy_label: str = "NVML memory-copy utilization"
+    tensor_active_pct: float | None = None
+    """tensor-pipe activity, % (NVML GPM / nsys GPU_METRICS), where measured"""
+    measured: str | None = None
+    """where the device figures were measured when not by trainperf's own sampler (e.g. "nsys GPU_METRICS")"""
     idle_frac: float | None = None
     """share of the GPU timeline with no kernel, copy or fill (HTA's idle)"""
     host_wait_frac: float | None = None
@@ -110,6 +114,8 @@ class Evidence:
     phase_mean_s: dict[str, float] = field(default_factory=dict)
     other_frac: float | None = None
     """share of the step in no torch op at all (Python, sleeps, I/O waits; the TensorBoard plugin's Other)"""
+    memcpy_frac: float | None = None
+    """share of the step in host-device copies that no kernel overlaps (the TensorBoard plugin's Memcpy)"""
 
     # --- what the step waits for
     data: DataWait = field(default_factory=DataWait)

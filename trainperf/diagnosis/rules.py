@@ -130,6 +130,13 @@ RULES: list[Rule] = [
          "tensors copied from pageable memory: the driver stages them and the host blocks; no overlap",
          "DataLoader(pin_memory=True) and .to(device, non_blocking=True); pinned buffers (HybridLoader)",
          TR.pageable_copies, needs=("memcpy",)),
+    Rule("copy_bound", "the step is spent copying between host and device",
+         f"trace: host-device copies that no kernel overlaps > {_pct(TR.COPY_WARN)} of the step (critical > "
+         f"{_pct(TR.COPY_CRIT)})", "tensors move between host and device every step (weights offloaded to the host "
+         "and brought back, a model or batch copied with .to(device) in the step) with no compute to hide them",
+         "keep the weights and optimizer state resident on the GPU when they fit (FSDP CPUOffload / DeepSpeed "
+         "offload cost exactly this); prefetch what must move: pinned memory, .to(device, non_blocking=True) on a "
+         "side stream, one step or layer ahead", TR.copy_bound, needs=("memcpy",)),
     Rule("host_syncs", "the host waits for the GPU inside the step",
          f"trace: cudaDeviceSynchronize / cudaStreamSynchronize / aten::item / _local_scalar_dense in the step, the "
          f"GPU idle they can cost >= {_pct(TR.MIN_GAIN)} of the step",

@@ -19,6 +19,7 @@ COMM_WARN, COMM_CRIT = 0.15, 0.30
 IO_CPU_RATIO = 0.3  # CPU seconds per second of data wait (relative to the CPU the process gets) below this: IO
 LOW_MFU_CATALOG = 0.30  # against a GPU's dense catalog peak
 LAUNCH_BUSY_PCT = 70.0
+LAUNCH_MIN_GAIN = 0.05  # launch_bound fires only where the idle the host leaves is at least this share of the step
 MEMORY_USED_FRAC = 0.5
 TARGET_GPU_UTIL, TARGET_SM_EFF, TARGET_MEMCOPY = 85.0, 70.0, 30.0
 
@@ -162,11 +163,13 @@ def launch_bound(ev: Evidence) -> dict | None:
         text += (f"; {launch['short_kernel_pct']:.0f}% of {launch.get('kernels', '?')} kernels run shorter than "
                  f"their launch (median kernel {fmt_us(launch.get('gpu_us_median'))}, launch "
                  f"{fmt_us(launch.get('cpu_launch_us_median'))})")
+    g = step_gain(ev.step_s, idle_s, "the GPU never waited for kernel launches")
+    if not g or g["fraction"] < LAUNCH_MIN_GAIN:
+        return None  # the GPU is not kept waiting by launches: its low utilization is another finding's
     fix = ("torch.compile(model) (fusion: fewer, larger kernels; mode='reduce-overhead' for CUDA graphs); CUDA "
            "graphs for a static step; a larger micro-batch (each launch does more work)") if ev.fixes == "code" else \
         "compile.enabled=true (compile.mode=reduce-overhead for CUDA graphs); raise train.micro_batch"
-    return {"severity": "warning", "evidence": text, "fix": fix,
-            "gain": step_gain(ev.step_s, idle_s, "the GPU never waited for kernel launches"),
+    return {"severity": "warning", "evidence": text, "fix": fix, "gain": g,
             "cause": "the host cannot launch kernels fast enough (many small kernels, Python overhead)"}
 
 

@@ -104,6 +104,30 @@ def pageable_copies(ev: Evidence) -> dict | None:
                         f"threshold {_pct(MIN_GAIN)}): a pageable copy is staged by the driver and blocks the host"}
 
 
+COPY_WARN, COPY_CRIT = 0.20, 0.40  # host-device copies no kernel overlaps, share of the step
+
+
+def copy_bound(ev: Evidence) -> dict | None:
+    """The step is spent copying between host and device, with no kernel running beside the copies."""
+    f = ev.memcpy_frac
+    if f is None or f <= COPY_WARN:
+        return None
+    step_s = ev.step_s or 0.0
+    m = ev.memcpy or {}
+    dirs = sorted((m.get("by_direction") or {}).items(), key=lambda kv: -(kv[1].get("us") or 0.0))
+    text = (f"host-device copies that no kernel overlaps take {_pct(f)} of the step{ev.where()} "
+            f"({f * step_s * 1000:.1f} ms per step, threshold {_pct(COPY_WARN)})")
+    if dirs:
+        text += "; by direction: " + ", ".join(
+            f"{d} {_ms(r.get('us_per_step'))} per step ({r.get('count', 0)} copies, {(r.get('bytes') or 0) / 1e9:.2f} GB"
+            + (f", {r['gb_per_s']:.0f} GB/s" if r.get("gb_per_s") else "") + ")" for d, r in dirs[:3])
+    pinned = m.get("pinned_us_per_step") or 0.0
+    if pinned and pinned >= 0.5 * (m.get("us_per_step") or 0.0):
+        text += "; the copies are from pinned memory already: what costs is that they are made at all, in the step"
+    return {"severity": "critical" if f > COPY_CRIT else "warning", "evidence": text, "memcpy_share": f,
+            "gain": step_gain(step_s, f * step_s, "the copies were not needed in the step, or ran beside compute")}
+
+
 def host_syncs(ev: Evidence) -> dict | None:
     rows = ev.host_syncs
     if rows is None:
@@ -173,5 +197,5 @@ def straggler_by_trace(ev: Evidence) -> dict | None:
                    "parallelism.balance.enabled=true moves micro-batches off a slow rank)"}
 
 
-__all__ = ["MIN_GAIN", "fp32_on_tensor_cores", "host_syncs", "low_occupancy", "pageable_copies",
+__all__ = ["COPY_WARN", "MIN_GAIN", "copy_bound", "fp32_on_tensor_cores", "host_syncs", "low_occupancy", "pageable_copies",
            "straggler_by_trace"]

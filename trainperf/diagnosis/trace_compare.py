@@ -154,8 +154,8 @@ def _family_changes(a: dict, b: dict) -> list[dict]:
 
 
 def compare_profiles(a_path: str | Path, b_path: str | Path, *, top_n: int = KERNELS_READ,
-                     patterns: list[str] | None = None,
-                     progress: Callable[[int], None] | None = None) -> dict[str, Any]:
+                     patterns: list[str] | None = None, progress: Callable[[int], None] | None = None,
+                     step: str | None = None) -> dict[str, Any]:
     """Compare two profiles (see the module docstring): the ``--json`` of ``trainperf compare A B``."""
     from trainperf.diagnosis.engine import diagnose_found
     from trainperf.trace.ranks import discover
@@ -168,7 +168,7 @@ def compare_profiles(a_path: str | Path, b_path: str | Path, *, top_n: int = KER
 
             raise UserError(f"{p} is a run directory and the other path is a profile: compare two run directories "
                             "(`trainperf compare RUN_A RUN_B`) or two profiles (traces or Nsight captures)")
-        sides.append(side(p, diagnose_found(found, top_n=top_n, patterns=patterns, progress=progress)))
+        sides.append(side(p, diagnose_found(found, top_n=top_n, patterns=patterns, progress=progress, step=step)))
     a, b = sides
     why = comparable(a, b)
     out: dict[str, Any] = {"kind": "profiles", "a": a, "b": b, "comparable": not why, "not_comparable": why,

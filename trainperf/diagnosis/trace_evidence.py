@@ -83,6 +83,7 @@ def evidence(res: dict, across: dict) -> Evidence:
         phase_fractions={"data": dl_frac, "comm": comm_frac}, phase_mean_s={"data": dl_frac * step_s,
                                                                             "comm": own_us / 1e6},
         other_frac=(_f(bd.get("other")) or 0.0) / 100,
+        memcpy_frac=(_f(bd.get("memcpy")) or 0.0) / 100 if not res.get("cpu_only") else None,
         data=DataWait(fraction=dl_frac, mean_s=dl_frac * step_s, label="DataLoader", waits="DataLoader waits", iterators=list(iters),
                       single_process=dl.get("single_process", any("SingleProcess" in str(i) for i in iters))),
         comm=CommWait(fraction=comm_frac, mean_s=own_us / 1e6, overlap_pct=_f(res.get("comm_compute_overlap_pct")),
@@ -97,8 +98,18 @@ def evidence(res: dict, across: dict) -> Evidence:
         tensor_cores={"kernel_pct": _f(res.get("tensor_core_kernel_pct")), **(res.get("tensor_cores") or {})},
         memcpy=res.get("memcpy") if res.get("memcpy") else None, host_syncs=res.get("host_syncs"),
         occupancy=res.get("occupancy") or {}, launch=res.get("launch") or {})
+    gm = res.get("gpu_metrics") or {}
+    if _f(gm.get("sm_active_pct")) is not None:  # measured on the device (nsys GPU_METRICS), not estimated
+        src = gm.get("source") or "measured (nsys GPU_METRICS)"
+        ev.gpu.sm_active_pct, ev.gpu.sm_label = _f(gm["sm_active_pct"]), f"SM active ({src})"
+        ev.gpu.tensor_active_pct = _f(gm.get("tensor_active_pct"))
+        ev.gpu.measured = src
+        if _f(gm.get("dram_bw_pct")) is not None:  # DRAM bandwidth: how busy device memory is, as NVML's util
+            ev.gpu.mem_copy_util_pct = _f(gm["dram_bw_pct"])
+            ev.gpu.mem_copy_label = f"DRAM bandwidth ({src}), read as memory-copy utilization"
     for name, reason in CANNOT_MEASURE.items():
-        ev.lacks(name, reason)
+        if not (name == "gpu.mem_copy_util_pct" and ev.gpu.mem_copy_util_pct is not None):
+            ev.lacks(name, reason)
     if res.get("cpu_only"):
         for name in GPU_FIELDS:
             ev.lacks(name, CPU_ONLY)

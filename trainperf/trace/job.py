@@ -59,10 +59,29 @@ def _init(q) -> None:
     _PROGRESS = q
 
 
-def _one(i: int, path: str, top_n: int, patterns: list[str] | None) -> tuple[int, dict | None, str | None]:
-    """In a worker: (file index, its result or None, why it is not a trace)."""
+def analyze_any(path: str | Path, *, top_n: int, patterns, step: str | None = None,
+                progress: Callable[[int], None] | None = None) -> list[dict]:
+    """Each rank's figures in one file: a Kineto trace holds one rank, an Nsight Systems capture (an SQLite
+    export or a report) one per GPU and process (:func:`trainperf.trace.nsys.analyze_capture`); each result's
+    collectives as numpy columns (what crosses the pipe and stays in the parent)."""
     from trainperf.trace.analyze import analyze_file
     from trainperf.trace.collectives import compact
+    from trainperf.trace.ranks import is_capture_name
+
+    if is_capture_name(Path(path).name):
+        from trainperf.trace.nsys import analyze_capture
+
+        out = analyze_capture(path, patterns=patterns, top_n=top_n, step=step, progress=progress)
+    else:
+        out = [analyze_file(path, patterns=patterns, top_n=top_n, progress=progress)]
+    for res in out:
+        res["_comm"] = compact(res.get("_comm"))
+    return out
+
+
+def _one(i: int, path: str, top_n: int, patterns: list[str] | None,
+         step: str | None) -> tuple[int, list[dict] | None, str | None]:
+    """In a worker: (file index, its results or None, why it is not a trace)."""
     from trainperf.trace.reader import NotATrace
 
     last = [0.0]
@@ -73,25 +92,21 @@ def _one(i: int, path: str, top_n: int, patterns: list[str] | None) -> tuple[int
             last[0] = now
             _PROGRESS.put((i, n))
     try:
-        res = analyze_file(path, patterns=patterns, top_n=top_n, progress=report if _PROGRESS is not None else None)
-        res["_comm"] = compact(res.get("_comm"))  # numpy columns: what crosses the pipe and stays in the parent
+        res = analyze_any(path, patterns=patterns, top_n=top_n, step=step,
+                          progress=report if _PROGRESS is not None else None)
         return i, res, None
     except NotATrace as exc:
         return i, None, exc.what
 
 
-def _serial(files: list[Path], top_n: int, patterns, progress) -> list[tuple[dict | None, str | None]]:
-    from trainperf.trace.analyze import analyze_file
-    from trainperf.trace.collectives import compact
+def _serial(files: list[Path], top_n: int, patterns, progress, step) -> list[tuple[list[dict] | None, str | None]]:
     from trainperf.trace.reader import NotATrace
 
     out, done = [], 0  # done: bytes of the files read so far (``progress`` gets a running total)
     for p in files:
         cb = (lambda n, base=done: progress(base + n)) if progress else None
         try:
-            res = analyze_file(p, patterns=patterns, top_n=top_n, progress=cb)
-            res["_comm"] = compact(res.get("_comm"))
-            out.append((res, None))
+            out.append((analyze_any(p, patterns=patterns, top_n=top_n, step=step, progress=cb), None))
         except NotATrace as exc:
             if len(files) == 1:
                 raise
@@ -103,15 +118,16 @@ def _serial(files: list[Path], top_n: int, patterns, progress) -> list[tuple[dic
     return out
 
 
-def _pooled(files: list[Path], top_n: int, patterns, progress, workers: int) -> list[tuple[dict | None, str | None]]:
+def _pooled(files: list[Path], top_n: int, patterns, progress, workers: int,
+            step) -> list[tuple[list[dict] | None, str | None]]:
     ctx = _context()
     q = ctx.Queue() if progress else None
     sizes = [p.stat().st_size for p in files]
     read = [0] * len(files)
-    got: list[tuple[dict | None, str | None] | None] = [None] * len(files)
+    got: list[tuple[list[dict] | None, str | None] | None] = [None] * len(files)
     ex = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init, initargs=(q,))
     try:
-        pending = {ex.submit(_one, i, str(p), top_n, patterns): i for i, p in enumerate(files)}
+        pending = {ex.submit(_one, i, str(p), top_n, patterns, step): i for i, p in enumerate(files)}
         while pending:
             finished, _ = wait(pending, timeout=_REPORT_EVERY_S, return_when=FIRST_COMPLETED)
             while q is not None:
@@ -141,12 +157,14 @@ def _pooled(files: list[Path], top_n: int, patterns, progress, workers: int) -> 
 
 def read_traces(files: list[Path], *, top_n: int = 10, patterns: list[str] | None = None,
                 progress: Callable[[int], None] | None = None,
-                workers: int | None = None) -> tuple[list[dict], dict]:
+                workers: int | None = None, step: str | None = None) -> tuple[list[dict], dict]:
     """(each rank's analysis, in rank order, with "rank" and "rank_from"; the figures across ranks,
     :func:`trainperf.trace.across.across_ranks`). Among several files, one that is valid JSON but no profiler
     trace (an execution trace, a config next to the traces) is skipped and listed in the figures across ranks
     (``skipped``); a broken trace is an error. ``workers``: processes reading files at once (default: one per
-    usable core, at most one per file; 1 reads in this process)."""
+    usable core, at most one per file; 1 reads in this process). An Nsight capture holds a rank per GPU and
+    process (``step``: the NVTX range that marks its steps); a rank in no file name nor ``distributedInfo`` gets
+    the NCCL rank its capture names, else the next free one."""
     from trainperf.trace.across import across_ranks
     from trainperf.trace.ranks import assign_ranks
 
@@ -154,19 +172,28 @@ def read_traces(files: list[Path], *, top_n: int = 10, patterns: list[str] | Non
     if workers is not None and workers < 1:
         raise UserError(f"workers={workers}: read the traces with at least 1 process")
     n = default_workers(len(files)) if workers is None else min(workers, max(1, len(files)))
-    got = _serial(files, top_n, patterns, progress) if n <= 1 else _pooled(files, top_n, patterns, progress, n)
-    results, skipped = [], []
-    for p, (res, why) in zip(files, got):
-        if res is None:
+    got = _serial(files, top_n, patterns, progress, step) if n <= 1 else \
+        _pooled(files, top_n, patterns, progress, n, step)
+    results, skipped, names, infos = [], [], [], []
+    for p, (many, why) in zip(files, got):
+        if many is None:
             skipped.append({"path": str(p), "why": why})
             continue
-        res["path"] = str(p)
-        results.append(res)
+        for k, res in enumerate(many):
+            res["path"] = str(p)
+            results.append(res)
+            hint = res.get("rank_hint") or {}
+            info = res.get("distributed_info")
+            if info is None and isinstance(hint.get("nccl_rank"), int):
+                info = {"rank": hint["nccl_rank"]}
+            # several ranks in one capture: the file's name says nothing about which is which
+            names.append(p if len(many) == 1 else Path(f"capture-{len(names)}"))
+            infos.append(info)
     if not results:
         each = "; ".join(f"{Path(x['path']).name} {x['why']}" for x in skipped[:5])
-        raise UserError(f"{files[0].parent}: none of its {len(files)} JSON files is a profiler trace ({each}). "
+        raise UserError(f"{files[0].parent}: none of its {len(files)} files is a profiler trace ({each}). "
                         "Pass a directory of torch.profiler traces (one per rank), or one trace file")
-    ranks = assign_ranks([Path(r["path"]) for r in results], [r.get("distributed_info") for r in results])
+    ranks = assign_ranks(names, infos)
     for res, (rank, how) in zip(results, ranks):
         res["rank"], res["rank_from"] = rank, how
     results.sort(key=lambda r: r["rank"])
@@ -176,4 +203,4 @@ def read_traces(files: list[Path], *, top_n: int = 10, patterns: list[str] | Non
     return results, across
 
 
-__all__ = ["default_workers", "read_traces", "usable_cores"]
+__all__ = ["analyze_any", "default_workers", "read_traces", "usable_cores"]

@@ -27,6 +27,24 @@ _RANK_RE = re.compile(r"(?:^|[^a-z])(?:rank|worker)[-_]?(\d+)(?![0-9])", re.I)
 
 
 # ---------------------------------------------------------------------------- finding the files
+CAPTURE_SUFFIXES = (".sqlite", ".nsys-rep", ".qdrep")
+"""Nsight Systems: an SQLite export (``nsys export --type sqlite``) or a report (exported beside it)."""
+
+
+def is_capture_name(name: str) -> bool:
+    return name.lower().endswith(CAPTURE_SUFFIXES) and not name.startswith(".")
+
+
+def _captures_in(d: Path) -> list[Path]:
+    """The Nsight captures of a directory (a report and the export beside it count once: the export)."""
+    from trainperf.trace.nsys.schema import is_nsys_export
+
+    found = sorted(p for p in d.iterdir() if p.is_file() and is_capture_name(p.name)
+                   and (not p.name.lower().endswith(".sqlite") or is_nsys_export(p)))
+    exports = {p.with_suffix("") for p in found if p.name.lower().endswith(".sqlite")}
+    return [p for p in found if p.name.lower().endswith(".sqlite") or p.with_suffix("") not in exports]
+
+
 def is_trace_name(name: str) -> bool:
     n = name.lower()
     return n.endswith(TRACE_SUFFIXES) and not n.startswith(".")
@@ -66,11 +84,11 @@ def discover(path: str | Path) -> dict[str, Any]:
         raise UserError(f"{str(p)!r} does not exist; pass a run directory, a trace file (.json, .json.gz) or a "
                         "directory of traces (one per rank)")
     if p.is_file():
-        if not is_trace_name(p.name):
+        if not (is_trace_name(p.name) or is_capture_name(p.name)):
             raise UserError(f"{p} is not a trace file (a torch.profiler Chrome trace: .json, .json.gz, "
-                            "*.pt.trace.json[.gz]) nor a run directory; pass a trace, a directory of traces or a "
-                            "run directory (a trace saved under another name: rename it to end in .json or "
-                            ".json.gz)")
+                            "*.pt.trace.json[.gz]; an Nsight Systems export .sqlite or report .nsys-rep) nor a run "
+                            "directory; pass a trace, a directory of traces or a run directory (a trace saved under "
+                            "another name: rename it to end in .json or .json.gz)")
         return {"kind": "file", "path": p, "files": [p], "run_dir": None}
     if not p.is_dir():  # a device, a FIFO, a socket: neither a file to read nor a directory to list
         raise UserError(f"{p} is not a regular file or a directory; pass a run directory, a trace file (.json, "
@@ -78,14 +96,15 @@ def discover(path: str | Path) -> dict[str, Any]:
     if is_run_dir(p):
         prof = p / "profile"
         return {"kind": "run", "path": p, "files": _traces_in(prof) if prof.is_dir() else [], "run_dir": p}
-    files = _traces_in(p)
+    files = _traces_in(p) or _captures_in(p)
     if not files and (p / "profile").is_dir():
         files = _traces_in(p / "profile")
     if not files:
         below = _dirs_with_traces(p)
         hint = (f"; traces are in {', '.join(str(d) for d in below[:3])}{' ...' if len(below) > 3 else ''}: pass "
                 "one of those" if below else "")
-        raise UserError(f"{p} holds no trace (*.json, *.json.gz) and is not a run directory (no metrics.jsonl "
+        raise UserError(f"{p} holds no trace (*.json, *.json.gz, Nsight *.sqlite / *.nsys-rep) and is not a run "
+                        "directory (no metrics.jsonl "
                         "or summary.json); pass a trace file, a directory with one trace per rank, or the "
                         f"run.dir of `trainperf train`{hint}")
     return {"kind": "dir", "path": p, "files": files, "run_dir": None}
@@ -107,7 +126,7 @@ def _dirs_with_traces(top: Path, depth: int = 3, budget: int = 2000) -> list[Pat
                 continue
             if e.is_dir() and level < depth:
                 queue.append((e, level + 1))
-            elif d != top and e.is_file() and is_trace_name(e.name) and d not in found:
+            elif d != top and e.is_file() and (is_trace_name(e.name) or is_capture_name(e.name)) and d not in found:
                 found.append(d)
     return found
 
