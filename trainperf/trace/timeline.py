@@ -210,6 +210,13 @@ class Timeline:
     r_ext: np.ndarray = None
     r_name: np.ndarray = None
     r_driver: np.ndarray = None  # bool: a cuda_driver event
+    r_tid: np.ndarray = None  # int64: the host thread of each runtime call (-1: unknown)
+    # every complete CPU event (cpu_op / operator / python, user_annotation, python_function), in file order
+    c_ts: np.ndarray = None  # float64 us, relative to base_us
+    c_dur: np.ndarray = None  # float64 us
+    c_name: np.ndarray = None  # int32 index into names
+    c_tid: np.ndarray = None  # int64 host thread (-1: unknown)
+    c_kind: np.ndarray = None  # int8: 0 CPU op, 1 annotation (record_function / NVTX range), 2 Python function
     # CPU side
     steps: list = field(default_factory=list)  # (ts, dur, number) of ProfilerStep#N, CPU side
     dataloader: list = field(default_factory=list)  # (ts, dur, name)
