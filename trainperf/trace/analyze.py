@@ -10,8 +10,8 @@ from typing import Any, Callable
 import numpy as np
 
 from trainperf.errors import UserError
+from trainperf.trace import attribution, hta, tb
 from trainperf.trace import figures as fg
-from trainperf.trace import hta, tb
 from trainperf.trace.patterns import load as load_patterns
 from trainperf.trace.patterns import tb_tensor_core
 from trainperf.trace.reader import TraceReader
@@ -184,6 +184,8 @@ def analyze_timeline(tl: Timeline, *, path: str = "", rank: int | None = None, p
         | {"window": (temporal or {}).get("window_us")},
         "idle_us": (idle or {}).get("us"), "idle_by_stream": (idle or {}).get("by_stream"),
         "hta_window": h["window"], "per_step": per_step,
+        "attribution": attribution.attribute(tl, spans, st["host"], patterns=pats, kind=cls["kind"]) if has_gpu
+        else None,
         "gpus": {str(k): {kk: (_pct(v) if kk in ("utilization", "sm_efficiency", "tensor_core", "tensor_core_tb")
                                else v) for kk, v in d.items()} for k, d in gm["devices"].items()},
         "patterns": pats.source, "events": tl.events, "base_time_us": tl.base_us,

@@ -146,9 +146,24 @@ def _stream_num(v: Any) -> int:
     return -1
 
 
-def _tids(evs: list[Event]) -> np.ndarray:
-    """Each event's host thread as an int64 (Kineto's int ``tid``; 1.8's text ``"25738"``); -1: none."""
-    return np.array([_stream_num(e.tid) for e in evs], dtype=np.int64)
+def thread_id(tid: Any) -> int:
+    """A host thread as the Timeline numbers it: Kineto's int ``tid``, 1.8's text ``"25738"`` (its digits);
+    -1: none."""
+    return _stream_num(tid)
+
+
+class _Threads(dict):
+    """A ``tid`` as the trace writes it (Kineto's int, 1.8's text ``"25738"``) -> int64 (-1: none); memoized:
+    a trace has a handful of threads."""
+
+    def __missing__(self, key):
+        v = self[key] = thread_id(key)
+        return v
+
+
+def _tids(evs: list[Event], threads: _Threads) -> np.ndarray:
+    """Each event's host thread as an int64; -1: none."""
+    return np.array([threads[e.tid] for e in evs], dtype=np.int64)
 
 
 def _tid_stream(tid: Any) -> int:
@@ -284,6 +299,7 @@ class Collector:
     def __init__(self):
         self.names = _Names()
         self.roles = _Roles()
+        self.threads = _Threads()
         self.tc_ops = _TcOps()
         self.cats: dict[Any, tuple] = {}
         self.base: float | None = None
@@ -414,7 +430,7 @@ class Collector:
         r["ext"].add(_ints([a.ext if a.ext is not None else a.ext18 for a in A]))
         r["name"].add(np.array([names[e.name] for e in evs], dtype=np.int32))
         r["driver"].add(np.array(kinds, dtype=bool))
-        r["tid"].add(_tids(evs))
+        r["tid"].add(_tids(evs, self.threads))
 
     def _cpu_columns(self, evs: list[Event], kinds: list[int]) -> None:
         """Every complete CPU event in the ``c_*`` columns (those without a time left out, at ``finish``)."""
@@ -426,7 +442,7 @@ class Collector:
         c["ts"].add(ts)
         c["dur"].add(dur)
         c["name"].add(np.array([names[e.name] for e in evs], dtype=np.int32))
-        c["tid"].add(_tids(evs))
+        c["tid"].add(_tids(evs, self.threads))
         c["kind"].add(np.array(kinds, dtype=np.int8))
 
     def _cpu(self, ops: list[Event], annos: list[Event]) -> None:
@@ -595,4 +611,5 @@ def _clean_steps(t: Timeline) -> list:
     return kept
 
 
-__all__ = ["CATEGORIES", "Collector", "GPU_KERNEL", "GPU_MEMCPY", "GPU_MEMSET", "STEP_RE", "Timeline"]
+__all__ = ["CATEGORIES", "C_ANNOTATION", "C_OP", "C_PYTHON", "Collector", "GPU_KERNEL", "GPU_MEMCPY", "GPU_MEMSET",
+           "STEP_RE", "Timeline", "thread_id"]

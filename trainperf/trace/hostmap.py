@@ -1,0 +1,239 @@
+"""What each host thread was doing at every instant, as labelled disjoint segments: the map
+:mod:`trainperf.trace.attribution` charges GPU idle time against.
+
+A thread's CPU events (ops, annotations, Python functions) and runtime calls nest; each instant goes to one
+**cause**, the first in this order that covers it (specific runtime calls, then phases, then plain work):
+
+1. ``allocator``: a runtime call that allocates or frees memory (``cudaMalloc``, ``cudaFree``, ``hipFree``,
+   pinned-host and ``cuMem*`` calls: :data:`trainperf.trace.patterns.HOST_PATTERNS`);
+2. ``sync``: a call that makes the host wait for the device (stream / device / event syncs, a blocking
+   ``cudaMemcpy``), and the ``aten::item`` / ``aten::_local_scalar_dense`` ops around them;
+3. ``gc``: Python's garbage collector (``Python GC`` events, torch's ``record_python_gc_info``);
+4. ``dataloader``: the DataLoader's next batch (``enumerate(DataLoader)#...``);
+5. ``optimizer``: ``Optimizer.step#...`` and ``Optimizer.zero_grad#...``;
+6. ``launch``: a call that puts work on a stream (``cudaLaunchKernel``, ``cuLaunchKernel``, async copies and
+   fills, graph launches, the HIP twins);
+7. ``cpu_op``: any other CPU op, runtime call, Python function or annotation (``ProfilerStep#N`` aside: it
+   covers the whole step and says nothing);
+8. ``untraced``: no event covers the instant (Python without ``with_stack``, the framework's own code).
+
+Each segment carries a **detail**, the innermost event of its cause covering it (``cudaFree``, ``aten::mm``,
+``Optimizer.step#AdamW.step``), a **caller**, the outermost CPU op around it on that thread (``aten::item``
+for the stream sync inside it), and a **source**, the event it comes from (to count calls). Everything is
+sorted interval arithmetic (:mod:`trainperf.trace.intervals`) and a depth sweep for nesting: no Python loop
+per event (one per thread and per nesting depth).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from trainperf.trace import intervals as iv
+from trainperf.trace.patterns import host_kind
+from trainperf.trace.timeline import C_OP, Timeline
+
+HOST_CAUSES = ("allocator", "sync", "gc", "dataloader", "optimizer", "launch", "cpu_op", "untraced")
+"""The host causes in their order of precedence (``untraced``: the rest)."""
+_SPECIAL = {"allocator": 0, "sync": 1, "gc": 2, "dataloader": 3, "optimizer": 4, "launch": 5}
+_CPU_OP, _STEP = 6, -1
+SYNC_OPS = ("aten::item", "aten::_local_scalar_dense")
+
+
+def _arr(a, dtype) -> np.ndarray:
+    return np.zeros(0, dtype=dtype) if a is None else a
+
+
+def name_classes(tl: Timeline) -> np.ndarray:
+    """Per name id: the host cause code (index into :data:`HOST_CAUSES`; -1: a ``ProfilerStep#N``) of an
+    event of that name. Only the names host events use are looked at."""
+    n = len(tl.names)
+    out = np.full(max(n, 1), _CPU_OP, dtype=np.int8)
+    used = np.unique(np.concatenate([_arr(tl.c_name, np.int32), _arr(tl.r_name, np.int32)]))
+    for i in used.tolist():
+        name = tl.names[i]
+        k = host_kind(name)
+        if k == "step":
+            out[i] = _STEP
+        elif k in _SPECIAL:
+            out[i] = _SPECIAL[k]
+        elif name in SYNC_OPS:
+            out[i] = _SPECIAL["sync"]
+    return out
+
+
+def innermost(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Disjoint segments ``(start, end, i)``, each labelled with the index ``i`` of the innermost of the
+    nested intervals ``[lo, hi)`` covering it (the one with the latest start). Intervals that overlap without
+    nesting are taken as nested in the order they start."""
+    keep = np.flatnonzero(hi > lo)
+    if keep.size == 0:
+        z = np.zeros(0)
+        return z, z, np.zeros(0, dtype=np.int64)
+    lo, hi = lo[keep], hi[keep]
+    o = np.lexsort((-hi, lo))  # by start, the longer (the parent) first
+    slo, shi = lo[o], hi[o]
+    ends = np.sort(shi)
+    depth = np.arange(1, o.size + 1) - np.searchsorted(ends, slo, side="right")  # open just after each start
+    pts = np.unique(np.concatenate([slo, shi]))
+    seg_lo, seg_hi = pts[:-1], pts[1:]
+    d = np.searchsorted(slo, seg_lo, side="right") - np.searchsorted(ends, seg_lo, side="right")
+    label = np.full(seg_lo.size, -1, dtype=np.int64)
+    for k in np.unique(d[d > 0]).tolist():
+        at = np.flatnonzero(depth == k)
+        want = np.flatnonzero(d == k)
+        j = np.searchsorted(slo[at], seg_lo[want], side="right") - 1
+        ok = j >= 0
+        cand = at[j[ok]]
+        good = shi[cand] > seg_lo[want[ok]]
+        label[want[ok][good]] = cand[good]
+    # a segment whose depth-k interval has ended (overlaps that do not nest): the latest-starting cover
+    bad = np.flatnonzero((d > 0) & (label < 0))
+    if bad.size:
+        j = np.searchsorted(slo, seg_lo[bad], side="right") - 1
+        run_max = np.maximum.accumulate(shi)
+        ok = (j >= 0) & (run_max[np.maximum(j, 0)] > seg_lo[bad])
+        label[bad[ok]] = j[ok]  # an approximation: the last interval started before it
+    m = label >= 0
+    seg_lo, seg_hi, label = seg_lo[m], seg_hi[m], label[m]
+    if seg_lo.size:  # join neighbours with one label
+        new = np.ones(seg_lo.size, dtype=bool)
+        new[1:] = (label[1:] != label[:-1]) | (seg_lo[1:] > seg_hi[:-1])
+        idx = np.flatnonzero(new)
+        seg_lo, seg_hi, label = seg_lo[idx], seg_hi[np.append(idx[1:] - 1, new.size - 1)], label[idx]
+    return seg_lo, seg_hi, keep[o[label]]
+
+
+def clip_labelled(lo: np.ndarray, hi: np.ndarray, label: np.ndarray, region: iv.Set
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The parts of disjoint labelled segments inside a disjoint set, with their labels."""
+    if lo.size == 0 or region[0].size == 0:
+        return lo[:0], hi[:0], label[:0]
+    pts = np.unique(np.concatenate([lo, hi, region[0], region[1]]))
+    a, b = pts[:-1], pts[1:]
+    mid = 0.5 * (a + b)
+    si = np.searchsorted(lo, mid, side="right") - 1
+    ri = np.searchsorted(region[0], mid, side="right") - 1
+    ok = (si >= 0) & (ri >= 0)
+    ok[ok] = (mid[ok] < hi[si[ok]]) & (mid[ok] < region[1][ri[ok]])
+    return a[ok], b[ok], label[si[ok]]
+
+
+@dataclass
+class HostMap:
+    """Labelled disjoint segments per host thread, sorted by (thread, start). ``detail``/``caller``: name
+    ids (-1 none); ``src``: the event (runtime call ``r``, or CPU event ``n_runtime + c``)."""
+    lo: np.ndarray
+    hi: np.ndarray
+    tid: np.ndarray
+    cause: np.ndarray  # int8 index into HOST_CAUSES (never untraced: that is what no segment covers)
+    detail: np.ndarray
+    caller: np.ndarray
+    src: np.ndarray
+    threads: np.ndarray  # the threads mapped, sorted
+    offsets: np.ndarray  # segments of threads[k]: offsets[k]:offsets[k + 1]
+    n_runtime: int = 0  # sources below this are runtime calls
+
+    def thread(self, tid: int) -> slice:
+        k = int(np.searchsorted(self.threads, tid))
+        if k >= self.threads.size or self.threads[k] != tid:
+            return slice(0, 0)
+        return slice(int(self.offsets[k]), int(self.offsets[k + 1]))
+
+    def lookup(self, tid: int, t: np.ndarray) -> np.ndarray:
+        """Index of the segment of thread ``tid`` covering each time (-1: none, untraced)."""
+        s = self.thread(tid)
+        out = np.full(t.size, -1, dtype=np.int64)
+        if s.stop == s.start:
+            return out
+        lo, hi = self.lo[s], self.hi[s]
+        j = np.searchsorted(lo, t, side="right") - 1
+        ok = j >= 0
+        ok[ok] = t[ok] < hi[j[ok]]
+        out[ok] = j[ok] + s.start
+        return out
+
+
+def _thread_segments(tl: Timeline, tid: int, cls_of_name: np.ndarray) -> tuple[np.ndarray, ...]:
+    """One thread's labelled segments: (lo, hi, cause, src) before details."""
+    nr = tl.r_ts.size
+    r = np.flatnonzero(tl.r_tid == tid)
+    c = np.flatnonzero(tl.c_tid == tid)
+    r_lo, r_hi = tl.r_ts[r], tl.r_ts[r] + tl.r_dur[r]
+    c_lo, c_hi = tl.c_ts[c], tl.c_ts[c] + tl.c_dur[c]
+    r_cls = cls_of_name[tl.r_name[r]] if r.size else np.zeros(0, dtype=np.int8)
+    c_cls = cls_of_name[tl.c_name[c]] if c.size else np.zeros(0, dtype=np.int8)
+    lo = np.concatenate([r_lo, c_lo])
+    hi = np.concatenate([r_hi, c_hi])
+    cls = np.concatenate([r_cls, c_cls])
+    src = np.concatenate([r, nr + c]).astype(np.int64)
+    taken = iv.EMPTY
+    out = []
+    for code in range(len(HOST_CAUSES) - 1):
+        m = cls == code
+        if not m.any():
+            continue
+        region = iv.subtract(iv.union(lo[m], hi[m]), taken)
+        taken = iv.join(taken, region)
+        s_lo, s_hi, j = innermost(lo[m], hi[m])
+        a, b, lab = clip_labelled(s_lo, s_hi, j, region)
+        out.append((a, b, np.full(a.size, code, dtype=np.int8), src[np.flatnonzero(m)[lab]]))
+    if not out:
+        z = np.zeros(0)
+        return z, z, np.zeros(0, dtype=np.int8), np.zeros(0, dtype=np.int64)
+    a = np.concatenate([x[0] for x in out])
+    o = np.argsort(a, kind="stable")
+    return a[o], np.concatenate([x[1] for x in out])[o], np.concatenate([x[2] for x in out])[o], \
+        np.concatenate([x[3] for x in out])[o]
+
+
+def _callers(tl: Timeline, tid: int, cls_of_name: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Name id of the outermost CPU op on the thread around each segment (-1: none). The step annotation and
+    the phases' spans (1.8 writes record_function spans as ops) are not callers."""
+    c = np.flatnonzero((tl.c_tid == tid) & (tl.c_kind == C_OP))
+    if c.size:
+        k = cls_of_name[tl.c_name[c]]
+        c = c[(k == _CPU_OP) | (k == _SPECIAL["sync"])]
+    out = np.full(lo.size, -1, dtype=np.int32)
+    if c.size == 0 or lo.size == 0:
+        return out
+    s, e = tl.c_ts[c], tl.c_ts[c] + tl.c_dur[c]
+    o = np.lexsort((-e, s))
+    s, e, c = s[o], e[o], c[o]
+    before = np.concatenate([[-np.inf], np.maximum.accumulate(e)[:-1]])
+    top = s >= before  # not inside an earlier op
+    s, e, c = s[top], e[top], c[top]
+    mid = 0.5 * (lo + hi)
+    k = np.searchsorted(s, mid, side="right") - 1
+    ok = k >= 0
+    ok[ok] = mid[ok] < e[k[ok]]
+    out[ok] = tl.c_name[c[k[ok]]]
+    return out
+
+
+def build(tl: Timeline, threads) -> HostMap:
+    """The map of the given host threads."""
+    cls_of_name = name_classes(tl)
+    nr = tl.r_ts.size
+    parts = []
+    ths = np.unique(np.asarray(list(threads), dtype=np.int64))
+    ths = ths[ths >= 0]
+    for tid in ths.tolist():
+        lo, hi, cause, src = _thread_segments(tl, tid, cls_of_name)
+        detail = np.where(src < nr, tl.r_name[np.minimum(src, max(nr - 1, 0))] if nr else -1,
+                          tl.c_name[np.clip(src - nr, 0, max(tl.c_ts.size - 1, 0))] if tl.c_ts.size else -1)
+        parts.append((lo, hi, np.full(lo.size, tid, dtype=np.int64), cause, detail.astype(np.int32),
+                      _callers(tl, tid, cls_of_name, lo, hi), src))
+    counts = np.array([p[0].size for p in parts], dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    if not parts:
+        z = np.zeros(0)
+        zi = np.zeros(0, dtype=np.int64)
+        return HostMap(z, z, zi, np.zeros(0, dtype=np.int8), zi.astype(np.int32), zi.astype(np.int32), zi,
+                       ths, offsets, nr)
+    cat = [np.concatenate([p[i] for p in parts]) for i in range(7)]
+    return HostMap(*cat, threads=ths, offsets=offsets, n_runtime=nr)
+
+
+__all__ = ["HOST_CAUSES", "HostMap", "SYNC_OPS", "build", "clip_labelled", "innermost", "name_classes"]
