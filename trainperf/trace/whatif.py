@@ -2,7 +2,8 @@
 without it, for two uses.
 
 * **The gain** of a cause (``attribution``'s ``gain_us``): the analysed steps' span replayed without the cause's
-  host time on the mapped threads (every occurrence in the trace), against the same span replayed unchanged.
+  host time (every occurrence in the trace: on each host thread, while the GPU waits on that thread next, i.e.
+  its thread launches the next GPU work), against the same span replayed unchanged.
   Removed sync / allocator calls no longer wait; removing ``launch`` also drops the launch latency; removing
   ``gpu_wait`` caps every launch latency and queued gap at 30 us.
 * **The refill** (:func:`refill`): a wait or phase (allocator or sync calls, gc, the DataLoader, the optimizer
@@ -35,14 +36,36 @@ def graph(tl: Timeline, ch: Charges) -> replay.Graph:
     return ch.graph
 
 
-def removal(ch: Charges, cause: str) -> iv.Set:
-    """The host time of a cause on the mapped threads (``untraced``: what none of them covers, inside the span
-    of the trace)."""
+def _critical_threads(tl: Timeline, ch: Charges) -> list[tuple[int, iv.Set]]:
+    """Per mapped thread, when it is the one the GPU waits on next: the thread of the next launch of the
+    device's work (after the last launch: the main thread)."""
+    has = ch.gpu & (ch.launch >= 0)
+    calls = np.unique(ch.launch[has])
+    if calls.size == 0:
+        return [(ch.main_thread, (np.array([ch.span[0]]), np.array([ch.span[1]])))]
+    o = calls[np.argsort(tl.r_ts[calls], kind="stable")]
+    at, tid = tl.r_ts[o], tl.r_tid[o]
+    lo = np.concatenate([[ch.span[0]], at])
+    hi = np.concatenate([at, [ch.span[1]]])
+    who = np.concatenate([tid, [ch.main_thread]])  # [at[k-1], at[k]) waits on launch k's thread
+    return [(int(t), iv.union(lo[who == t], hi[who == t])) for t in np.unique(who).tolist()]
+
+
+def removal(tl: Timeline, ch: Charges, cause: str) -> iv.Set:
+    """The host time of a cause: on each mapped thread, its segments of that cause (``untraced``: what none of
+    its events covers) while the GPU waits on that thread next (the thread of the next launch: PyTorch's main
+    thread in the forward, the autograd thread in the backward)."""
     hm = ch.hmap
-    if cause == "untraced":
-        return iv.subtract((np.array([ch.span[0]]), np.array([ch.span[1]])), iv.union(hm.lo, hm.hi))
-    m = hm.cause == HOST_CAUSES.index(cause)
-    return iv.union(hm.lo[m], hm.hi[m])
+    parts = []
+    for tid, crit in _critical_threads(tl, ch):
+        s = hm.thread(tid)
+        if cause == "untraced":
+            parts.append(iv.subtract(crit, iv.union(hm.lo[s], hm.hi[s])))
+        else:
+            m = hm.cause[s] == HOST_CAUSES.index(cause)
+            parts.append(iv.intersect(iv.union(hm.lo[s][m], hm.hi[s][m]), crit))
+    return iv.union(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])) if parts \
+        else iv.EMPTY
 
 
 def run(tl: Timeline, ch: Charges, cause: str | None) -> tuple[np.ndarray, replay.HostShift]:
@@ -59,7 +82,7 @@ def run(tl: Timeline, ch: Charges, cause: str | None) -> tuple[np.ndarray, repla
         skip = None
         if cause in ("sync", "allocator") and g.w_call.size:
             skip = name_classes(tl)[tl.r_name[g.w_call]] == HOST_CAUSES.index(cause)
-        out = replay.run(g, removal(ch, cause), skip_waits=skip, zero_latency=cause == "launch")
+        out = replay.run(g, removal(tl, ch, cause), skip_waits=skip, zero_latency=cause == "launch")
     ch.whatif[cause] = out
     return out
 

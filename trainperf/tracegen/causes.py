@@ -20,8 +20,9 @@ for the rest, as a real run would. The causes:
                 on (8 us of op before, 4 us after the wait): the sync drain
 ``dataloader``  ``us`` more inside the DataLoader's ``__next__`` (one is added at    ``dataloader``
                 the step's start when the trace has none)
-``python``      ``us`` of Python before the step's first op: a ``python_function``  ``cpu_op`` (traced) /
-                event (``traced=True``) or nothing at all (``traced=False``)        ``untraced``
+``python``      ``us`` of Python before the step's first event (op or annotation)   ``cpu_op`` (traced) /
+                on the loop's thread: a ``python_function`` event (``traced=True``)  ``untraced``
+                or nothing at all (``traced=False``)
 ``optimizer``   ``us`` spread over the launches inside ``Optimizer.step#...``: the   ``optimizer``
                 host-side loop of an unfused (per-parameter) optimizer
 ==============  ==================================================================  =====================
@@ -107,8 +108,10 @@ def _plan(tl, cause: str, launch: np.ndarray, g: replay.Graph, steps: list, us: 
     l_ts = np.where(has, tl.r_ts[np.maximum(launch, 0)], np.nan)
     l_tid = np.where(has, tl.r_tid[np.maximum(launch, 0)], -1)
     comm = np.array([classify_kernel(tl.names[i]) == "communication" for i in tl.g_name], dtype=bool)
+    steps_on = np.flatnonzero(np.isin(tl.c_name, [i for i, n in enumerate(tl.names) if host_kind(n) == "step"]))
     th, cnt = np.unique(l_tid[has], return_counts=True)
-    main = int(th[int(np.argmax(cnt))]) if th.size else -1  # the thread that launches the most
+    main = int(tl.c_tid[steps_on[0]]) if steps_on.size else (int(th[int(np.argmax(cnt))]) if th.size else -1)
+    # main: the training loop's thread (its ProfilerStep annotations), else the one that launches the most
     for (lo, hi) in steps:
         in_step = has & (l_ts >= lo) & (l_ts < hi)
         if cause == "free":
@@ -151,10 +154,10 @@ def _plan(tl, cause: str, launch: np.ndarray, g: replay.Graph, steps: list, us: 
                 ed.add_t.append(at)
                 ed.add_us.append(us)
                 ed.shows.append(("dataloader", at, main, us))
-        elif cause == "python":
-            ops = np.flatnonzero((tl.c_tid == main) & (tl.c_kind == 0) & (tl.c_ts > lo) & (tl.c_ts < hi))
-            t = float(tl.c_ts[ops].min()) if ops.size else float(lo)
-            at = _top_op_start(tl, main, t) - _EPS
+        elif cause == "python":  # before the step's first event on the loop's thread (op or annotation)
+            ev = np.flatnonzero((tl.c_tid == main) & (tl.c_ts > lo) & (tl.c_ts < hi))
+            ev = ev[[host_kind(tl.names[i]) != "step" for i in tl.c_name[ev]]]
+            at = (float(tl.c_ts[ev].min()) if ev.size else float(lo) + 1.0) - _EPS
             ed.add_t.append(at)
             ed.add_us.append(us)
             if traced:
