@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import functools
 
+import numpy as np
 import pytest
 
 from tests.unit.trace_fixtures import REAL, TRACES
-from trainperf.trace.analyze import analyze_file
+from trainperf.trace.analyze import analyze_file, read_timeline
+from trainperf.trace.patterns import DEFAULT
 from trainperf.tracegen.causes import PYTHON_FUNCTION, inject
 
 NS = REAL / "hta-data/tests/data/ns_resolution_trace/rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz"
@@ -87,6 +89,25 @@ def test_rocm_names_read_as_their_cuda_twins(made):
         a["gpu_us"]["communication"] > 0  # RCCL's ncclDevKernel_Generic is communication
     launch = by_cause(a)["launch"]
     assert launch["detail"].startswith("hip")
+
+
+def test_a_rocm_spelling_reads_as_the_cuda_one_and_its_matrix_core_kernels_count(tmp_path):
+    cuda = analyze_file(RESNET)
+    t = inject(RESNET, tmp_path / "mi300x.json.gz", None, rocm=True)
+    assert t["truth_us_per_step"] == pytest.approx(0.0, abs=1e-6)
+    r = analyze_file(t["path"])
+    assert r["device"] == "AMD Instinct MI300X"
+    # cuDNN's and cuBLAS's fp32 kernels on a V100 (no tensor core) are MIOpen xdlops / Tensile MFMA kernels
+    # here: the matrix-core share is their share of the kernel time (84%), not the 0% of the CUDA names
+    tl = read_timeline(RESNET)
+    kern = tl.g_kind == 0
+    gemm = np.array([DEFAULT.describe(tl.names[i])[3] for i in tl.g_name]) & kern
+    share = 100 * tl.g_dur[gemm].sum() / tl.g_dur[kern].sum()
+    assert cuda["tensor_core_kernel_pct"] == 0 and share > 50
+    assert r["tensor_core_kernel_pct"] == pytest.approx(share, abs=0.5)
+    ra, ca = r["attribution"], cuda["attribution"]
+    assert ra["gpu_us"] == pytest.approx(ca["gpu_us"]) and ra["step_us"] == pytest.approx(ca["step_us"])
+    assert by_cause(ra)["launch"]["detail"] == "hipLaunchKernel"
 
 
 @pytest.mark.parametrize("path", [TRACES / "fp8_tuned_gen_single_ns.json.gz", NS], ids=lambda p: p.name[:24])

@@ -99,7 +99,8 @@ def attribute_windows(tl: Timeline, lo, hi, *, patterns: Any = None) -> list[dic
         raise ValueError(f"attribute_windows: lo has {lo.size} window start(s) and hi {hi.size} end(s); pass one "
                          "end per start")
     hi = np.maximum(hi, lo)
-    m = chg.windows(charges(tl, patterns), lo, hi)
+    with np.errstate(over="ignore", invalid="ignore"):
+        m = chg.windows(charges(tl, patterns), lo, hi)
     return [dict(zip(CAUSES, map(float, row))) for row in m]
 
 
@@ -121,7 +122,11 @@ def attribute(tl: Timeline, spans: list, host_spans: list, *, patterns: Any = No
     each GPU event's class (0 compute, 1 communication, 2 memory) when the caller has it."""
     if not spans or tl.g_ts.size == 0:
         return None
-    ch = charges(tl, patterns, kind)
+    with np.errstate(over="ignore", invalid="ignore"):  # a corrupt time near float's limit: inf, not a warning
+        return _attribute(tl, spans, host_spans, charges(tl, patterns, kind))
+
+
+def _attribute(tl: Timeline, spans: list, host_spans: list, ch: Charges) -> dict[str, Any]:
     lo = np.array([s for s, _ in spans], dtype=np.float64)
     hi = np.array([e for _, e in spans], dtype=np.float64)
     n = lo.size

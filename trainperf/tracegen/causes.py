@@ -31,7 +31,8 @@ The truth (returned, and what ``truth.json`` beside a made set holds): the mean 
 as the TensorBoard plugin's steps measure it (:func:`trainperf.trace.tb.steps`) and their difference, the
 GPU idle the edit added per step (the GPU's work is unchanged, so the step grows by exactly the idle it
 adds); ``rocm=True`` writes the ROCm spelling of the same rank (``hip*`` runtime calls, RCCL's
-``ncclDevKernel_Generic`` collectives, an MI300X device) so that the same truth holds for ROCm names.
+``ncclDevKernel_Generic`` collectives, MIOpen xdlops convolutions and Tensile ``Cijk_`` GEMMs for cuDNN's and
+cuBLAS's, an MI300X device) so that the same truth holds for ROCm names.
 
 The source is read whole (``json.load``): it is one real rank of a few MB.
 """
@@ -48,7 +49,7 @@ from trainperf.trace import intervals as iv
 from trainperf.trace import replay, tb
 from trainperf.trace.analyze import read_timeline
 from trainperf.trace.hostmap import name_classes
-from trainperf.trace.patterns import classify_kernel, host_kind
+from trainperf.trace.patterns import DEFAULT, classify_kernel, host_kind
 from trainperf.trace.synth import load_trace, write_trace
 from trainperf.trace.timeline import CATEGORIES, thread_id
 
@@ -58,6 +59,8 @@ EXPECTED = {"free": "allocator", "sync": "sync", "dataloader": "dataloader", "py
 _EPS = 1e-3  # us: an insertion point this far before the event it precedes
 _GPU_CODE = 1
 _RCCL = "ncclDevKernel_Generic(ncclDevKernelArgsStorage<4096ul>)"
+_MIOPEN = "igemm_fwd_gtcx3_nhwc_fp32_bx0_ex1_bt128x128x16_wt32x32x2_ws1x1_wr2x2_ta1x4x4x1_1x4x1x32_tb1x4x4x1_1x4x1x32"
+_TENSILE = "Cijk_Ailk_Bljk_SB_MT128x128x16_MI32x32x2x1_SN_LDSB0_AFC1_AFEM1"
 PYTHON_FUNCTION = "train.py(212): log_metrics"
 
 
@@ -179,20 +182,26 @@ def _plan(tl, cause: str, launch: np.ndarray, g: replay.Graph, steps: list, us: 
 
 
 def _rocm_name(name: str, cat: str | None) -> str:
+    """A CUDA-side name as ROCm spells its twin: hip* runtime calls, RCCL's generic collective kernel, MIOpen's
+    xdlops convolutions and Tensile's GEMMs (matrix-core kernels) for cuDNN's and cuBLAS's."""
     c = str(cat).lower()
     if c in ("cuda_runtime", "runtime", "cuda_driver") and name.startswith("cuda"):
         return "hip" + name[4:]
-    if c in ("kernel",) and re.match(r"nccl", name, re.I):
-        return _RCCL
+    if c == "kernel":
+        if re.match(r"nccl", name, re.I):
+            return _RCCL
+        if DEFAULT.describe(name)[3]:  # a GEMM or a convolution
+            return _MIOPEN if re.search(r"conv|cudnn|implicit|wgrad|dgrad|fprop", name, re.I) else _TENSILE
     return name
 
 
-def inject(src: str | Path, out: str | Path, cause: str, *, us: float = 2000.0, calls: int = 4,
+def inject(src: str | Path, out: str | Path, cause: str | None, *, us: float = 2000.0, calls: int = 4,
            traced: bool = True, rocm: bool = False, layout: str = "lines") -> dict[str, Any]:
     """Write ``out``: the real trace ``src`` with ``cause`` (:data:`CAUSES`) added on every profiler step
-    (module docstring). Returns the truth: ``{"cause", "expected", "detail", "step_us_before",
-    "step_us_after", "truth_us_per_step", "steps", "rocm", "path"}``."""
-    if cause not in CAUSES:
+    (module docstring; None: no edit, e.g. the ROCm spelling alone with ``rocm=True``). Returns the truth:
+    ``{"cause", "expected", "detail", "step_us_before", "step_us_after", "truth_us_per_step", "steps", "rocm",
+    "path", "added_host_us_per_step"}``."""
+    if cause is not None and cause not in CAUSES:
         raise ValueError(f"cause={cause!r}: choose one of {', '.join(CAUSES)}")
     if us <= 0 or calls < 1:
         raise ValueError(f"us={us}, calls={calls}: need us > 0 and calls >= 1")
@@ -203,7 +212,7 @@ def inject(src: str | Path, out: str | Path, cause: str, *, us: float = 2000.0, 
     if not st["found"]:
         raise ValueError(f"{src}: no ProfilerStep#N: the edit is made on every profiler step")
     g = replay.build(tl, launch, replay.wait_calls(tl, name_classes(tl)))
-    ed = _plan(tl, cause, launch, g, st["host"], us, calls, traced)
+    ed = _plan(tl, cause, launch, g, st["host"], us, calls, traced) if cause else _Edit()
     ns = max(g.nstreams, 1)
     masks = np.zeros((len(ed.waits), ns), dtype=bool)
     for j, (_, wide, stream, _) in enumerate(ed.waits):
@@ -223,10 +232,10 @@ def inject(src: str | Path, out: str | Path, cause: str, *, us: float = 2000.0, 
     after = _mean_step(read_timeline(p))
     detail = {"free": "hipFree" if rocm else "cudaFree", "sync": "hipStreamSynchronize" if rocm else
               "cudaStreamSynchronize", "python": PYTHON_FUNCTION if traced else None}.get(cause)
-    return {"cause": cause, "expected": "untraced" if cause == "python" and not traced else EXPECTED[cause],
+    return {"cause": cause, "expected": "untraced" if cause == "python" and not traced else EXPECTED.get(cause),
             "detail": detail, "step_us_before": before, "step_us_after": after,
             "truth_us_per_step": after - before, "steps": len(st["spans"]), "rocm": rocm, "path": str(p),
-            "added_host_us_per_step": (us if cause != "sync" else 12.0 * calls)}
+            "added_host_us_per_step": 0.0 if cause is None else (us if cause != "sync" else 12.0 * calls)}
 
 
 def _mean_step(tl) -> float:
