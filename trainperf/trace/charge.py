@@ -131,8 +131,7 @@ def _device(tl: Timeline) -> tuple[int | None, np.ndarray]:
 def _pieces_on_thread(hm: hostmap.HostMap, tid: int, lo: np.ndarray, hi: np.ndarray, gap: np.ndarray):
     """Idle pieces (disjoint, sorted) split by what thread ``tid`` was doing: (lo, hi, segment or -1, gap)."""
     s = hm.thread(tid)
-    pts = np.unique(np.concatenate([lo, hi, hm.lo[s], hm.hi[s]])) if s.stop > s.start else np.unique(
-        np.concatenate([lo, hi]))
+    pts = hostmap.merged_points(hostmap.bounds(lo, hi), hostmap.bounds(hm.lo[s], hm.hi[s]))
     a, b = pts[:-1], pts[1:]
     mid = 0.5 * (a + b)
     pi = np.searchsorted(lo, mid, side="right") - 1

@@ -63,6 +63,24 @@ def name_classes(tl: Timeline) -> np.ndarray:
     return out
 
 
+def merged_points(*runs: np.ndarray) -> np.ndarray:
+    """The distinct values of arrays that are each sorted already, sorted: a merge (timsort finds the runs),
+    not a full sort."""
+    pts = np.concatenate(runs)
+    pts.sort(kind="stable")
+    if pts.size < 2:
+        return pts
+    keep = np.empty(pts.size, dtype=bool)
+    keep[0] = True
+    np.not_equal(pts[1:], pts[:-1], out=keep[1:])
+    return pts[keep]
+
+
+def bounds(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """The ends of disjoint sorted intervals, interleaved: a sorted run."""
+    return np.column_stack((lo, hi)).ravel()
+
+
 def innermost(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Disjoint segments ``(start, end, i)``, each labelled with the index ``i`` of the innermost of the
     nested intervals ``[lo, hi)`` covering it (the one with the latest start). Intervals that overlap without
@@ -76,13 +94,20 @@ def innermost(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray, n
     slo, shi = lo[o], hi[o]
     ends = np.sort(shi)
     depth = np.arange(1, o.size + 1) - np.searchsorted(ends, slo, side="right")  # open just after each start
-    pts = np.unique(np.concatenate([slo, shi]))
+    pts = merged_points(slo, ends)
     seg_lo, seg_hi = pts[:-1], pts[1:]
     d = np.searchsorted(slo, seg_lo, side="right") - np.searchsorted(ends, seg_lo, side="right")
     label = np.full(seg_lo.size, -1, dtype=np.int64)
-    for k in np.unique(d[d > 0]).tolist():
-        at = np.flatnonzero(depth == k)
-        want = np.flatnonzero(d == k)
+    # per depth: the intervals opened at that depth (in start order) and the segments at it, grouped once
+    by_depth = np.argsort(depth, kind="stable")
+    d_cut = np.searchsorted(depth[by_depth], np.arange(depth.max() + 2)) if depth.size else np.zeros(1, int)
+    seg_by = np.argsort(d, kind="stable")
+    s_cut = np.searchsorted(d[seg_by], np.arange(depth.max() + 2)) if depth.size else np.zeros(1, int)
+    for k in range(1, int(depth.max()) + 1 if depth.size else 1):
+        at = by_depth[d_cut[k]:d_cut[k + 1]]
+        want = seg_by[s_cut[k]:s_cut[k + 1]]
+        if at.size == 0 or want.size == 0:
+            continue
         j = np.searchsorted(slo[at], seg_lo[want], side="right") - 1
         ok = j >= 0
         cand = at[j[ok]]
@@ -110,7 +135,7 @@ def clip_labelled(lo: np.ndarray, hi: np.ndarray, label: np.ndarray, region: iv.
     """The parts of disjoint labelled segments inside a disjoint set, with their labels."""
     if lo.size == 0 or region[0].size == 0:
         return lo[:0], hi[:0], label[:0]
-    pts = np.unique(np.concatenate([lo, hi, region[0], region[1]]))
+    pts = merged_points(bounds(lo, hi), bounds(*region))
     a, b = pts[:-1], pts[1:]
     mid = 0.5 * (a + b)
     si = np.searchsorted(lo, mid, side="right") - 1
