@@ -161,6 +161,7 @@ def _attribute(tl: Timeline, spans: list, host_spans: list, ch: Charges) -> dict
         row["gain_us"] = gain
         causes.append(row)
     causes.sort(key=lambda r: -r["us_per_step"])
+    ch.whatif.clear()  # the replays are not needed past here (attribute_windows reads the charges alone)
     return {"method": METHOD, "steps": n, "step_us": step_us, "gpu_us": gpu_us, "gpu_pct": gpu_pct,
             "idle_causes": causes, "untraced_us": float(per[CODE["untraced"]]),
             "refill_us": float(inside[ch.refilled].sum()) / n, "device": ch.device, "main_thread": ch.main_thread,

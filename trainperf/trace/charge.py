@@ -87,16 +87,19 @@ class Charges:
     whatif: dict = None  # cause -> (new GPU starts, host map) of its removal, once replayed
 
 
-def _arr(a, dtype) -> np.ndarray:
-    return np.zeros(0, dtype=dtype) if a is None else a
-
-
 def _complete(tl: Timeline) -> None:
     """A Timeline built by another reader may lack the host columns: empty ones."""
     for k, dt in (("r_tid", np.int64), ("c_ts", np.float64), ("c_dur", np.float64), ("c_name", np.int32),
                   ("c_tid", np.int64), ("c_kind", np.int8)):
         if getattr(tl, k) is None:
             setattr(tl, k, np.zeros(0, dtype=dt))
+
+
+def _fill(mask: np.ndarray, inside, outside) -> np.ndarray:
+    """``inside`` (the values where ``mask`` holds, in order) and ``outside`` elsewhere (a scalar or per item)."""
+    out = np.array(np.broadcast_to(outside, mask.shape), dtype=np.int64)
+    out[mask] = inside
+    return out
 
 
 def _busy(tl: Timeline, kind: np.ndarray, gpu: np.ndarray) -> list:
@@ -197,11 +200,9 @@ def charge(tl: Timeline, patterns: Any = None, kind: np.ndarray | None = None) -
         m = head & (t_of == tid)
         a, b, seg, gp = _pieces_on_thread(hm, tid, g0[m], h_hi[m], gap_id[m])
         traced = seg >= 0
-        sg = np.maximum(seg, 0)
-        rows.append((a, b, np.where(traced, hm.cause[sg] + _H if hm.cause.size else 0, CODE["untraced"]),
-                     np.where(traced, hm.detail[sg] if hm.detail.size else -1, -1),
-                     np.where(traced, hm.caller[sg] if hm.caller.size else -1, -1),
-                     np.where(traced, hm.src[sg] if hm.src.size else 0, untraced_src0 + gp),
+        sg = seg[traced]
+        rows.append((a, b, _fill(traced, hm.cause[sg] + _H, CODE["untraced"]), _fill(traced, hm.detail(sg), -1),
+                     _fill(traced, hm.caller(sg), -1), _fill(traced, hm.src[sg], untraced_src0 + gp),
                      np.full(a.size, tid, dtype=np.int64), gp))
     # tails: the launch call and its launch-to-start latency (up to AHEAD_US after the call returned), charged
     # as the launch's own activity; beyond that the queued work waited on something else: gpu_wait
@@ -216,13 +217,11 @@ def charge(tl: Timeline, patterns: Any = None, kind: np.ndarray | None = None) -
             m = t_of[idx] == tid
             seg[m] = hm.lookup(tid, l_ts[idx][m])
         traced = seg >= 0
-        sg = np.maximum(seg, 0)
+        sg = seg[traced]
         call = lc[idx]
-        rows.append((np.maximum(g0[idx], l_ts[idx]), t_hi[idx],
-                     np.where(traced, hm.cause[sg] + _H if hm.cause.size else 0, CODE["launch"]),
-                     np.where(traced, hm.detail[sg] if hm.detail.size else -1, tl.r_name[call]),
-                     np.where(traced, hm.caller[sg] if hm.caller.size else -1, -1),
-                     np.where(traced, hm.src[sg] if hm.src.size else 0, call), t_of[idx], idx))
+        rows.append((np.maximum(g0[idx], l_ts[idx]), t_hi[idx], _fill(traced, hm.cause[sg] + _H, CODE["launch"]),
+                     _fill(traced, hm.detail(sg), tl.r_name[call]), _fill(traced, hm.caller(sg), -1),
+                     _fill(traced, hm.src[sg], call), t_of[idx], idx))
     stuck = has_l & ~short & (g1 > np.maximum(g0, l_end))
     if stuck.any():
         idx = np.flatnonzero(stuck)

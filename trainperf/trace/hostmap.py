@@ -17,16 +17,15 @@ A thread's CPU events (ops, annotations, Python functions) and runtime calls nes
    covers the whole step and says nothing);
 8. ``untraced``: no event covers the instant (Python without ``with_stack``, the framework's own code).
 
-Each segment carries a **detail**, the innermost event of its cause covering it (``cudaFree``, ``aten::mm``,
-``Optimizer.step#AdamW.step``), a **caller**, the outermost CPU op around it on that thread (``aten::item``
-for the stream sync inside it), and a **source**, the event it comes from (to count calls). Everything is
+Each segment comes from one event, the innermost of its cause covering it (its **source**, to count calls):
+its **detail** is that event's name (``cudaFree``, ``aten::mm``, ``Optimizer.step#AdamW.step``), its
+**caller** the outermost CPU op around it on that thread (``aten::item`` for the stream sync inside it);
+both are looked up only for the segments asked about. Everything is
 sorted interval arithmetic (:mod:`trainperf.trace.intervals`) and a depth sweep for nesting: no Python loop
 per event (one per thread and per nesting depth).
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -145,20 +144,19 @@ def clip_labelled(lo: np.ndarray, hi: np.ndarray, label: np.ndarray, region: iv.
     return a[ok], b[ok], label[si[ok]]
 
 
-@dataclass
 class HostMap:
-    """Labelled disjoint segments per host thread, sorted by (thread, start). ``detail``/``caller``: name
-    ids (-1 none); ``src``: the event (runtime call ``r``, or CPU event ``n_runtime + c``)."""
-    lo: np.ndarray
-    hi: np.ndarray
-    tid: np.ndarray
-    cause: np.ndarray  # int8 index into HOST_CAUSES (never untraced: that is what no segment covers)
-    detail: np.ndarray
-    caller: np.ndarray
-    src: np.ndarray
-    threads: np.ndarray  # the threads mapped, sorted
-    offsets: np.ndarray  # segments of threads[k]: offsets[k]:offsets[k + 1]
-    n_runtime: int = 0  # sources below this are runtime calls
+    """Labelled disjoint segments per host thread, sorted by (thread, start): ``lo``, ``hi``, ``cause`` (int8
+    index into :data:`HOST_CAUSES`; never untraced: that is what no segment covers) and ``src``, the event
+    each comes from (runtime call ``r``, or CPU event ``n_runtime + c``); 21 bytes a segment. The names come
+    from the events when asked: :meth:`detail` (the event's own name) and :meth:`caller` (the outermost CPU op
+    around it on its thread)."""
+
+    def __init__(self, tl: Timeline, lo, hi, cause, src, threads, offsets, classes):
+        self.lo, self.hi, self.cause, self.src = lo, hi, cause, src
+        self.threads, self.offsets = threads, offsets
+        self.n_runtime = tl.r_ts.size
+        self._tl, self._classes = tl, classes
+        self._tops: dict[int, tuple] = {}
 
     def thread(self, tid: int) -> slice:
         k = int(np.searchsorted(self.threads, tid))
@@ -179,20 +177,58 @@ class HostMap:
         out[ok] = j[ok] + s.start
         return out
 
+    def detail(self, idx: np.ndarray) -> np.ndarray:
+        """Name id of each segment's own event."""
+        tl, nr = self._tl, self.n_runtime
+        src = self.src[idx]
+        out = np.full(src.size, -1, dtype=np.int32)
+        rt = src < nr
+        out[rt] = tl.r_name[src[rt]]
+        out[~rt] = tl.c_name[src[~rt] - nr]
+        return out
 
-def _thread_segments(tl: Timeline, tid: int, cls_of_name: np.ndarray) -> tuple[np.ndarray, ...]:
-    """One thread's labelled segments: (lo, hi, cause, src) before details."""
-    nr = tl.r_ts.size
-    r = np.flatnonzero(tl.r_tid == tid)
-    c = np.flatnonzero(tl.c_tid == tid)
-    r_lo, r_hi = tl.r_ts[r], tl.r_ts[r] + tl.r_dur[r]
-    c_lo, c_hi = tl.c_ts[c], tl.c_ts[c] + tl.c_dur[c]
-    r_cls = cls_of_name[tl.r_name[r]] if r.size else np.zeros(0, dtype=np.int8)
-    c_cls = cls_of_name[tl.c_name[c]] if c.size else np.zeros(0, dtype=np.int8)
-    lo = np.concatenate([r_lo, c_lo])
-    hi = np.concatenate([r_hi, c_hi])
-    cls = np.concatenate([r_cls, c_cls])
-    src = np.concatenate([r, nr + c]).astype(np.int64)
+    def caller(self, idx: np.ndarray) -> np.ndarray:
+        """Name id of the outermost CPU op on the thread around each segment (-1: none)."""
+        idx = np.asarray(idx, dtype=np.int64)
+        out = np.full(idx.size, -1, dtype=np.int32)
+        k = np.searchsorted(self.offsets, idx, side="right") - 1
+        for j in np.unique(k).tolist():
+            m = k == j
+            s, e, names = self._top_ops(int(self.threads[j]))
+            mid = 0.5 * (self.lo[idx[m]] + self.hi[idx[m]])
+            q = np.searchsorted(s, mid, side="right") - 1
+            ok = q >= 0
+            ok[ok] = mid[ok] < e[q[ok]]
+            got = np.full(mid.size, -1, dtype=np.int32)
+            got[ok] = names[q[ok]]
+            out[m] = got
+        return out
+
+    def _top_ops(self, tid: int) -> tuple:
+        """The thread's top-level CPU ops (start, end, name id), once. The step annotation and the phases'
+        spans (1.8 writes record_function spans as ops) are not callers."""
+        if tid not in self._tops:
+            tl = self._tl
+            c = np.flatnonzero((tl.c_tid == tid) & (tl.c_kind == C_OP))
+            k = self._classes[tl.c_name[c]]
+            c = c[(k == _CPU_OP) | (k == _SPECIAL["sync"])]
+            s, e = tl.c_ts[c], tl.c_ts[c] + tl.c_dur[c]
+            o = np.lexsort((-e, s))
+            s, e, c = s[o], e[o], c[o]
+            before = np.concatenate([[-np.inf], np.maximum.accumulate(e)[:-1]]) if c.size else e
+            top = s >= before  # not inside an earlier op
+            self._tops[tid] = (s[top], e[top], tl.c_name[c[top]])
+        return self._tops[tid]
+
+
+CHUNK = 65536
+"""Events of one thread mapped at a time: a thread's events are cut by time into runs of this many, each run
+mapped with the events open across its start (clipped to it), so memory stays bounded on any trace; the
+innermost event and the precedence at an instant do not change when the events around it are clipped."""
+
+
+def _segments(lo, hi, cls, src) -> list[tuple]:
+    """The labelled segments of a set of events (one thread's, or one run of them)."""
     taken = iv.EMPTY
     out = []
     for code in range(len(HOST_CAUSES) - 1):
@@ -204,6 +240,34 @@ def _thread_segments(tl: Timeline, tid: int, cls_of_name: np.ndarray) -> tuple[n
         s_lo, s_hi, j = innermost(lo[m], hi[m])
         a, b, lab = clip_labelled(s_lo, s_hi, j, region)
         out.append((a, b, np.full(a.size, code, dtype=np.int8), src[np.flatnonzero(m)[lab]]))
+    return out
+
+
+def _thread_segments(tl: Timeline, tid: int, cls_of_name: np.ndarray) -> tuple[np.ndarray, ...]:
+    """One thread's labelled segments: (lo, hi, cause, src), sorted by start."""
+    nr = tl.r_ts.size
+    r = np.flatnonzero(tl.r_tid == tid)
+    c = np.flatnonzero(tl.c_tid == tid)
+    lo = np.concatenate([tl.r_ts[r], tl.c_ts[c]])
+    hi = lo + np.concatenate([tl.r_dur[r], tl.c_dur[c]])
+    cls = np.concatenate([cls_of_name[tl.r_name[r]], cls_of_name[tl.c_name[c]]]).astype(np.int8)
+    src = np.concatenate([r, nr + c]).astype(np.int64)
+    del r, c
+    keep = (cls >= 0) & (hi > lo)  # the step annotation says nothing; empty events cover nothing
+    lo, hi, cls, src = lo[keep], hi[keep], cls[keep], src[keep]
+    o = np.argsort(lo, kind="stable")
+    lo, hi, cls, src = lo[o], hi[o], cls[o], src[o]
+    del o, keep
+    out: list[tuple] = []
+    open_ = np.zeros(0, dtype=np.int64)  # events started before the run that reach into it
+    for a in range(0, lo.size, CHUNK):
+        b = min(a + CHUNK, lo.size)
+        t0 = lo[a]
+        t1 = lo[b] if b < lo.size else np.inf
+        open_ = open_[hi[open_] > t0]
+        idx = np.concatenate([open_, np.arange(a, b)])
+        out += _segments(np.maximum(lo[idx], t0), np.minimum(hi[idx], t1), cls[idx], src[idx])
+        open_ = idx[hi[idx] > t1]
     if not out:
         z = np.zeros(0)
         return z, z, np.zeros(0, dtype=np.int8), np.zeros(0, dtype=np.int64)
@@ -213,52 +277,23 @@ def _thread_segments(tl: Timeline, tid: int, cls_of_name: np.ndarray) -> tuple[n
         np.concatenate([x[3] for x in out])[o]
 
 
-def _callers(tl: Timeline, tid: int, cls_of_name: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    """Name id of the outermost CPU op on the thread around each segment (-1: none). The step annotation and
-    the phases' spans (1.8 writes record_function spans as ops) are not callers."""
-    c = np.flatnonzero((tl.c_tid == tid) & (tl.c_kind == C_OP))
-    if c.size:
-        k = cls_of_name[tl.c_name[c]]
-        c = c[(k == _CPU_OP) | (k == _SPECIAL["sync"])]
-    out = np.full(lo.size, -1, dtype=np.int32)
-    if c.size == 0 or lo.size == 0:
-        return out
-    s, e = tl.c_ts[c], tl.c_ts[c] + tl.c_dur[c]
-    o = np.lexsort((-e, s))
-    s, e, c = s[o], e[o], c[o]
-    before = np.concatenate([[-np.inf], np.maximum.accumulate(e)[:-1]])
-    top = s >= before  # not inside an earlier op
-    s, e, c = s[top], e[top], c[top]
-    mid = 0.5 * (lo + hi)
-    k = np.searchsorted(s, mid, side="right") - 1
-    ok = k >= 0
-    ok[ok] = mid[ok] < e[k[ok]]
-    out[ok] = tl.c_name[c[k[ok]]]
-    return out
-
-
 def build(tl: Timeline, threads) -> HostMap:
     """The map of the given host threads."""
-    cls_of_name = name_classes(tl)
-    nr = tl.r_ts.size
+    classes = name_classes(tl)
     parts = []
     ths = np.unique(np.asarray(list(threads), dtype=np.int64))
     ths = ths[ths >= 0]
     for tid in ths.tolist():
-        lo, hi, cause, src = _thread_segments(tl, tid, cls_of_name)
-        detail = np.where(src < nr, tl.r_name[np.minimum(src, max(nr - 1, 0))] if nr else -1,
-                          tl.c_name[np.clip(src - nr, 0, max(tl.c_ts.size - 1, 0))] if tl.c_ts.size else -1)
-        parts.append((lo, hi, np.full(lo.size, tid, dtype=np.int64), cause, detail.astype(np.int32),
-                      _callers(tl, tid, cls_of_name, lo, hi), src))
+        parts.append(_thread_segments(tl, tid, classes))
     counts = np.array([p[0].size for p in parts], dtype=np.int64)
     offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
     if not parts:
         z = np.zeros(0)
-        zi = np.zeros(0, dtype=np.int64)
-        return HostMap(z, z, zi, np.zeros(0, dtype=np.int8), zi.astype(np.int32), zi.astype(np.int32), zi,
-                       ths, offsets, nr)
-    cat = [np.concatenate([p[i] for p in parts]) for i in range(7)]
-    return HostMap(*cat, threads=ths, offsets=offsets, n_runtime=nr)
+        return HostMap(tl, z, z, np.zeros(0, dtype=np.int8), np.zeros(0, dtype=np.int64), ths, offsets, classes)
+    lo, hi, cause, src = (np.concatenate([p[i] for p in parts]) for i in range(4))
+    if src.size and src.max() < 2**31:
+        src = src.astype(np.int32)
+    return HostMap(tl, lo, hi, cause, src, ths, offsets, classes)
 
 
 __all__ = ["HOST_CAUSES", "HostMap", "SYNC_OPS", "build", "clip_labelled", "innermost", "name_classes"]

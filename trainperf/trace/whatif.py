@@ -138,7 +138,7 @@ def _names_before(ch: Charges, code: int, g0: np.ndarray) -> tuple[np.ndarray, n
     dur = (hm.hi - hm.lo)[o][cand]
     dur[(last[:, None] - np.arange(_LOOK_BACK)[None, :]) < 0] = -1.0
     k = o[cand[np.arange(g0.size), np.argmax(dur, axis=1)]]
-    return hm.detail[k], hm.caller[k], hm.src[k]
+    return hm.detail(k), hm.caller(k), hm.src[k].astype(np.int64)
 
 
 def refill(tl: Timeline, ch: Charges) -> None:
