@@ -352,6 +352,8 @@ def test_read_all_sees_every_event_of_both_eras():
     ("void deep_ep::intranode::notify_dispatch<8>(int const*, int*)", "communication"),
     ("nvshmemi_transfer_rma_kernel", "communication"),
     ("void rccl_kernel_AllGather(...)", "communication"),
+    ("ncclDevKernel_Generic(ncclDevKernelArgsStorage<4096ul>)", "communication"),  # RCCL 2.18+ (ROCm 6)
+    ("ncclDevKernel_Generic_4(ncclDevKernelArgsStorage<4096ul>)", "communication"),
     ("Memcpy HtoD (Pinned -> Device)", "memory"),
     ("ampere_sgemm_128x64_tn", "compute"),
     ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float> >", "compute"),
@@ -390,6 +392,16 @@ def test_users_extend_the_communication_patterns():
     ("void cuda::reduce_fused_impl<__nv_bfloat16, false, false>(int4 const*, __nv_fp8_interpretation_t)", False),
     ("void fp8_gemm_kernel<128, 128>(float*)", True),
     ("tf32_convert_kernel", False),
+    # AMD matrix cores (MFMA): MIOpen's xdlops implicit-GEMM convolutions (gtcx; gtc without x is the VALU
+    # one), composable_kernel's xdl kernels, hipBLASLt / Tensile GEMMs (Cijk_), as an MI300X trace names them
+    ("igemm_fwd_gtcx3_nhwc_bf16_bx0_ex1_bt128x128x32_wt32x32x8_ws1x1_wr2x2_ta1x8x2x1_1x4x1x32_tb1x8x2x1_1x4x1x32",
+     True),
+    ("igemm_bwd_gtcx2_nhwc_bf16_bx0_ex1_bt256x128x32_wt32x32x8_ws2x1_wr2x2_ta1x8x4x1_1x4x1x64", True),
+    ("igemm_fwd_gtc_nchw_fp32_bx0_ex0_bt64x64x8_wt32x32x2_ws1x1_wr1x1", False),
+    ("void ck::kernel_gemm_xdl_cshuffle_v3<ck::GridwiseGemm_xdl_cshuffle_v3<...>>(...)", True),
+    ("Cijk_Ailk_Bljk_BBS_BH_Bias_HA_S_SAV_UserArgs_MT256x256x64_MI16x16x1_SN_LDSB1_AFC1", True),
+    ("Cijk_Alik_Bljk_SB_MT64x16x32_SN_LDSB0_AFC1_AFEM1", True),
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::BFloat16>>", False),
 ])
 def test_tensor_cores_on_every_generation(name, tc):
     assert is_tensor_core(name) is tc

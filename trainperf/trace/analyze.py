@@ -10,8 +10,8 @@ from typing import Any, Callable
 import numpy as np
 
 from trainperf.errors import UserError
+from trainperf.trace import attribution, hta, tb
 from trainperf.trace import figures as fg
-from trainperf.trace import hta, tb
 from trainperf.trace.collectives import collectives
 from trainperf.trace.patterns import load as load_patterns
 from trainperf.trace.patterns import tb_tensor_core
@@ -81,7 +81,10 @@ def _pattern_notes(tl: Timeline, pats: Any, cls: dict) -> list[str]:
     if not getattr(pats, "communication", None) or not tl.g_ts.size:
         return []
     kern = tl.g_kind == 0
-    was_compute = np.array([DEFAULT.describe(n)[0] == "compute" and DEFAULT.describe(n)[3] for n in tl.names] or [False])
+    was_compute = np.zeros(max(len(tl.names), 1), dtype=bool)
+    for i in np.unique(tl.g_name).tolist():
+        d = DEFAULT.describe(tl.names[i])
+        was_compute[i] = d[0] == "compute" and d[3]
     caught = kern & (cls["kind"] == 1) & was_compute[tl.g_name]
     if not caught.any():
         return []
@@ -98,8 +101,10 @@ def analyze_timeline(tl: Timeline, *, path: str = "", rank: int | None = None, p
     launch = tb.launch_index(tl)
     cls = fg.classify(tl, pats)
     notes = _pattern_notes(tl, pats, cls)
-    tc_tb = np.array([tb_tensor_core(n) for n in tl.names], dtype=bool)[tl.g_name] if tl.names else \
-        np.zeros(tl.g_ts.size, dtype=bool)
+    tc_names = np.zeros(max(len(tl.names), 1), dtype=bool)
+    for i in np.unique(tl.g_name).tolist():  # the GPU events' names (the table also names every CPU event)
+        tc_names[i] = tb_tensor_core(tl.names[i])
+    tc_tb = tc_names[tl.g_name]
     tc_tb &= tl.g_kind == 0
     st = tb.steps(tl, launch)
     notes += st["notes"]
@@ -180,6 +185,8 @@ def analyze_timeline(tl: Timeline, *, path: str = "", rank: int | None = None, p
         | {"window": (temporal or {}).get("window_us")},
         "idle_us": (idle or {}).get("us"), "idle_by_stream": (idle or {}).get("by_stream"),
         "hta_window": h["window"], "per_step": per_step,
+        "attribution": attribution.attribute(tl, spans, st["host"], patterns=pats, kind=cls["kind"]) if has_gpu
+        else None,
         "gpus": {str(k): {kk: (_pct(v) if kk in ("utilization", "sm_efficiency", "tensor_core", "tensor_core_tb")
                                else v) for kk, v in d.items()} for k, d in gm["devices"].items()},
         "patterns": pats.source, "events": tl.events, "base_time_us": tl.base_us,

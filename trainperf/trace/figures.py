@@ -31,8 +31,8 @@ def classify(tl: Timeline, pats: Patterns) -> dict[str, np.ndarray]:
     """Per GPU event: kind code (0 compute, 1 communication, 2 memory) and the name flags."""
     n = len(tl.names)
     table = np.zeros((max(n, 1), 5), dtype=np.int8)
-    for i, name in enumerate(tl.names):
-        kind, tc, fp32, gemm, ws = pats.describe(name)
+    for i in np.unique(tl.g_name).tolist():  # the GPU events' names only (the table also names every CPU event)
+        kind, tc, fp32, gemm, ws = pats.describe(tl.names[i])
         table[i] = (KIND_CODE[kind], tc, fp32, gemm, ws)
     row = table[tl.g_name] if tl.g_name.size else np.zeros((0, 5), dtype=np.int8)
     kind = row[:, 0].copy()

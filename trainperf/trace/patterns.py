@@ -23,6 +23,10 @@ convolution or attention, since casts and scales are named by their dtype too), 
 A GEMM named by its ``ffma`` math (cuBLAS's ``sm80_xmma_gemm_f32f32_f32f32_f32_..._ffma_...``) runs on CUDA
 cores: it is an fp32 GEMM, whatever its ``xmma`` family says.
 
+**Host calls and phases** (:func:`host_kind`): runtime calls that allocate (``cudaMalloc``/``cudaFree`` and
+their HIP and driver twins), synchronize or launch, and the CPU events that mark the DataLoader, the optimizer
+step and Python's garbage collector: what GPU idle time is charged to.
+
 Users extend the table (``--comm-pattern REGEX`` on the CLI, or a YAML/JSON file): see :func:`load`.
 A user's pattern is tried before the built-in ones of its class, and a user's ``compute`` pattern wins over
 the built-in communication/memory ones (to take back a name the table gets wrong).
@@ -66,7 +70,10 @@ TENSOR_CORE_PATTERNS = [re.escape(s) for s in TB_TENSOR_CORE] + [
     r"nvjet",
     r"flash::|flash_fwd|flash_bwd|flashattn|flash_attn|fmha_.*(?:bf16|f16|fp16)|fused_attn.*(?:bf16|f16|fp16)",
     r"cudnn_generated_fort_native_sdpa|sdpa_flash|fmha_v2|fmha_sm\d",
-    r"mfma|_mi\d+x\d+x\d+|xdl",  # AMD matrix cores: MFMA, Tensile MI tiles, Composable Kernel XDL
+    # AMD matrix cores (MFMA): the instruction or Tensile's MI tile in the name, composable_kernel's *xdl*
+    # kernels (and MIOpen's *xdlops* ones), MIOpen's xdlops implicit-GEMM convolutions (igemm_fwd_gtcx3_...,
+    # igemm_wrw_gtcx_...: "gtc" without the x is the VALU variant), hipBLASLt / Tensile GEMMs (Cijk_...)
+    r"mfma|_mi\d+x\d+x\d+|xdl", r"igemm_\w*gtcx", r"\bCijk_",
 ]
 # Low-precision data types: a tensor-core kernel only when the name is also a GEMM / convolution / attention
 # (GEMM_PATTERNS). FP8 training is full of memory-bound kernels named by their dtype: DeepSeek's H800 trace
@@ -85,6 +92,52 @@ GEMM_PATTERNS = [r"gemm", r"conv(?!er)", r"cudnn", r"cutlass", r"xmma", r"nvjet"
 WARP_SPECIALIZED_PATTERNS = [r"wgmma|gmma", r"warp_?specialized|warpspecialized", r"sm9\d_|sm9\da|sm1[0-2]\d_",
                              r"cutlass3x", r"nvjet", r"flashattn.*sm9|flash.*sm90|sm90.*flash", r"tma_|_tma",
                              r"persistent", r"tcgen05"]
+
+
+# ---------------------------------------------------------------------------- host calls and phases
+# What a host runtime call or CPU event is, for charging GPU idle time to it (trainperf.trace.attribution).
+# CUDA runtime, CUDA driver and HIP spellings alike (hipFree counts as cudaFree). Matched with re.match on the
+# whole name, case-sensitive (they are API names).
+HOST_PATTERNS = {
+    # device and pinned-host memory: the caching allocator's misses (cudaMalloc), empty_cache / no caching
+    # (cudaFree, which synchronizes the device), pinned buffers, expandable segments' cuMemMap family
+    "allocator": [r"(?:cuda|hip)(?:Malloc\w*|Free\w*|HostAlloc|HostMalloc|HostFree|HostRegister|HostUnregister|"
+                  r"ExtMallocWithFlags|Mem(?:Create|Release|Map|Unmap|AddressReserve|AddressFree|SetAccess|"
+                  r"PoolTrimTo))$",
+                  r"cuMem(?:Alloc\w*|Free\w*|HostAlloc|HostRegister\w*|HostUnregister|Create|Release|Map|Unmap|"
+                  r"AddressReserve|AddressFree|SetAccess)$"],
+    # the host waits for the device: stream / device / event syncs, blocking (non-Async) copies
+    "sync": [r"(?:cuda|hip)(?:Stream|Device|Event|Thread|Ctx)Synchronize$", r"cu(?:Stream|Ctx|Event)Synchronize$",
+             r"(?:cuda|hip)Memcpy(?:2D|3D|Peer|ToSymbol|FromSymbol|DtoH|HtoD|DtoD|ToArray|FromArray|WithStream)?$",
+             r"cuMemcpy(?:DtoH|HtoD|DtoD|Peer|2D|3D)?(?:_v2)?$"],
+    # work put on a stream: kernels, graphs, async copies and fills
+    "launch": [r"(?:cuda|hip)(?:LaunchKernel\w*|LaunchCooperativeKernel\w*|ExtLaunchKernel\w*|ModuleLaunchKernel|"
+               r"ExtModuleLaunchKernel|HccModuleLaunchKernel|GraphLaunch|LaunchHostFunc|Memcpy\w*Async|"
+               r"Memset\w*Async)$",
+               r"cu(?:LaunchKernel\w*|LaunchCooperativeKernel\w*|GraphLaunch|Memcpy\w*Async\w*|"
+               r"Memset\w*Async\w*)$", r"runFunction - job_prep_and_submit_for_execution$"],
+    # Python's garbage collector (torch.profiler's record_python_gc_info), an explicit gc.collect
+    "gc": [r"Python GC$", r"gc\.collect\b"],
+    # the DataLoader's next batch (its annotation; its __next__ as a Python function with with_stack)
+    "dataloader": [r"enumerate\(DataLoader\)#", r"enumerate\(DataPipe\)#",
+                   r"\S*torch/utils/data/dataloader\.py\(\d+\): __next__$"],
+    # the optimizer step and zero_grad (torch.optim's annotations; its functions with with_stack)
+    "optimizer": [r"Optimizer\.(?:step|zero_grad)#", r"\S*torch/optim/\w+\.py\(\d+\): (?:step|zero_grad)$"],
+    # the profiler's step annotation: it covers the whole step, so it says nothing about what the host did
+    "step": [r"ProfilerStep\s*#\s*\d"],
+}
+HOST_KINDS = tuple(HOST_PATTERNS)
+_HOST_RE = [(k, re.compile("|".join(f"(?:{p})" for p in v))) for k, v in HOST_PATTERNS.items()]
+
+
+def host_kind(name: str) -> str:
+    """What a host event is, by its name: one of :data:`HOST_KINDS` or ``"other"`` (a plain CPU op, Python
+    function or annotation, or a runtime call that is none of these, such as ``cudaEventRecord``)."""
+    n = str(name)
+    for k, r in _HOST_RE:
+        if r.match(n):
+            return k
+    return "other"
 
 
 def _compile(pats: Iterable[str], what: str) -> re.Pattern | None:
@@ -249,6 +302,6 @@ def is_tensor_core(name: str, patterns: Any = None) -> bool:
     return load(patterns).describe(str(name))[1]
 
 
-__all__ = ["COMMUNICATION_PATTERNS", "CUDA_CORE_PATTERNS", "DEFAULT", "FP32_GEMM_PATTERNS", "MEMORY_PATTERNS", "Patterns",
-           "TB_TENSOR_CORE", "TENSOR_CORE_PATTERNS", "WARP_SPECIALIZED_PATTERNS", "classify_kernel", "hta_kind",
-           "is_tensor_core", "load", "tb_tensor_core"]
+__all__ = ["COMMUNICATION_PATTERNS", "CUDA_CORE_PATTERNS", "DEFAULT", "FP32_GEMM_PATTERNS", "HOST_KINDS", "HOST_PATTERNS",
+           "MEMORY_PATTERNS", "Patterns", "TB_TENSOR_CORE", "TENSOR_CORE_PATTERNS", "WARP_SPECIALIZED_PATTERNS",
+           "classify_kernel", "host_kind", "hta_kind", "is_tensor_core", "load", "tb_tensor_core"]

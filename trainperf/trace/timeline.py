@@ -12,11 +12,19 @@ launch / runtime call  ``cuda_runtime``, ``cuda_driver`` (``cuLaunchKernel``),  
 CPU op                 ``cpu_op``, ``python``                                   ``Operator``
 annotation             ``user_annotation`` (``record_function``,                 (``Operator``)
                        ``ProfilerStep#N``, ``enumerate(DataLoader)#...``)
+Python function        ``python_function`` (``with_stack=True``; ``Python GC``:  (none)
+                       ``record_python_gc_info``): the ``c_*`` columns only
 CUPTI sync record      ``cuda_sync`` with a ``stream`` (HTA's temporal breakdown counts them; nothing else)
-ignored                ``gpu_user_annotation``, ``python_function``, flows (``ac2g``,
+ignored                ``gpu_user_annotation``, flows (``ac2g``,
                        ``async``, ``fwdbwd``: the correlation ids in ``args`` already link launches to
                        kernels), instant and counter events, ``Trace``
 =====================  ======================================================  ==============
+
+Every complete CPU event (op, annotation, Python function) is also kept, in file order, in the ``c_*`` columns
+(start, duration, name id, host thread, kind: 29 bytes an event), and every runtime call's host thread in
+``r_tid``: what :mod:`trainperf.trace.attribution` needs to say what the host was doing at any instant. A
+thread is whatever the trace calls one (Kineto's integer ``tid``; 1.8's ``"25738"`` text), compared only for
+equality (-1: none).
 
 Time: ``ts``/``dur`` are microseconds (the Chrome trace format's unit; ``displayTimeUnit`` only says how a
 viewer shows them). Integer microseconds (1.8 to 2.3) and float microseconds with nanosecond decimals
@@ -27,24 +35,25 @@ event's (``base_us``), so no precision is lost to the epoch offset. ``baseTimeNa
 
 from __future__ import annotations
 
-import mmap
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from trainperf.trace.columns import _Column, _floats, _ints, _stream_num, _Threads, _tid_stream, _tids, thread_id
 from trainperf.trace.intervals import Accumulator, Set
 from trainperf.trace.reader import Args, Event
 
 GPU_KERNEL, GPU_MEMCPY, GPU_MEMSET = 0, 1, 2
-_GPU, _RT, _OP, _ANNO = 1, 2, 3, 4
+_GPU, _RT, _OP, _ANNO, _SYNC, _PY = 1, 2, 3, 4, 5, 6
+C_OP, C_ANNOTATION, C_PYTHON = 0, 1, 2  # Timeline.c_kind
 CATEGORIES = {"kernel": (_GPU, GPU_KERNEL), "mtia_ccp_events": (_GPU, GPU_KERNEL),
               "gpu_memcpy": (_GPU, GPU_MEMCPY), "memcpy": (_GPU, GPU_MEMCPY),
               "gpu_memset": (_GPU, GPU_MEMSET), "memset": (_GPU, GPU_MEMSET),
               "cuda_runtime": (_RT, 0), "runtime": (_RT, 0), "cuda_driver": (_RT, 1), "mtia_runtime": (_RT, 0),
               "hip_runtime": (_RT, 0), "cpu_op": (_OP, 0), "operator": (_OP, 0), "python": (_OP, 0),
-              "user_annotation": (_ANNO, 0), "cuda_sync": (5, 0)}
+              "user_annotation": (_ANNO, 0), "cuda_sync": (_SYNC, 0), "python_function": (_PY, 0)}
 STEP_RE = re.compile(r"^ProfilerStep\s*#\s*(\d{1,18})(?!\d)")  # a longer number is not a step (nor an int64)
 COMM_OPS = {"nccl:broadcast", "nccl:reduce", "nccl:all_reduce", "nccl:all_gather", "nccl:reduce_scatter",
             "gloo:broadcast", "gloo:reduce", "gloo:all_reduce", "gloo:all_gather", "gloo:reduce_scatter"}
@@ -97,91 +106,6 @@ class _Names(dict):
         i = self[key] = len(self.names)
         self.names.append(s)
         return i
-
-
-def _floats(values: list) -> np.ndarray:
-    """Numbers as float64; anything else (text, None, an integer beyond float64's range): NaN."""
-    try:
-        return np.array(values, dtype=np.float64)
-    except (TypeError, ValueError, OverflowError):
-        out = np.empty(len(values))
-        for i, v in enumerate(values):
-            try:
-                out[i] = float(v)
-            except (TypeError, ValueError, OverflowError):
-                out[i] = np.nan
-        return out
-
-
-_I64_LIMIT = 2.0**63
-
-
-def _ints(values: list) -> np.ndarray:
-    f = _floats([v if v is not None else np.nan for v in values])
-    f[~np.isfinite(f) | (np.abs(f) >= _I64_LIMIT)] = -1  # a corrupt id beyond int64: none
-    return f.astype(np.int64)
-
-
-def _stream_num(v: Any) -> int:
-    """A stream or device id (an int, an integral float, or text ending in digits); -1: none or corrupt
-    (also an id beyond int64, which no real trace has)."""
-    if isinstance(v, bool):
-        return -1
-    if isinstance(v, float) and v.is_integer() and abs(v) < _I64_LIMIT:
-        v = int(v)
-    elif isinstance(v, str):
-        m = re.search(r"(\d+)\s*$", v)
-        v = int(m.group(1)) if m else -1
-    if isinstance(v, int):
-        return v if -_I64_LIMIT <= v < _I64_LIMIT else -1
-    return -1
-
-
-def _tid_stream(tid: Any) -> int:
-    """A GPU event without ``args.stream``: its stream from a 1.8-era ``"tid": "stream 7"``, else -1 (none)."""
-    if isinstance(tid, str) and tid.lower().startswith("stream"):
-        return _stream_num(tid)
-    return -1
-
-
-_I32 = np.iinfo(np.int32)
-
-
-def _empty(n: int, dtype) -> np.ndarray:
-    """An uninitialised array; from 1 MB on, in its own anonymous mapping: its pages become resident only as
-    they are written, and they go back to the system when it is dropped (from the allocator's heap, freed
-    buffers may stay resident, and a doubled buffer's untouched half may be)."""
-    nbytes = n * np.dtype(dtype).itemsize
-    if nbytes < (1 << 20):
-        return np.empty(n, dtype=dtype)
-    return np.frombuffer(mmap.mmap(-1, nbytes), dtype=dtype, count=n)
-
-
-class _Column:
-    """One column grown in place: the chunks' values are copied into one buffer that doubles when full (so no
-    per-chunk pieces are kept, and no final concatenation copy: :meth:`array` is a view of the filled part;
-    the unfilled tail of a large buffer is never touched, so it is not resident). An integer column starts as
-    int32 and becomes int64, exactly, the first time a value falls outside int32's range."""
-
-    def __init__(self, dtype):
-        self.dtype = np.dtype(dtype)
-        self.narrow = self.dtype == np.int64  # kept as int32 while the values fit
-        self.buf = np.empty(0, dtype=np.int32 if self.narrow else self.dtype)
-        self.n = 0
-
-    def add(self, values: np.ndarray) -> None:
-        k = values.size
-        if self.narrow and self.buf.dtype == np.int32 and k and (values.min() < _I32.min or values.max() > _I32.max):
-            self.buf = self.buf.astype(np.int64)  # the checked fallback: exact, as before
-        if self.n + k > self.buf.size:
-            new = _empty(max(2 * self.buf.size, self.n + k, 1024), self.buf.dtype)
-            new[:self.n] = self.buf[:self.n]
-            self.buf = new
-        self.buf[self.n:self.n + k] = values
-        self.n += k
-
-    def array(self) -> np.ndarray:
-        return self.buf[:self.n]
 
 
 @dataclass
@@ -261,7 +185,7 @@ class Timeline:
 
 _DTYPES = {"ts": np.float64, "dur": np.float64, "kind": np.int8, "name": np.int32, "stream": np.int64,
            "device": np.int64, "corr": np.int64, "ext": np.int64, "occ": np.float32, "bps": np.float32,
-           "bytes": np.float64, "coll": np.int32, "pg": np.int32, "driver": bool}
+           "bytes": np.float64, "coll": np.int32, "pg": np.int32, "driver": bool, "tid": np.int64}
 
 
 class Collector:
@@ -270,12 +194,16 @@ class Collector:
     def __init__(self):
         self.names = _Names()
         self.roles = _Roles()
+        self.threads = _Threads()
         self.tc_ops = _TcOps()
         self.cats: dict[Any, tuple] = {}
         self.base: float | None = None
         self.g = {k: _Column(_DTYPES[k]) for k in ("ts", "dur", "kind", "name", "stream", "device", "corr", "occ",
                                                    "bps", "bytes", "coll", "pg")}
-        self.r = {k: _Column(_DTYPES[k]) for k in ("ts", "dur", "corr", "ext", "name", "driver")}
+        # thread columns stay int64 (the Timeline's declared type); the id columns narrow to int32 while they fit
+        self.r = {k: _Column(_DTYPES[k], narrow=k != "tid")
+                  for k in ("ts", "dur", "corr", "ext", "name", "driver", "tid")}
+        self.c = {k: _Column(_DTYPES[k], narrow=k != "tid") for k in ("ts", "dur", "name", "tid", "kind")}
         self.op_ext = _Column(np.int64)
         self.sy = {k: _Column(_DTYPES[k]) for k in ("ts", "dur", "stream")}
         self.ops = Accumulator()
@@ -290,8 +218,8 @@ class Collector:
 
     def feed(self, evs: list[Event]) -> None:
         t = self.t
-        gpu, rt, ops, annos, syncs = [], [], [], [], []
-        gk, rk = [], []
+        gpu, rt, ops, annos, syncs, cpu = [], [], [], [], [], []
+        gk, rk, ck = [], [], []
         cat = self._cat
         for e in evs:
             if e.ph != "X":
@@ -308,15 +236,22 @@ class Collector:
                 rk.append(k[1])
             elif w == _OP:
                 ops.append(e)
+                cpu.append(e)
+                ck.append(C_OP)
             elif w == _ANNO:
                 annos.append(e)
+                cpu.append(e)
+                ck.append(C_ANNOTATION)
+            elif w == _PY:
+                cpu.append(e)
+                ck.append(C_PYTHON)
             else:
                 syncs.append(e)
         t.events += len(evs)
-        if not (gpu or rt or ops or annos or syncs):
+        if not (gpu or rt or cpu or syncs):
             return
         if self.base is None:  # one of the first chunk's own times (its median: a corrupt first event's is not)
-            b = _floats([e.ts for group in (gpu, rt, ops, annos, syncs) for e in group])
+            b = _floats([e.ts for group in (gpu, rt, cpu, syncs) for e in group])
             b = b[np.isfinite(b)]
             self.base = float(np.percentile(b, 50, method="lower")) if b.size else 0.0
             t.base_us = self.base
@@ -326,6 +261,8 @@ class Collector:
             self._rt(rt, rk)
         if ops or annos:
             self._cpu(ops, annos)
+        if cpu:
+            self._cpu_columns(cpu, ck)
         if syncs:
             ts, dur = self._times(syncs)
             st = np.array([_stream_num((e.args or NOARGS).stream) for e in syncs], dtype=np.int64)
@@ -388,6 +325,20 @@ class Collector:
         r["ext"].add(_ints([a.ext if a.ext is not None else a.ext18 for a in A]))
         r["name"].add(np.array([names[e.name] for e in evs], dtype=np.int32))
         r["driver"].add(np.array(kinds, dtype=bool))
+        r["tid"].add(_tids(evs, self.threads))
+
+    def _cpu_columns(self, evs: list[Event], kinds: list[int]) -> None:
+        """Every complete CPU event in the ``c_*`` columns (those without a time left out, at ``finish``)."""
+        c, names = self.c, self.names
+        with np.errstate(over="ignore", invalid="ignore"):
+            ts = _floats([e.ts for e in evs]) - self.base
+            dur = _floats([e.dur for e in evs])
+        dur[~np.isfinite(dur) | (dur < 0)] = 0.0
+        c["ts"].add(ts)
+        c["dur"].add(dur)
+        c["name"].add(np.array([names[e.name] for e in evs], dtype=np.int32))
+        c["tid"].add(_tids(evs, self.threads))
+        c["kind"].add(np.array(kinds, dtype=np.int8))
 
     def _cpu(self, ops: list[Event], annos: list[Event]) -> None:
         t, roles = self.t, self.roles
@@ -429,9 +380,13 @@ class Collector:
         t = self.t
         t.meta = meta
         t.names = self.names.names
-        for prefix, cols in (("g_", self.g), ("r_", self.r), ("s_", self.sy)):
+        for prefix, cols in (("g_", self.g), ("r_", self.r), ("s_", self.sy), ("c_", self.c)):
             for k, col in cols.items():
                 setattr(t, prefix + k, col.array())
+        ok = np.isfinite(t.c_ts) & np.isfinite(t.c_ts + t.c_dur)
+        if not ok.all():
+            for k in self.c:
+                setattr(t, "c_" + k, getattr(t, "c_" + k)[ok])
         # drop events without a time
         for prefix, keys in (("g_", self.g), ("r_", self.r)):
             ok = np.isfinite(getattr(t, prefix + "ts"))
@@ -440,7 +395,7 @@ class Collector:
                     setattr(t, prefix + k, getattr(t, prefix + k)[ok])
         t.op_ext = np.unique(self.op_ext.array())
         gk, rk = list(self.g), list(self.r)
-        self.g, self.r, self.sy, self.op_ext = {}, {}, {}, None
+        self.g, self.r, self.sy, self.c, self.op_ext = {}, {}, {}, {}, None
         _drop_far(t, gk, rk)
         _drop_duplicates(t, gk)
         t.cpu_ops = self.ops.result()
@@ -551,4 +506,5 @@ def _clean_steps(t: Timeline) -> list:
     return kept
 
 
-__all__ = ["CATEGORIES", "Collector", "GPU_KERNEL", "GPU_MEMCPY", "GPU_MEMSET", "STEP_RE", "Timeline"]
+__all__ = ["CATEGORIES", "C_ANNOTATION", "C_OP", "C_PYTHON", "Collector", "GPU_KERNEL", "GPU_MEMCPY", "GPU_MEMSET",
+           "STEP_RE", "Timeline", "thread_id"]

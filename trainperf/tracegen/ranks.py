@@ -298,9 +298,12 @@ def _late_rank(base: list[dict], cause: str, *, comm_ids: set[int], steps: list[
                                                    {"External id": next(ids)})]) for i in steps]
         return (insert_host(base, inj, pid=pid, tid=tid), [late_us] * len(steps),
                 {"dataloader_us_per_step": {"late": dataloader_us + late_us, "others": dataloader_us}})
-    # allocator: free calls before the chosen collective of each step
+    # allocator: free calls before the chosen collective of each step, on the thread that launches it (the
+    # thread the GPU waits for: in a DDP job the autograd thread, not the one that holds the ProfilerStep)
     launch = _launches(base)
     drain = _drain_before(base)
+    threads = {_corr(e): (e.get("pid"), e.get("tid")) for e in base if e.get("ph") == "X" and _timed(e)
+               and str(e.get("cat", "")).lower() in RUNTIME_CATS and _corr(e) is not None}
     inj, blocked = [], []
     for j, i in enumerate(steps):
         lo, hi = base[i]["ts"], base[i]["ts"] + base[i]["dur"]
@@ -315,6 +318,7 @@ def _late_rank(base: list[dict], cause: str, *, comm_ids: set[int], steps: list[
                  for k in range(free_calls)]
         inj.append((p, wait + late_us, items))
         blocked.append(wait + late_us)
+        pid, tid = threads.get(_corr(base[c]), (pid, tid))
     return (insert_host(base, inj, pid=pid, tid=tid), blocked,
             {"allocator_us_per_step": blocked, "free_us_per_step": late_us, "free_calls_per_step": free_calls})
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from trainperf.trace.timeline import _Column, _empty
+from trainperf.trace.columns import _Column, _empty
 
 
 def column(dtype, capacity: int = 0, wide: bool = False) -> _Column:

@@ -1,0 +1,320 @@
+"""Replay one rank's CPU-GPU dependencies with host time removed or added: the what-if behind each cause's
+gain, and the engine :mod:`trainperf.tracegen.causes` edits real traces with.
+
+**The graph** (built once per rank, :func:`build`), read off the trace's own times:
+
+* **host**: the rank's host threads are one serial program (PyTorch's main thread waits for the autograd
+  thread during backward): removing host time moves every later host event earlier by it, adding some moves
+  them later (``base(t) = t - removed_before(t) + added_before(t)``);
+* **launch**: a GPU event starts no earlier than its launch call (correlation id) plus its launch latency;
+* **stream order**: nor before its stream predecessor ends (plus the gap the GPU itself left between them,
+  when the event was already queued: under 30 us);
+* **cross-stream events**: an event that started after its launch and its predecessor allowed waited for
+  another stream (``cudaStreamWaitEvent``): its dependency is the event of another stream that ended last
+  before it started (within 30 us), and it starts that long after that event ends;
+* **syncs**: a call that makes the host wait (stream / device / event syncs, blocking copies, ``cudaFree``
+  and ``hipFree``, which synchronize the device) returns when the streams it waits on are done, plus the
+  time it took after that; the host after it follows. A device-wide call waits on every stream; another, on
+  the streams whose work ended while it waited, else the stream its thread last launched on.
+
+Each event's latency, gap and dependency lag are taken from the trace so that replaying with nothing changed
+gives back every GPU event's time (checked by the tests). Kernel durations never change; a collective's
+includes its wait for the other ranks (the cross-rank stage splits it).
+
+**The replay** (:func:`run`) goes from sync to sync: the launches before the next sync start at their host
+time; each stream is a max-plus recurrence (``end_i = max(end_(i-1) + gap_i, ready_i) + dur_i``, a cumulative
+maximum per stream), cross-stream dependencies are relaxed until nothing moves; the sync then returns when its
+streams are done and sets the host's shift after it. Vectorized per stream between syncs: the Python loop is
+per sync and stream, never per event.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from trainperf.trace import intervals as iv
+from trainperf.trace.hostmap import HOST_CAUSES
+from trainperf.trace.hta import KERNEL_WAIT_US
+from trainperf.trace.timeline import Timeline
+
+DEVICE_WIDE = re.compile(r"(?:cuda|hip|cu)(?:Device|Thread|Ctx)Synchronize$|(?:cuda|hip)(?:Free|FreeHost|HostFree)$|"
+                         r"cuMemFree(?:Host)?(?:_v2)?$")
+DEFAULT_LATENCY_US = 5.0
+_EPS = 0.5  # us: two events this close count as touching
+
+
+@dataclass
+class Graph:
+    """GPU events sorted by (stream, start): their index in the timeline, stream code, duration, original start,
+    launch call start (NaN: none), latency, stream gap, dependency (index in this order, -1) and its lag; the
+    waits (syncs) sorted by start: start, end, whether device-wide, target streams, the time after the wait,
+    their runtime call index."""
+    ev: np.ndarray
+    stream: np.ndarray
+    dur: np.ndarray
+    start: np.ndarray
+    l_ts: np.ndarray
+    lat: np.ndarray
+    gap: np.ndarray
+    dep: np.ndarray
+    lag: np.ndarray
+    nstreams: int
+    w_s: np.ndarray
+    w_e: np.ndarray
+    w_streams: np.ndarray  # bool (waits, streams)
+    w_tail: np.ndarray
+    w_call: np.ndarray
+
+
+def wait_calls(tl: Timeline, classes: np.ndarray) -> np.ndarray:
+    """The runtime calls that may make the host wait: syncs (``classes``: the host cause code per name id, from
+    :func:`trainperf.trace.hostmap.name_classes`) and the frees that synchronize the device."""
+    if tl.r_ts.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    waits = classes == HOST_CAUSES.index("sync")
+    for i in np.unique(tl.r_name).tolist():
+        waits[i] |= bool(DEVICE_WIDE.match(str(tl.names[i])))
+    return np.flatnonzero(waits[tl.r_name])
+
+
+def build(tl: Timeline, launch: np.ndarray, wait_calls: np.ndarray) -> Graph:
+    """The graph of a rank (module docstring). ``wait_calls``: the runtime calls that may make the host wait."""
+    n = tl.g_ts.size
+    scode_of, s_inv = np.unique(tl.g_stream, return_inverse=True) if n else (np.zeros(0), np.zeros(0, dtype=int))
+    ns = int(scode_of.size)
+    o = np.lexsort((tl.g_ts, s_inv)) if n else np.zeros(0, dtype=np.int64)
+    stream = s_inv[o].astype(np.int64)
+    start = tl.g_ts[o].astype(np.float64)
+    dur = tl.g_dur[o].astype(np.float64)
+    end = start + dur
+    has = launch[o] >= 0
+    li = np.where(has, launch[o], 0)
+    l_ts = np.where(has, tl.r_ts[li] if tl.r_ts.size else np.nan, np.nan)
+    l_end = np.where(has, (tl.r_ts[li] + tl.r_dur[li]) if tl.r_ts.size else np.nan, np.nan)
+    first = np.ones(n, dtype=bool)
+    first[1:] = stream[1:] != stream[:-1]
+    pred_end = np.where(first, -np.inf, np.concatenate([[-np.inf], end[:-1]]))
+    # the event of another stream that ended last before each start (within KERNEL_WAIT_US): a dependency
+    eo = np.argsort(end, kind="stable")
+    ends = end[eo]
+    dep = np.full(n, -1, dtype=np.int64)
+    j = np.searchsorted(ends, start + _EPS, side="right") - 1
+    for _ in range(4):  # step back past same-stream events (a handful at most)
+        ok = (j >= 0) & (dep < 0)
+        cand = eo[np.maximum(j, 0)]
+        good = ok & (stream[cand] != stream) & (ends[np.maximum(j, 0)] >= start - KERNEL_WAIT_US)
+        dep[good] = cand[good]
+        j = np.where(ok & ~good & (stream[cand] == stream), j - 1, -1)
+    typical = DEFAULT_LATENCY_US
+    queued = has & (l_end <= pred_end)
+    launch_bound = has & ~queued & (start > pred_end + _EPS)
+    lb = (start - l_ts)[launch_bound & (dep < 0)]
+    if lb.size:
+        typical = float(max(np.median(lb), 0.0))
+    gap = np.zeros(n)
+    lat = np.where(has, np.minimum(start - l_ts, typical), 0.0)
+    use_dep = np.zeros(n, dtype=bool)
+    lag = np.zeros(n)
+    g = start - pred_end
+    small = queued & (g <= KERNEL_WAIT_US)
+    gap[small] = g[small]  # may be a little negative: integer-us times overlap by a rounding
+    with np.errstate(invalid="ignore"):
+        dep_end = np.where(dep >= 0, end[np.maximum(dep, 0)], -np.inf)
+        dep_bound = (dep >= 0) & ~small & (dep_end > np.where(has, l_end, -np.inf)) & (dep_end > pred_end)
+    use_dep[dep_bound] = True
+    lag[dep_bound] = start[dep_bound] - dep_end[dep_bound]
+    rest = has & ~small & ~dep_bound
+    lat[rest & ~queued] = (start - l_ts)[rest & ~queued]  # launch-bound: the whole delay is the launch's
+    gap[rest & queued] = g[rest & queued]  # queued, an unexplained gap: the GPU's own
+    no_launch = ~has
+    l_ts = np.where(no_launch, start, l_ts)
+    dep = np.where(use_dep, dep, -1)  # positions in this order
+    w = _waits(tl, wait_calls, launch, o, stream, start, end, l_ts, has, ns)
+    return Graph(o, stream, dur, start, l_ts, lat, gap, dep, lag, ns, *w)
+
+
+def _waits(tl, calls, launch, o, stream, start, end, l_ts, has, ns):
+    """The waits, sorted by start, none overlapping an earlier one; their target streams and tails."""
+    calls = np.asarray(calls, dtype=np.int64)
+    calls = calls[np.argsort(tl.r_ts[calls], kind="stable")] if calls.size else calls
+    s, e = tl.r_ts[calls], tl.r_ts[calls] + tl.r_dur[calls]
+    keep = np.ones(calls.size, dtype=bool)
+    if calls.size:
+        prev_end = np.concatenate([[-np.inf], np.maximum.accumulate(e)[:-1]])
+        keep = s >= prev_end
+    calls, s, e = calls[keep], s[keep], e[keep]
+    k = calls.size
+    streams = np.zeros((k, max(ns, 1)), dtype=bool)
+    tail = np.zeros(k)
+    if k == 0:
+        return s, e, streams, tail, calls
+    names = tl.names
+    wide = np.array([bool(DEVICE_WIDE.match(str(names[i]))) for i in tl.r_name[calls]], dtype=bool)
+    # per stream: the events by launch time and the running max of their ends
+    l_order = np.lexsort((l_ts, stream))
+    ls, st_l = l_ts[l_order], stream[l_order]
+    run_end = np.empty(end.size)
+    bounds = np.flatnonzero(np.concatenate([[True], st_l[1:] != st_l[:-1], [True]]))
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        run_end[a:b] = np.maximum.accumulate(end[l_order][a:b])
+    last_before = np.full((k, max(ns, 1)), -np.inf)
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        st = int(st_l[a])
+        j = np.searchsorted(ls[a:b], s, side="right") - 1
+        ok = j >= 0
+        last_before[ok, st] = run_end[a:b][j[ok]]
+    # which streams each waited on: device-wide, else those whose work ended while it waited, else the stream
+    # its thread launched on last
+    ended_inside = (last_before > s[:, None]) & (last_before <= e[:, None] + _EPS)
+    streams[:] = ended_inside
+    tid = tl.r_tid[calls]
+    lt = np.flatnonzero(has)
+    lt = lt[np.argsort(l_ts[lt], kind="stable")]
+    l_tid = tl.r_tid[launch[o[lt]]] if lt.size else np.zeros(0, dtype=np.int64)
+    open_ = np.flatnonzero(~wide & ~ended_inside.any(axis=1))
+    for t in np.unique(tid[open_]).tolist():
+        i = open_[tid[open_] == t]
+        mine = lt[l_tid == t] if t >= 0 else lt
+        j = np.searchsorted(l_ts[mine], s[i], side="right") - 1
+        ok = j >= 0
+        streams[i[ok], stream[mine[j[ok]]]] = True
+        streams[i[~ok], :] = True
+    streams[wide] = True
+    tgt = np.where(streams, last_before, -np.inf).max(axis=1)
+    tail = e - np.maximum(s, tgt)
+    return s, e, streams, tail, calls
+
+
+class HostShift:
+    """``t -> `` the host time after the edit: ``base(t)`` plus the shift set by the last wait that ended
+    before ``t``; inside a wait, interpolated between its new start and its new end."""
+
+    def __init__(self, removed: iv.Set, add_t: np.ndarray, add_us: np.ndarray, w_s: np.ndarray, w_e: np.ndarray):
+        self.removed = removed
+        o = np.argsort(add_t, kind="stable")
+        self.add_t = np.asarray(add_t, dtype=np.float64)[o]
+        self.add_cum = np.concatenate([[0.0], np.cumsum(np.asarray(add_us, dtype=np.float64)[o])])
+        self.w_s, self.w_e = w_s, w_e
+        self.shift = np.zeros(w_s.size)  # after each wait
+        self.new_end = w_e.copy()
+
+    def base(self, t) -> np.ndarray:
+        t = np.asarray(t, dtype=np.float64)
+        return t - iv.covered_before(self.removed, t) + self.add_cum[np.searchsorted(self.add_t, t, side="left")]
+
+    def __call__(self, t, upto: int | None = None) -> np.ndarray:
+        """Vectorized; ``upto``: only the first ``upto`` waits are known (the replay in progress)."""
+        t = np.asarray(t, dtype=np.float64)
+        n = self.w_s.size if upto is None else upto
+        out = self.base(t)
+        if n == 0:
+            return out
+        k = np.searchsorted(self.w_s[:n], t, side="right") - 1
+        done = (k >= 0) & (t >= self.w_e[np.maximum(k, 0)])
+        prev = np.where(done, k, k - 1)  # the last wait over before t
+        out = out + np.where(prev >= 0, self.shift[np.maximum(prev, 0)], 0.0)
+        inside = (k >= 0) & ~done
+        if inside.any():
+            kk = k[inside]
+            a = self.base(self.w_s[kk]) + np.where(kk > 0, self.shift[np.maximum(kk - 1, 0)], 0.0)
+            frac = (t[inside] - self.w_s[kk]) / np.maximum(self.w_e[kk] - self.w_s[kk], 1e-12)
+            out[inside] = a + frac * (self.new_end[kk] - a)
+        return out
+
+
+def run(g: Graph, removed: iv.Set = iv.EMPTY, *, add_t=None, add_us=None, skip_waits=None,
+        zero_latency: bool = False, max_latency: float | None = None, extra_waits=None
+        ) -> tuple[np.ndarray, HostShift]:
+    """Replay: the new start of every GPU event (in the timeline's order) and the host-time map.
+
+    ``removed``: host time taken out; ``add_t``/``add_us``: host time added at instants (before an event
+    starting there); ``skip_waits``: bool per wait, those that no longer wait (their time removed too);
+    ``zero_latency``: launches start their work at once; ``max_latency``: no launch latency or queued gap
+    longer than this (the work that waited on what the trace does not show runs at once); ``extra_waits``: ``(at, streams_mask, after_us)``
+    waits inserted at host instants (a ``cudaFree`` that synchronizes the device, a sync after ``.item()``)."""
+    add_t = np.zeros(0) if add_t is None else np.asarray(add_t, dtype=np.float64)
+    add_us = np.zeros(0) if add_us is None else np.asarray(add_us, dtype=np.float64)
+    w_s, w_e, w_streams, w_tail = g.w_s, g.w_e, g.w_streams, g.w_tail
+    if skip_waits is not None and np.any(skip_waits):
+        keep = ~np.asarray(skip_waits, dtype=bool)
+        w_s, w_e, w_streams, w_tail = w_s[keep], w_e[keep], w_streams[keep], w_tail[keep]
+    if extra_waits is not None and len(extra_waits[0]):
+        at, mask, after = (np.asarray(x) for x in extra_waits)
+        w_s = np.concatenate([w_s, at.astype(np.float64)])
+        w_e = np.concatenate([w_e, at.astype(np.float64)])  # an instant of the original host timeline
+        w_streams = np.concatenate([w_streams, mask.astype(bool).reshape(len(at), -1)])
+        w_tail = np.concatenate([w_tail, np.full(len(at), np.nan)])  # marks an inserted wait: 'after' follows
+        extra_after = np.concatenate([np.full(g.w_s.size if skip_waits is None else int((~np.asarray(
+            skip_waits, dtype=bool)).sum()), np.nan), after.astype(np.float64)])
+        o = np.argsort(w_s, kind="stable")
+        w_s, w_e, w_streams, w_tail, extra_after = w_s[o], w_e[o], w_streams[o], w_tail[o], extra_after[o]
+    else:
+        extra_after = np.full(w_s.size, np.nan)
+    h = HostShift(removed, add_t, add_us, w_s, w_e)
+    n = g.ev.size
+    new_end = np.full(n, np.nan)
+    new_start = np.full(n, np.nan)
+    lat = np.zeros(n) if zero_latency else g.lat
+    gap = g.gap
+    if max_latency is not None:
+        lat, gap = np.minimum(lat, max_latency), np.minimum(g.gap, max_latency)
+    batch = np.searchsorted(w_s, g.l_ts, side="left")  # launches up to each wait's start
+    order = np.argsort(batch, kind="stable")
+    bb = np.concatenate([[0], np.cumsum(np.bincount(batch, minlength=w_s.size + 1))])
+    last_end = np.full(max(g.nstreams, 1), -np.inf)
+    for k in range(w_s.size + 1):
+        idx = order[bb[k]:bb[k + 1]]
+        if idx.size:
+            ready = h(g.l_ts[idx], upto=k) + lat[idx]
+            _stream_batch(g, idx, ready, gap, new_start, new_end, last_end)
+        if k < w_s.size:
+            at = h(w_s[k:k + 1], upto=k)[0]
+            tgt = float(np.max(np.where(w_streams[k], last_end, -np.inf))) if w_streams[k].any() else -np.inf
+            if np.isnan(w_tail[k]):  # an inserted wait: waits, then takes its own time
+                ne = max(at, tgt) + float(extra_after[k])
+            else:
+                ne = max(at, tgt) + float(w_tail[k])
+            h.new_end[k] = ne
+            h.shift[k] = ne - float(h.base(w_e[k:k + 1])[0])
+    out = np.empty(n)
+    out[g.ev] = new_start
+    return out, h
+
+
+def _stream_batch(g: Graph, idx: np.ndarray, ready: np.ndarray, gap: np.ndarray, new_start: np.ndarray,
+                  new_end: np.ndarray, last_end: np.ndarray) -> None:
+    """Replay one batch's events (``idx``, in stream order) on their streams, relaxing cross-stream
+    dependencies until nothing moves."""
+    idx_sorted = np.sort(idx)  # the graph's order is (stream, start): sorted indices keep it
+    pos = np.searchsorted(idx_sorted, idx)
+    r = np.empty(idx.size)
+    r[pos] = ready
+    idx = idx_sorted
+    st = g.stream[idx]
+    bounds = np.flatnonzero(np.concatenate([[True], st[1:] != st[:-1], [True]]))
+    has_dep = g.dep[idx] >= 0
+    base_last = last_end.copy()
+    for _ in range(64):
+        eff = r.copy()
+        if has_dep.any():
+            d = g.dep[idx[has_dep]]
+            de = new_end[d]
+            eff[has_dep] = np.maximum(eff[has_dep], np.where(np.isnan(de), -np.inf, de + g.lag[idx[has_dep]]))
+        before = new_end[idx].copy()
+        for a, b in zip(bounds[:-1], bounds[1:]):
+            s = int(st[a])
+            dd = g.dur[idx[a:b]] + gap[idx[a:b]]
+            p = np.cumsum(dd)
+            best = np.maximum.accumulate(eff[a:b] - gap[idx[a:b]] - (p - dd))
+            e = p + np.maximum(base_last[s], best)
+            new_end[idx[a:b]] = e
+            new_start[idx[a:b]] = e - g.dur[idx[a:b]]
+            last_end[s] = e[-1]
+        if not has_dep.any() or np.array_equal(before, new_end[idx], equal_nan=True):
+            break
+
+
+__all__ = ["DEVICE_WIDE", "Graph", "HostShift", "build", "run", "wait_calls"]

@@ -1,0 +1,212 @@
+"""What if a cause's host time were gone: the rank's dependency graph (:mod:`trainperf.trace.replay`) replayed
+without it, for two uses.
+
+* **The gain** of a cause (``attribution``'s ``gain_us``): the analysed steps' span replayed without the cause's
+  host time (every occurrence in the trace: on each host thread, while the GPU waits on that thread next, i.e.
+  its thread launches the next GPU work), against the same span replayed unchanged.
+  Removed sync / allocator calls no longer wait; removing ``launch`` also drops the launch latency; removing
+  ``gpu_wait`` caps every launch latency and queued gap at 30 us.
+* **The refill** (:func:`refill`): a wait or phase (allocator or sync calls, gc, the DataLoader, the optimizer
+  step) first eats the GPU's lead, and once it is over the queue refills only as fast as the host launches.
+  For each of these named causes in turn, each idle gap's reduction in its what-if (the gap before the same GPU
+  event, replayed) beyond what the cause is charged in that gap already is taken from the gap's ``launch`` /
+  ``cpu_op`` / ``untraced`` idle, earliest first, and charged to the cause (named by its longest recent event
+  before the gap); in all, no more than the idle the what-if removes less what the cause is charged already. So the sync drain after an ``.item()`` is the sync's cost, not the next ops', and the per-window
+  charges agree with the gains.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from trainperf.trace import charge as chg
+from trainperf.trace import intervals as iv
+from trainperf.trace import replay
+from trainperf.trace.charge import CODE, NAMED, PLAIN, Charges
+from trainperf.trace.hostmap import HOST_CAUSES, name_classes
+from trainperf.trace.hta import KERNEL_WAIT_US
+from trainperf.trace.timeline import Timeline
+
+
+def graph(tl: Timeline, ch: Charges) -> replay.Graph:
+    if ch.graph is None:
+        ch.graph = replay.build(tl, ch.launch, replay.wait_calls(tl, name_classes(tl)))
+    return ch.graph
+
+
+def _critical_threads(tl: Timeline, ch: Charges) -> list[tuple[int, iv.Set]]:
+    """Per mapped thread, when it is the one the GPU waits on next: the thread of the next launch of the
+    device's work (after the last launch: the main thread)."""
+    has = ch.gpu & (ch.launch >= 0)
+    calls = np.unique(ch.launch[has])
+    if calls.size == 0:
+        return [(ch.main_thread, (np.array([ch.span[0]]), np.array([ch.span[1]])))]
+    o = calls[np.argsort(tl.r_ts[calls], kind="stable")]
+    at, tid = tl.r_ts[o], tl.r_tid[o]
+    lo = np.concatenate([[ch.span[0]], at])
+    hi = np.concatenate([at, [ch.span[1]]])
+    who = np.concatenate([tid, [ch.main_thread]])  # [at[k-1], at[k]) waits on launch k's thread
+    return [(int(t), iv.union(lo[who == t], hi[who == t])) for t in np.unique(who).tolist()]
+
+
+def removal(tl: Timeline, ch: Charges, cause: str) -> iv.Set:
+    """The host time of a cause: on each mapped thread, its segments of that cause (``untraced``: what none of
+    its events covers) while the GPU waits on that thread next (the thread of the next launch: PyTorch's main
+    thread in the forward, the autograd thread in the backward)."""
+    hm = ch.hmap
+    parts = []
+    for tid, crit in _critical_threads(tl, ch):
+        s = hm.thread(tid)
+        if cause == "untraced":
+            parts.append(iv.subtract(crit, iv.union(hm.lo[s], hm.hi[s])))
+        else:
+            m = hm.cause[s] == HOST_CAUSES.index(cause)
+            parts.append(iv.intersect(iv.union(hm.lo[s][m], hm.hi[s][m]), crit))
+    return iv.union(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])) if parts \
+        else iv.EMPTY
+
+
+def run(tl: Timeline, ch: Charges, cause: str | None) -> tuple[np.ndarray, replay.HostShift]:
+    """The rank replayed without ``cause`` (None: unchanged): each GPU event's new start and the host map.
+    Memoized on the charges."""
+    if cause in ch.whatif:
+        return ch.whatif[cause]
+    g = graph(tl, ch)
+    if cause is None:
+        out = replay.run(g)
+    elif cause == "gpu_wait":
+        out = replay.run(g, max_latency=KERNEL_WAIT_US)
+    else:
+        skip = None
+        if cause in ("sync", "allocator") and g.w_call.size:
+            skip = name_classes(tl)[tl.r_name[g.w_call]] == HOST_CAUSES.index(cause)
+        out = replay.run(g, removal(tl, ch, cause), skip_waits=skip, zero_latency=cause == "launch")
+    ch.whatif[cause] = out
+    return out
+
+
+def span_end(tl: Timeline, ch: Charges, starts: np.ndarray, h: replay.HostShift, lo0: float, host_end: float,
+             step_end: float) -> tuple[float, float]:
+    """(new start, new end) of the span [lo0, step_end]: its host start, and the later of its host end and the
+    end of the device's GPU events that ran in it."""
+    inside = ch.gpu & (tl.g_ts >= lo0) & (tl.g_ts < step_end)
+    gpu_end = float(np.max(starts[inside] + tl.g_dur[inside])) if inside.any() else -np.inf
+    a, b = h(np.array([lo0, host_end]))
+    return float(a), max(float(b), gpu_end)
+
+
+def reduction(tl: Timeline, ch: Charges, starts: np.ndarray, h: replay.HostShift) -> np.ndarray:
+    """Per idle gap: how much shorter it is in the replay (>= 0): the gap before the same GPU event, after
+    every GPU event that ended before the gap began."""
+    g0, g1 = ch.gaps
+    out = np.zeros(g0.size)
+    dev = np.flatnonzero(ch.gpu)
+    if dev.size == 0 or g0.size == 0:
+        return out
+    end = tl.g_ts[dev] + tl.g_dur[dev]
+    o = np.argsort(end, kind="stable")
+    ends = end[o]
+    new_end = np.maximum.accumulate((starts[dev] + tl.g_dur[dev])[o])
+    j = np.searchsorted(ends, g0, side="right") - 1
+    prev = np.where(j >= 0, new_end[np.maximum(j, 0)], h(g0))  # before any GPU event: the host's new time
+    w = ch.waker
+    ok = w >= 0
+    new_gap = np.where(ok, starts[np.maximum(w, 0)] - prev, g1 - g0)
+    out[ok] = np.maximum((g1 - g0)[ok] - np.maximum(new_gap[ok], 0.0), 0.0)
+    return out
+
+
+_LOOK_BACK = 8
+
+
+def _names_before(ch: Charges, code: int, g0: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For each gap start, the (detail, caller, src) of the cause's longest event among its last
+    ``_LOOK_BACK`` before it (the optimizer step, not the zero_grad after it); the runtime calls name a cause
+    that has any (the stream sync inside ``aten::item``)."""
+    hm = ch.hmap
+    m = np.flatnonzero(hm.cause == code - chg._H)
+    calls = m[hm.src[m] < hm.n_runtime]
+    m = calls if calls.size else m
+    if m.size == 0:
+        z = np.full(g0.size, -1)
+        return z.astype(np.int32), z.astype(np.int32), z.astype(np.int64)
+    o = m[np.argsort(hm.lo[m], kind="stable")]
+    last = np.searchsorted(hm.lo[o], g0, side="right") - 1
+    cand = np.clip(last[:, None] - np.arange(_LOOK_BACK)[None, :], 0, o.size - 1)
+    dur = (hm.hi - hm.lo)[o][cand]
+    dur[(last[:, None] - np.arange(_LOOK_BACK)[None, :]) < 0] = -1.0
+    k = o[cand[np.arange(g0.size), np.argmax(dur, axis=1)]]
+    return hm.detail(k), hm.caller(k), hm.src[k].astype(np.int64)
+
+
+def refill(tl: Timeline, ch: Charges) -> None:
+    """The refill rule (module docstring), in place on the charges."""
+    if ch.lo.size == 0 or ch.gaps[0].size == 0:
+        return
+    present = [c for c in NAMED if np.any(ch.hmap.cause == HOST_CAUSES.index(c))]
+    plain_codes = [CODE[c] for c in PLAIN]
+    g0, g1 = ch.gaps
+    ng = g0.size
+    for c in present:
+        code = CODE[c]
+        starts, h = run(tl, ch, c)
+        r = reduction(tl, ch, starts, h)
+        mine = ch.cause == code
+        already = np.bincount(ch.gap[mine], weights=(ch.hi - ch.lo)[mine], minlength=ng)
+        extra = np.maximum(r - already, 0.0)
+        plain = np.isin(ch.cause, plain_codes) & (extra[ch.gap] > 0)
+        if not plain.any():
+            continue
+        length = np.where(plain, ch.hi - ch.lo, 0.0)
+        cum = np.cumsum(length) - length
+        first = np.full(ng, -1, dtype=np.int64)
+        pi = np.flatnonzero(plain)
+        heads = pi[np.concatenate([[True], ch.gap[pi][1:] != ch.gap[pi][:-1]])]
+        first[ch.gap[heads]] = heads
+        done = cum - cum[np.maximum(first[ch.gap], 0)]
+        take = np.where(plain, np.clip(extra[ch.gap] - done, 0.0, length), 0.0)
+        # in all, no more than the idle its what-if removes beyond its own charges (an instant charged to the
+        # cause, such as the launch latency inside its phase, may stay when its host time goes)
+        budget = max(float(r.sum()) - float(already.sum()), 0.0)
+        given = np.cumsum(take) - take
+        take = np.clip(budget - given, 0.0, take)
+        _move(ch, take, code, *_names_before(ch, code, g0[ch.gap]))
+
+
+def _move(ch: Charges, take: np.ndarray, code: int, detail: np.ndarray, caller: np.ndarray,
+          src: np.ndarray) -> None:
+    """Charge the first ``take`` us of each piece to ``code`` (split where it falls inside a piece)."""
+    moved = take > 0
+    if not moved.any():
+        return
+    j = np.flatnonzero(moved)
+    cut = ch.lo[j] + take[j]
+    part = cut < ch.hi[j]
+    rest = j[part]
+    cols: dict[str, Any] = {
+        "lo": np.concatenate([ch.lo[j], cut[part]]), "hi": np.concatenate([cut, ch.hi[rest]]),
+        "cause": np.concatenate([np.full(j.size, code), ch.cause[rest]]).astype(np.int8),
+        "detail": np.concatenate([detail[j], ch.detail[rest]]).astype(np.int32),
+        "caller": np.concatenate([caller[j], ch.caller[rest]]).astype(np.int32),
+        "src": np.concatenate([src[j], ch.src[rest]]).astype(np.int64),
+        "tid": np.concatenate([ch.tid[j], ch.tid[rest]]).astype(np.int64),
+        "gap": np.concatenate([ch.gap[j], ch.gap[rest]]).astype(np.int64),
+        "refilled": np.concatenate([np.ones(j.size, dtype=bool), ch.refilled[rest]])}
+    keep = ~moved
+    for name, v in cols.items():
+        setattr(ch, name, np.concatenate([getattr(ch, name)[keep], v]))
+    o = np.argsort(ch.lo, kind="stable")
+    for name in cols:
+        setattr(ch, name, getattr(ch, name)[o])
+
+
+def charged(tl: Timeline, patterns: Any = None, kind: np.ndarray | None = None) -> Charges:
+    """The rank's charges: instant by instant (:func:`trainperf.trace.charge.charge`), then the refill."""
+    ch = chg.charge(tl, patterns, kind)
+    refill(tl, ch)
+    return ch
+
+
+__all__ = ["charged", "graph", "reduction", "refill", "removal", "run", "span_end"]
