@@ -6,6 +6,7 @@ event so that each expected figure can be worked out by hand (the comments do it
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from trainperf.trace.attribution import CAUSES, attribute_windows, charges
 from trainperf.trace.hostmap import innermost, name_classes
 from trainperf.trace.patterns import host_kind
 
+NSYS = REAL.parent / "nsys/h100_2gpu_1s.sqlite.gz"
 COMMITTED = sorted([p for p in TRACES.glob("*.json*")] + [p for p in REAL.rglob("*.json*") if p.is_file()])
 
 
@@ -165,10 +167,72 @@ def test_every_committed_trace_sums_to_its_steps_and_replays_to_itself(path):
     assert sum(a["gpu_pct"].values()) == pytest.approx(100.0, abs=1e-6)
     assert a["gpu_us"]["idle"] == pytest.approx(sum(c["us_per_step"] for c in a["idle_causes"]), rel=1e-9, abs=1e-6)
     assert all(c["gain_us"] >= 0 and c["whatif_step_us"] <= a["step_us"] + 1e-6 for c in a["idle_causes"])
-    tl = read_timeline(path)
+    assert a["unreplayable"] is None and all(c["gain_us"] is not None for c in a["idle_causes"])
+    assert_replays_to_itself(read_timeline(path))
+
+
+def assert_replays_to_itself(tl) -> None:
     g = replay.build(tl, tb.launch_index(tl), replay.wait_calls(tl, name_classes(tl)))
     starts, _ = replay.run(g)
     assert np.allclose(starts, tl.g_ts, rtol=0, atol=1e-6)  # nothing changed: every GPU event where it was
+
+
+def test_the_committed_nsys_export_replays_to_itself(tmp_path):
+    from trainperf.trace.nsys import read_capture
+
+    out = tmp_path / "h100_2gpu_1s.sqlite"
+    out.write_bytes(gzip.decompress(NSYS.read_bytes()))
+    ranks = read_capture(out)
+    assert len(ranks) == 2
+    for _, tl in ranks:
+        assert_replays_to_itself(tl)
+
+
+def _gpu(t: Trace, name, a, b, stream, cat="kernel", corr=None):
+    """A GPU event with no launch call in the trace (``corr``: an id no call has; None: none at all)."""
+    args = {"stream": stream, "device": 0} | ({"correlation": corr} if corr is not None else {})
+    t.ev.append({"ph": "X", "cat": cat, "name": name, "pid": 0, "tid": stream, "ts": a, "dur": b - a, "args": args})
+
+
+def test_work_without_a_launch_overlapping_work_and_late_launched_neighbours_replay_to_themselves(tmp_path):
+    t = Trace()
+    t.cpu("ProfilerStep#1", 0, 500, cat="user_annotation")
+    # stream 7: A was launched before the trace began (its call is not in it); B, launched at 20, queued behind
+    # it; a sync at [50, 60) on stream 8 comes between B's launch and A's start
+    _gpu(t, "A", 100, 110, 7, corr=99)
+    t.launch(20, 25, 112, 130, stream=7)
+    t.launch(10, 15, 30, 58, stream=8)
+    t.runtime("cudaStreamSynchronize", 50, 60)
+    # stream 9: device-side copies without correlation ids that overlap each other (MTIA's dma_request)
+    _gpu(t, "dma_request", 200, 220, 9)
+    _gpu(t, "dma_request", 205, 230, 9)
+    # stream 10: F launched at 300 starts at 400 (launch-bound); G on stream 11, launched at 310 (after a sync at
+    # [306, 308)), ends just before F starts: not F's dependency, it was launched after F
+    t.launch(300, 305, 400, 420, stream=10)
+    t.runtime("cudaStreamSynchronize", 306, 308)
+    t.launch(310, 315, 320, 399.8, stream=11)
+    tl = read_timeline(t.write(tmp_path / "pre.json"))
+    assert_replays_to_itself(tl)
+    a = analyze_file(tmp_path / "pre.json")["attribution"]
+    assert a["unreplayable"] is None
+
+
+def test_gpu_work_before_its_launch_call_is_detected_and_gets_no_gain(tmp_path):
+    t = Trace()
+    t.cpu("ProfilerStep#1", 0, 1000, cat="user_annotation")
+    t.cpu("aten::mm", 0, 400)
+    t.launch(100, 105, 300, 400)
+    t.launch(500, 505, 440, 460)  # starts 60 us before its launch call: the GPU's clock is behind the host's
+    t.runtime("cudaFree", 600, 900)
+    t.launch(950, 955, 960, 990)
+    r = analyze_file(t.write(tmp_path / "clock.json"))
+    a = r["attribution"]
+    assert a["unreplayable"].startswith("1 of 3 launched GPU event(s) start before their launch call (by up to 60.0")
+    assert a["unreplayable"] in r["notes"]
+    assert a["idle_causes"] and all(c["gain_us"] is None and c["whatif_step_us"] is None for c in a["idle_causes"])
+    assert a["refill_us"] == 0
+    assert sum(a["gpu_pct"].values()) == pytest.approx(100.0)  # the charges still sum to the step
+    json.dumps(a, allow_nan=False)
 
 
 def test_the_charges_are_computed_once_per_timeline_and_table():

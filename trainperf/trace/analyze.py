@@ -157,6 +157,9 @@ def analyze_timeline(tl: Timeline, *, path: str = "", rank: int | None = None, p
     if launch_stats is not None and nsteps:
         r_in = fg.step_of(tl.r_ts, lo, hi) >= 0
         launch_stats = dict(launch_stats, launch_us_per_step=float(tl.r_dur[r_in].sum()) / nsteps)
+    attr = attribution.attribute(tl, spans, st["host"], patterns=pats, kind=cls["kind"]) if has_gpu else None
+    if attr and attr["unreplayable"]:
+        notes.append(attr["unreplayable"])
     res: dict[str, Any] = {
         "path": path, "rank": rank, "cpu_only": not has_gpu, "device": (dev or {}).get("name") if dev else None,
         "device_info": dev, "distributed_info": di if isinstance(di, dict) else None,
@@ -185,8 +188,7 @@ def analyze_timeline(tl: Timeline, *, path: str = "", rank: int | None = None, p
         | {"window": (temporal or {}).get("window_us")},
         "idle_us": (idle or {}).get("us"), "idle_by_stream": (idle or {}).get("by_stream"),
         "hta_window": h["window"], "per_step": per_step,
-        "attribution": attribution.attribute(tl, spans, st["host"], patterns=pats, kind=cls["kind"]) if has_gpu
-        else None,
+        "attribution": attr,
         "gpus": {str(k): {kk: (_pct(v) if kk in ("utilization", "sm_efficiency", "tensor_core", "tensor_core_tb")
                                else v) for kk, v in d.items()} for k, d in gm["devices"].items()},
         "patterns": pats.source, "events": tl.events, "base_time_us": tl.base_us,

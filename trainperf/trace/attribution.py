@@ -28,11 +28,13 @@ Two entry points, both torch-free and vectorized (no Python loop per event):
              "us_per_step": float, "pct": float,    # idle charged to it, and that in % of the step
              "calls_per_step": float,     # distinct host events (calls, ops, waits; untraced stretches) charged
              "callers": [[str, us_per_step], ...],  # the top 5 CPU ops around them (allocator, sync, launch, cpu_op)
-             "whatif_step_us": float,     # the step replayed without this cause's host time (below)
-             "gain_us": float}],          # step_us - whatif_step_us (>= 0)
+             "whatif_step_us": float | null,  # the step replayed without this cause's host time (below)
+             "gain_us": float | null}],   # step_us - whatif_step_us (>= 0); both null when unreplayable
          "untraced_us": float,            # idle per step no host event covers
          "refill_us": float,              # idle per step moved to a wait by the refill rule
-         "device": int | null, "main_thread": int, "threads": [int]}
+         "device": int | null, "main_thread": int, "threads": [int],
+         "unreplayable": str | null}      # why the rank's times cannot be replayed (GPU work before its launch
+                                          # call: the clocks disagree): then no refill and no gains
 
 **Method** (docs/concepts/attribution.md has it in full, with its check against HTA's critical path):
 
@@ -142,7 +144,9 @@ def _attribute(tl: Timeline, spans: list, host_spans: list, ch: Charges) -> dict
     names = tl.names
     lo0, step_end = float(lo[0]), float(hi[-1])
     host_end = float(host_spans[len(spans) - 1][1]) if host_spans else step_end
-    a0, b0 = whatif.span_end(tl, ch, *whatif.run(tl, ch, None), lo0, host_end, step_end)
+    replay = ch.unreplayable is None
+    if replay:
+        a0, b0 = whatif.span_end(tl, ch, *whatif.run(tl, ch, None), lo0, host_end, step_end)
     causes = []
     for name in IDLE_CAUSES:
         code = CODE[name]
@@ -155,17 +159,19 @@ def _attribute(tl: Timeline, spans: list, host_spans: list, ch: Charges) -> dict
                "calls_per_step": float(np.unique(ch.src[m]).size) / n,
                "callers": _top(ch.caller[m], inside[m], names, n) if name in _CALLER_CAUSES else []}
         row["detail"] = row["names"][0][0] if row["names"] else None
-        a, b = whatif.span_end(tl, ch, *whatif.run(tl, ch, name), lo0, host_end, step_end)
-        gain = max(0.0, ((b0 - a0) - (b - a)) / n)
-        row["whatif_step_us"] = step_us - gain
-        row["gain_us"] = gain
+        row["whatif_step_us"] = row["gain_us"] = None
+        if replay:
+            a, b = whatif.span_end(tl, ch, *whatif.run(tl, ch, name), lo0, host_end, step_end)
+            gain = max(0.0, ((b0 - a0) - (b - a)) / n)
+            row["whatif_step_us"] = step_us - gain
+            row["gain_us"] = gain
         causes.append(row)
     causes.sort(key=lambda r: -r["us_per_step"])
     ch.whatif.clear()  # the replays are not needed past here (attribute_windows reads the charges alone)
     return {"method": METHOD, "steps": n, "step_us": step_us, "gpu_us": gpu_us, "gpu_pct": gpu_pct,
             "idle_causes": causes, "untraced_us": float(per[CODE["untraced"]]),
             "refill_us": float(inside[ch.refilled].sum()) / n, "device": ch.device, "main_thread": ch.main_thread,
-            "threads": [int(t) for t in ch.hmap.threads]}
+            "threads": [int(t) for t in ch.hmap.threads], "unreplayable": ch.unreplayable}
 
 
 __all__ = ["CAUSES", "METHOD", "attribute", "attribute_windows", "charges"]

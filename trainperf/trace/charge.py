@@ -85,6 +85,7 @@ class Charges:
     allbusy: iv.Set  # the device's busy time
     graph: Any = None  # the rank's dependency graph (trainperf.trace.replay), once built
     whatif: dict = None  # cause -> (new GPU starts, host map) of its removal, once replayed
+    unreplayable: str | None = None  # why the rank's times cannot be replayed (then no refill, no gains)
 
 
 def _complete(tl: Timeline) -> None:

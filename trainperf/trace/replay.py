@@ -49,9 +49,9 @@ _EPS = 0.5  # us: two events this close count as touching
 @dataclass
 class Graph:
     """GPU events sorted by (stream, start): their index in the timeline, stream code, duration, original start,
-    launch call start (NaN: none), latency, stream gap, dependency (index in this order, -1) and its lag; the
-    waits (syncs) sorted by start: start, end, whether device-wide, target streams, the time after the wait,
-    their runtime call index."""
+    launch call start (its own start: none in the trace), latency, stream gap, dependency (index in this order, -1) and its lag, the
+    host time it is replayed by (``key``: rising along each stream); the waits (syncs) sorted by start: start,
+    end, target streams, the time after the wait, their runtime call index."""
     ev: np.ndarray
     stream: np.ndarray
     dur: np.ndarray
@@ -62,6 +62,7 @@ class Graph:
     dep: np.ndarray
     lag: np.ndarray
     nstreams: int
+    key: np.ndarray
     w_s: np.ndarray
     w_e: np.ndarray
     w_streams: np.ndarray  # bool (waits, streams)
@@ -94,10 +95,16 @@ def build(tl: Timeline, launch: np.ndarray, wait_calls: np.ndarray) -> Graph:
     li = np.where(has, launch[o], 0)
     l_ts = np.where(has, tl.r_ts[li] if tl.r_ts.size else np.nan, np.nan)
     l_end = np.where(has, (tl.r_ts[li] + tl.r_dur[li]) if tl.r_ts.size else np.nan, np.nan)
+    del li
     first = np.ones(n, dtype=bool)
     first[1:] = stream[1:] != stream[:-1]
     pred_end = np.where(first, -np.inf, np.concatenate([[-np.inf], end[:-1]]))
-    # the event of another stream that ended last before each start (within KERNEL_WAIT_US): a dependency
+    # no launch call in the trace (launched before the profiling window, its call dropped, work the device starts
+    # itself such as MTIA's DMA requests): taken as launched at its own start, on the host's time
+    l_ts = np.where(has, l_ts, start)
+    key = _keys(first, l_ts)
+    # the event of another stream that ended last before each start (within KERNEL_WAIT_US), replayed no later
+    # than it (its key no later): a dependency
     eo = np.argsort(end, kind="stable")
     ends = end[eo]
     dep = np.full(n, -1, dtype=np.int64)
@@ -106,8 +113,10 @@ def build(tl: Timeline, launch: np.ndarray, wait_calls: np.ndarray) -> Graph:
         ok = (j >= 0) & (dep < 0)
         cand = eo[np.maximum(j, 0)]
         good = ok & (stream[cand] != stream) & (ends[np.maximum(j, 0)] >= start - KERNEL_WAIT_US)
+        good &= key[cand] <= key
         dep[good] = cand[good]
         j = np.where(ok & ~good & (stream[cand] == stream), j - 1, -1)
+    del eo, ends, j
     typical = DEFAULT_LATENCY_US
     queued = has & (l_end <= pred_end)
     launch_bound = has & ~queued & (start > pred_end + _EPS)
@@ -129,15 +138,29 @@ def build(tl: Timeline, launch: np.ndarray, wait_calls: np.ndarray) -> Graph:
     rest = has & ~small & ~dep_bound
     lat[rest & ~queued] = (start - l_ts)[rest & ~queued]  # launch-bound: the whole delay is the launch's
     gap[rest & queued] = g[rest & queued]  # queued, an unexplained gap: the GPU's own
-    no_launch = ~has
-    l_ts = np.where(no_launch, start, l_ts)
+    overlap = ~first & (g < gap)  # started before its predecessor ended (overlapping copies, DMA): as recorded
+    gap[overlap] = g[overlap]
     dep = np.where(use_dep, dep, -1)  # positions in this order
-    w = _waits(tl, wait_calls, launch, o, stream, start, end, l_ts, has, ns)
-    return Graph(o, stream, dur, start, l_ts, lat, gap, dep, lag, ns, *w)
+    w = _waits(tl, wait_calls, launch, o, stream, end, l_ts, key, has, ns)
+    return Graph(o, stream, dur, start, l_ts, lat, gap, dep, lag, ns, key, *w)
 
 
-def _waits(tl, calls, launch, o, stream, start, end, l_ts, has, ns):
-    """The waits, sorted by start, none overlapping an earlier one; their target streams and tails."""
+def _keys(first: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Per event (in (stream, start) order): the host time by which it is replayed, the latest launch of it
+    and of its stream predecessors (a running maximum per stream, ``first`` marking each stream's start): the
+    replay goes from wait to wait by it, so that an event is never replayed before its stream predecessor
+    (work launched after a wait can precede, on its stream, work launched before it: an event whose launch call
+    is not in the trace is taken as launched at its start)."""
+    out = t.copy()
+    cut = np.append(np.flatnonzero(first), t.size)
+    for a, b in zip(cut[:-1], cut[1:]):  # a loop per stream
+        np.maximum.accumulate(out[a:b], out=out[a:b])
+    return out
+
+
+def _waits(tl, calls, launch, o, stream, end, l_ts, key, has, ns):
+    """The waits, sorted by start, none overlapping an earlier one; their target streams and tails. A wait sees
+    on each stream the events replayed before it (their key up to its start: a prefix of the stream)."""
     calls = np.asarray(calls, dtype=np.int64)
     calls = calls[np.argsort(tl.r_ts[calls], kind="stable")] if calls.size else calls
     s, e = tl.r_ts[calls], tl.r_ts[calls] + tl.r_dur[calls]
@@ -153,19 +176,14 @@ def _waits(tl, calls, launch, o, stream, start, end, l_ts, has, ns):
         return s, e, streams, tail, calls
     names = tl.names
     wide = np.array([bool(DEVICE_WIDE.match(str(names[i]))) for i in tl.r_name[calls]], dtype=bool)
-    # per stream: the events by launch time and the running max of their ends
-    l_order = np.lexsort((l_ts, stream))
-    ls, st_l = l_ts[l_order], stream[l_order]
-    run_end = np.empty(end.size)
-    bounds = np.flatnonzero(np.concatenate([[True], st_l[1:] != st_l[:-1], [True]]))
-    for a, b in zip(bounds[:-1], bounds[1:]):
-        run_end[a:b] = np.maximum.accumulate(end[l_order][a:b])
+    # per stream (the graph's order; the keys rise along it): the running max of the ends
+    bounds = np.flatnonzero(np.concatenate([[True], stream[1:] != stream[:-1], [True]]))
     last_before = np.full((k, max(ns, 1)), -np.inf)
     for a, b in zip(bounds[:-1], bounds[1:]):
-        st = int(st_l[a])
-        j = np.searchsorted(ls[a:b], s, side="right") - 1
+        run_end = np.maximum.accumulate(end[a:b])
+        j = np.searchsorted(key[a:b], s, side="right") - 1
         ok = j >= 0
-        last_before[ok, st] = run_end[a:b][j[ok]]
+        last_before[ok, int(stream[a])] = run_end[j[ok]]
     # which streams each waited on: device-wide, else those whose work ended while it waited, else the stream
     # its thread launched on last
     ended_inside = (last_before > s[:, None]) & (last_before <= e[:, None] + _EPS)
@@ -261,18 +279,20 @@ def run(g: Graph, removed: iv.Set = iv.EMPTY, *, add_t=None, add_us=None, skip_w
     gap = g.gap
     if max_latency is not None:
         lat, gap = np.minimum(lat, max_latency), np.minimum(g.gap, max_latency)
-    batch = np.searchsorted(w_s, g.l_ts, side="left")  # launches up to each wait's start
+    batch = np.searchsorted(w_s, g.key, side="left")  # launched up to each wait's start (rising along a stream)
     order = np.argsort(batch, kind="stable")
     bb = np.concatenate([[0], np.cumsum(np.bincount(batch, minlength=w_s.size + 1))])
-    last_end = np.full(max(g.nstreams, 1), -np.inf)
+    del batch
+    last_end = np.full(max(g.nstreams, 1), -np.inf)  # per stream: the end of its last event replayed
+    done = last_end.copy()  # ... and the latest end of any (what a wait waits for)
     for k in range(w_s.size + 1):
         idx = order[bb[k]:bb[k + 1]]
         if idx.size:
             ready = h(g.l_ts[idx], upto=k) + lat[idx]
-            _stream_batch(g, idx, ready, gap, new_start, new_end, last_end)
+            _stream_batch(g, idx, ready, gap, new_start, new_end, last_end, done)
         if k < w_s.size:
             at = h(w_s[k:k + 1], upto=k)[0]
-            tgt = float(np.max(np.where(w_streams[k], last_end, -np.inf))) if w_streams[k].any() else -np.inf
+            tgt = float(np.max(np.where(w_streams[k], done, -np.inf))) if w_streams[k].any() else -np.inf
             if np.isnan(w_tail[k]):  # an inserted wait: waits, then takes its own time
                 ne = max(at, tgt) + float(extra_after[k])
             else:
@@ -285,7 +305,7 @@ def run(g: Graph, removed: iv.Set = iv.EMPTY, *, add_t=None, add_us=None, skip_w
 
 
 def _stream_batch(g: Graph, idx: np.ndarray, ready: np.ndarray, gap: np.ndarray, new_start: np.ndarray,
-                  new_end: np.ndarray, last_end: np.ndarray) -> None:
+                  new_end: np.ndarray, last_end: np.ndarray, done: np.ndarray) -> None:
     """Replay one batch's events (``idx``, in stream order) on their streams, relaxing cross-stream
     dependencies until nothing moves."""
     idx_sorted = np.sort(idx)  # the graph's order is (stream, start): sorted indices keep it
@@ -315,6 +335,9 @@ def _stream_batch(g: Graph, idx: np.ndarray, ready: np.ndarray, gap: np.ndarray,
             last_end[s] = e[-1]
         if not has_dep.any() or np.array_equal(before, new_end[idx], equal_nan=True):
             break
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        s = int(st[a])
+        done[s] = max(done[s], float(new_end[idx[a:b]].max()))
 
 
 __all__ = ["DEVICE_WIDE", "Graph", "HostShift", "build", "run", "wait_calls"]

@@ -202,11 +202,46 @@ def _move(ch: Charges, take: np.ndarray, code: int, detail: np.ndarray, caller: 
         setattr(ch, name, getattr(ch, name)[o])
 
 
+REPLAY_TOL_US = 1e-3
+"""The replay with nothing changed must give back every GPU event's start within this (1 ns)."""
+CLOCK_TOL_US = 1.0
+"""A GPU event may start this much before its launch call (integer-microsecond times, each rounded); more, and
+the host's and the GPU's clocks disagree."""
+
+
+def unreplayable(tl: Timeline, ch: Charges) -> str | None:
+    """Why the rank's times cannot be replayed (None: they can): GPU work that starts before its launch call
+    (the host's and the GPU's clocks disagree: every what-if would move work by a wrong lead), or a replay
+    with nothing changed that does not give back every GPU event's start (a dependency the graph misreads)."""
+    has = ch.launch >= 0
+    if has.any():
+        early = tl.g_ts[has] - tl.r_ts[ch.launch[has]]
+        bad = early < -CLOCK_TOL_US
+        if bad.any():
+            return (f"{int(bad.sum())} of {int(has.sum())} launched GPU event(s) start before their launch call "
+                    f"(by up to {-float(early.min()):,.1f} us): the host's and the GPU's clocks disagree, so the "
+                    "what-if replays (each cause's gain, the refill after a wait) are not computed; the charges "
+                    "compare the two clocks as recorded")
+    starts, _ = run(tl, ch, None)
+    off = np.abs(starts - tl.g_ts)
+    off = np.where(np.isnan(off), np.inf, off)
+    bad = off > REPLAY_TOL_US
+    if bad.any():
+        return (f"the rank's dependency replay with nothing changed moves {int(bad.sum())} of {off.size} GPU "
+                f"event(s) (by up to {float(off.max()):,.1f} us): the what-if replays (each cause's gain, the refill "
+                "after a wait) are not computed")
+    return None
+
+
 def charged(tl: Timeline, patterns: Any = None, kind: np.ndarray | None = None) -> Charges:
-    """The rank's charges: instant by instant (:func:`trainperf.trace.charge.charge`), then the refill."""
+    """The rank's charges: instant by instant (:func:`trainperf.trace.charge.charge`), then the refill, when
+    the rank's times can be replayed (:func:`unreplayable`)."""
     ch = chg.charge(tl, patterns, kind)
-    refill(tl, ch)
+    ch.unreplayable = unreplayable(tl, ch)
+    if ch.unreplayable is None:
+        refill(tl, ch)
     return ch
 
 
-__all__ = ["charged", "graph", "reduction", "refill", "removal", "run", "span_end"]
+__all__ = ["CLOCK_TOL_US", "REPLAY_TOL_US", "charged", "graph", "reduction", "refill", "removal", "run",
+           "span_end", "unreplayable"]
