@@ -177,7 +177,6 @@ def charge(tl: Timeline, patterns: Any = None, kind: np.ndarray | None = None) -
         u, cnt = np.unique(tids, return_counts=True)
         main = int(u[int(np.argmax(cnt))]) if u.size else -1
         threads = np.array([main] if main >= 0 else [], dtype=np.int64)
-    hm = hostmap.build(tl, threads)
     # each gap's waker: the first GPU event of the device starting at the gap's end
     gi = np.flatnonzero(gpu)
     order = gi[np.argsort(tl.g_ts[gi], kind="stable")]
@@ -197,20 +196,24 @@ def charge(tl: Timeline, patterns: Any = None, kind: np.ndarray | None = None) -
     # heads: what the launching thread was doing before the launch
     h_hi = np.minimum(g1, l_ts)
     head = h_hi > g0
-    for tid in np.unique(t_of[head]).tolist():
-        m = head & (t_of == tid)
-        a, b, seg, gp = _pieces_on_thread(hm, tid, g0[m], h_hi[m], gap_id[m])
-        traced = seg >= 0
-        sg = seg[traced]
-        rows.append((a, b, _fill(traced, hm.cause[sg] + _H, CODE["untraced"]), _fill(traced, hm.detail(sg), -1),
-                     _fill(traced, hm.caller(sg), -1), _fill(traced, hm.src[sg], untraced_src0 + gp),
-                     np.full(a.size, tid, dtype=np.int64), gp))
     # tails: the launch call and its launch-to-start latency (up to AHEAD_US after the call returned), charged
     # as the launch's own activity; beyond that the queued work waited on something else: gpu_wait
     l_end = np.where(has_l, l_ts + (tl.r_dur[np.maximum(lc, 0)] if tl.r_dur.size else 0.0), g1) + AHEAD_US
     short = (g1 - g0) < AHEAD_US  # the GPU's own kernel-to-kernel overhead (HTA's kernel wait): the launch's
     t_hi = np.where(short, g1, np.minimum(g1, np.maximum(l_end, g0)))
     tail = has_l & (t_hi > np.maximum(g0, l_ts))
+    # the host map: the threads' runs, and their segments where the charges look (the heads, the launches)
+    hm = hostmap.build(tl, threads, iv.union(g0[head], h_hi[head]),
+                       {t: l_ts[tail & (t_of == t)] for t in np.unique(t_of[tail]).tolist()})
+    for tid in np.unique(t_of[head]).tolist():
+        m = head & (t_of == tid)
+        a, b, seg, gp = _pieces_on_thread(hm, tid, g0[m], h_hi[m], gap_id[m])
+        traced = seg >= 0
+        sg = seg[traced]
+        rows.append((a, b, _fill(traced, hm.cause[sg] + _H, CODE["untraced"]), _fill(traced, hm.detail(sg), -1),
+                     _fill(traced, hm.caller(sg, (0.5 * (a + b))[traced]), -1),
+                     _fill(traced, hm.src[sg], untraced_src0 + gp),
+                     np.full(a.size, tid, dtype=np.int64), gp))
     if tail.any():
         idx = np.flatnonzero(tail)
         seg = np.full(idx.size, -1, dtype=np.int64)
@@ -221,7 +224,8 @@ def charge(tl: Timeline, patterns: Any = None, kind: np.ndarray | None = None) -
         sg = seg[traced]
         call = lc[idx]
         rows.append((np.maximum(g0[idx], l_ts[idx]), t_hi[idx], _fill(traced, hm.cause[sg] + _H, CODE["launch"]),
-                     _fill(traced, hm.detail(sg), tl.r_name[call]), _fill(traced, hm.caller(sg), -1),
+                     _fill(traced, hm.detail(sg), tl.r_name[call]),
+                     _fill(traced, hm.caller(sg, l_ts[idx][traced]), -1),
                      _fill(traced, hm.src[sg], call), t_of[idx], idx))
     stuck = has_l & ~short & (g1 > np.maximum(g0, l_end))
     if stuck.any():

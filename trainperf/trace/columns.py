@@ -116,4 +116,18 @@ class _Column:
         return self.buf[:self.n]
 
 
-__all__ = ["thread_id"]
+def reserved(dtype, capacity: int = 0, wide: bool = False) -> _Column:
+    """A :class:`_Column` with room for ``capacity`` rows, reserved in an anonymous mapping whose pages become
+    resident only as rows are written (so a generous reservation costs nothing, and the column never doubles
+    and copies until it is exceeded). ``wide``: an integer column whose values need int64 from the first row
+    (a serialized thread id), never kept as int32 first."""
+    col = _Column(dtype)
+    if wide:
+        col.narrow = False
+        col.buf = np.empty(0, dtype=np.int64)
+    if capacity > 0:
+        col.buf = _empty(int(capacity), col.buf.dtype)
+    return col
+
+
+__all__ = ["reserved", "thread_id"]

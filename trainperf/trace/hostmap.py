@@ -30,6 +30,7 @@ from __future__ import annotations
 import numpy as np
 
 from trainperf.trace import intervals as iv
+from trainperf.trace.columns import reserved
 from trainperf.trace.patterns import host_kind
 from trainperf.trace.timeline import C_OP, Timeline
 
@@ -145,27 +146,48 @@ def clip_labelled(lo: np.ndarray, hi: np.ndarray, label: np.ndarray, region: iv.
 
 
 class HostMap:
-    """Labelled disjoint segments per host thread, sorted by (thread, start): ``lo``, ``hi``, ``cause`` (int8
-    index into :data:`HOST_CAUSES`; never untraced: that is what no segment covers) and ``src``, the event
-    each comes from (runtime call ``r``, or CPU event ``n_runtime + c``); 21 bytes a segment. The names come
-    from the events when asked: :meth:`detail` (the event's own name) and :meth:`caller` (the outermost CPU op
-    around it on its thread)."""
+    """What the host threads were doing, per thread (sorted by thread, then time):
 
-    def __init__(self, tl: Timeline, lo, hi, cause, src, threads, offsets, classes):
-        self.lo, self.hi, self.cause, self.src = lo, hi, cause, src
-        self.threads, self.offsets = threads, offsets
+    * the **runs**: each cause's time on the thread (``r_lo``, ``r_hi``, ``r_cause``: disjoint, touching runs of
+      one cause joined; what no run covers is untraced), over the whole trace: what a what-if removes;
+    * the **segments**: ``lo``, ``hi``, ``cause`` (int8 index into :data:`HOST_CAUSES`) and ``src``, the event
+      each comes from (runtime call ``r``, or CPU event ``n_runtime + c``; int32 while it fits), where they were
+      asked for (:func:`build`'s ``want`` and ``points``; the named causes' everywhere). The names come from the
+      events when asked: :meth:`detail` (the event's own name) and :meth:`caller` (the outermost CPU op around
+      it on its thread)."""
+
+    def __init__(self, tl: Timeline, seg: tuple, runs: tuple, threads, offsets, r_offsets, classes):
+        self.lo, self.hi, self.cause, self.src = seg
+        self.r_lo, self.r_hi, self.r_cause = runs
+        self.threads, self.offsets, self.r_offsets = threads, offsets, r_offsets
         self.n_runtime = tl.r_ts.size
         self._tl, self._classes = tl, classes
         self._tops: dict[int, tuple] = {}
 
-    def thread(self, tid: int) -> slice:
+    def _k(self, tid: int) -> int:
         k = int(np.searchsorted(self.threads, tid))
-        if k >= self.threads.size or self.threads[k] != tid:
-            return slice(0, 0)
-        return slice(int(self.offsets[k]), int(self.offsets[k + 1]))
+        return k if k < self.threads.size and self.threads[k] == tid else -1
+
+    def thread(self, tid: int) -> slice:
+        """The thread's segments."""
+        k = self._k(tid)
+        return slice(0, 0) if k < 0 else slice(int(self.offsets[k]), int(self.offsets[k + 1]))
+
+    def runs(self, tid: int, cause: str | None = None) -> iv.Set:
+        """The thread's time of one cause (None: of any: the traced time), a disjoint sorted set."""
+        k = self._k(tid)
+        if k < 0:
+            return iv.EMPTY
+        s = slice(int(self.r_offsets[k]), int(self.r_offsets[k + 1]))
+        lo, hi = self.r_lo[s], self.r_hi[s]
+        if cause is None:
+            return iv.union(lo, hi)
+        m = self.r_cause[s] == HOST_CAUSES.index(cause)
+        return lo[m], hi[m]
 
     def lookup(self, tid: int, t: np.ndarray) -> np.ndarray:
-        """Index of the segment of thread ``tid`` covering each time (-1: none, untraced)."""
+        """Index of the segment of thread ``tid`` covering each time (-1: none, untraced), for times where
+        segments were built."""
         s = self.thread(tid)
         out = np.full(t.size, -1, dtype=np.int64)
         if s.stop == s.start:
@@ -187,15 +209,18 @@ class HostMap:
         out[~rt] = tl.c_name[src[~rt] - nr]
         return out
 
-    def caller(self, idx: np.ndarray) -> np.ndarray:
-        """Name id of the outermost CPU op on the thread around each segment (-1: none)."""
+    def caller(self, idx: np.ndarray, at: np.ndarray | None = None) -> np.ndarray:
+        """Name id of the outermost CPU op on the thread around each segment (-1: none), at the instants ``at``
+        inside them (default: their middles; a segment built for some instants is exact there, not
+        necessarily at its middle)."""
         idx = np.asarray(idx, dtype=np.int64)
         out = np.full(idx.size, -1, dtype=np.int32)
+        at = 0.5 * (self.lo[idx] + self.hi[idx]) if at is None else np.asarray(at, dtype=np.float64)
         k = np.searchsorted(self.offsets, idx, side="right") - 1
         for j in np.unique(k).tolist():
             m = k == j
             s, e, names = self._top_ops(int(self.threads[j]))
-            mid = 0.5 * (self.lo[idx[m]] + self.hi[idx[m]])
+            mid = at[m]
             q = np.searchsorted(s, mid, side="right") - 1
             ok = q >= 0
             ok[ok] = mid[ok] < e[q[ok]]
@@ -220,80 +245,155 @@ class HostMap:
             self._tops[tid] = (s[top], e[top], tl.c_name[c[top]])
         return self._tops[tid]
 
+    def forget_callers(self) -> None:
+        """Drop the threads' top-level ops (looked up again when asked)."""
+        self._tops.clear()
+
 
 CHUNK = 65536
-"""Events of one thread mapped at a time: a thread's events are cut by time into runs of this many, each run
-mapped with the events open across its start (clipped to it), so memory stays bounded on any trace; the
+"""Events of one thread mapped at a time: a thread's events, in order of start, are cut into runs of this many,
+each mapped with the events open across its start (clipped to it), so memory stays bounded on any trace; the
 innermost event and the precedence at an instant do not change when the events around it are clipped."""
+_NAMED = len(HOST_CAUSES) - 3  # allocator, sync, gc, dataloader, optimizer: their segments are kept everywhere
 
 
-def _segments(lo, hi, cls, src) -> list[tuple]:
-    """The labelled segments of a set of events (one thread's, or one run of them)."""
+class _Asked:
+    """Where segments are wanted: a disjoint sorted set of times (``want``) and sorted instants (``points``);
+    None: everywhere."""
+
+    def __init__(self, want: iv.Set | None, points: np.ndarray | None):
+        self.all = want is None
+        self.w0, self.w1 = (np.zeros(0), np.zeros(0)) if want is None else want
+        self.pts = np.zeros(0) if points is None else np.sort(np.asarray(points, dtype=np.float64))
+
+    def hits(self, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+        """Which intervals ``[lo, hi)`` overlap the wanted times or hold a wanted instant."""
+        if self.all:
+            return np.ones(lo.size, dtype=bool)
+        j = np.searchsorted(self.w1, lo, side="right")
+        out = (j < self.w0.size) & (self.w0[np.minimum(j, max(self.w0.size - 1, 0))] < hi) if self.w0.size \
+            else np.zeros(lo.size, dtype=bool)
+        if self.pts.size:
+            k = np.searchsorted(self.pts, lo, side="left")
+            out |= (k < self.pts.size) & (self.pts[np.minimum(k, self.pts.size - 1)] < hi)
+        return out
+
+
+def _segments(lo, hi, cls, src, asked: _Asked) -> tuple[list, list]:
+    """The labelled segments (where asked; the named causes' everywhere) and the runs of a set of events (one
+    run of a thread's events, clipped to it)."""
     taken = iv.EMPTY
-    out = []
+    segs, runs = [], []
     for code in range(len(HOST_CAUSES) - 1):
-        m = cls == code
-        if not m.any():
+        m = np.flatnonzero(cls == code)
+        if m.size == 0:
             continue
         region = iv.subtract(iv.union(lo[m], hi[m]), taken)
         taken = iv.join(taken, region)
+        runs.append((region[0], region[1], np.full(region[0].size, code, dtype=np.int8)))
+        if code >= _NAMED:
+            m = m[asked.hits(lo[m], hi[m])]  # an instant asked about: every event covering it is among these
+        if m.size == 0 or region[0].size == 0:
+            continue
         s_lo, s_hi, j = innermost(lo[m], hi[m])
         a, b, lab = clip_labelled(s_lo, s_hi, j, region)
-        out.append((a, b, np.full(a.size, code, dtype=np.int8), src[np.flatnonzero(m)[lab]]))
+        if code >= _NAMED:
+            keep = asked.hits(a, b)
+            a, b, lab = a[keep], b[keep], lab[keep]
+        segs.append((a, b, np.full(a.size, code, dtype=np.int8), src[m[lab]]))
+    return segs, runs
+
+
+def _by_start(parts: list, k: int) -> list[np.ndarray]:
+    """Parts (tuples of ``k`` columns) joined and sorted by their first column."""
+    if not parts:
+        return [np.zeros(0)] * k
+    cols = [np.concatenate([p[i] for p in parts]) for i in range(k)]
+    o = np.argsort(cols[0], kind="stable")
+    return [c[o] for c in cols]
+
+
+def _order(tl: Timeline, tid: int) -> np.ndarray:
+    """The thread's events (runtime call ``r``, CPU event ``n_runtime + c``) in order of start: int32 while
+    they fit (timsort merges the two runs, each near sorted)."""
+    nr = tl.r_ts.size
+    idx = np.concatenate([np.flatnonzero(tl.r_tid == tid), np.flatnonzero(tl.c_tid == tid) + nr])
+    if nr + tl.c_ts.size < 2**31:
+        idx = idx.astype(np.int32)
+    start = _gather(tl, idx, "ts")
+    o = np.argsort(start, kind="stable")
+    del start
+    return idx[o]
+
+
+def _gather(tl: Timeline, src: np.ndarray, col: str) -> np.ndarray:
+    """The ``ts`` / ``dur`` / ``name`` of events numbered as :func:`_order` numbers them."""
+    nr = tl.r_ts.size
+    r, c = getattr(tl, "r_" + col), getattr(tl, "c_" + col)
+    out = np.empty(src.size, dtype=np.result_type(r.dtype, c.dtype))
+    rt = src < nr
+    out[rt] = r[src[rt]]
+    out[~rt] = c[src[~rt] - nr]
     return out
 
 
-def _thread_segments(tl: Timeline, tid: int, cls_of_name: np.ndarray) -> tuple[np.ndarray, ...]:
-    """One thread's labelled segments: (lo, hi, cause, src), sorted by start."""
-    nr = tl.r_ts.size
-    r = np.flatnonzero(tl.r_tid == tid)
-    c = np.flatnonzero(tl.c_tid == tid)
-    lo = np.concatenate([tl.r_ts[r], tl.c_ts[c]])
-    hi = lo + np.concatenate([tl.r_dur[r], tl.c_dur[c]])
-    cls = np.concatenate([cls_of_name[tl.r_name[r]], cls_of_name[tl.c_name[c]]]).astype(np.int8)
-    src = np.concatenate([r, nr + c]).astype(np.int64)
-    del r, c
-    keep = (cls >= 0) & (hi > lo)  # the step annotation says nothing; empty events cover nothing
-    lo, hi, cls, src = lo[keep], hi[keep], cls[keep], src[keep]
-    o = np.argsort(lo, kind="stable")
-    lo, hi, cls, src = lo[o], hi[o], cls[o], src[o]
-    del o, keep
-    out: list[tuple] = []
-    open_ = np.zeros(0, dtype=np.int64)  # events started before the run that reach into it
-    for a in range(0, lo.size, CHUNK):
-        b = min(a + CHUNK, lo.size)
-        t0 = lo[a]
-        t1 = lo[b] if b < lo.size else np.inf
-        open_ = open_[hi[open_] > t0]
-        idx = np.concatenate([open_, np.arange(a, b)])
-        out += _segments(np.maximum(lo[idx], t0), np.minimum(hi[idx], t1), cls[idx], src[idx])
-        open_ = idx[hi[idx] > t1]
-    if not out:
-        z = np.zeros(0)
-        return z, z, np.zeros(0, dtype=np.int8), np.zeros(0, dtype=np.int64)
-    a = np.concatenate([x[0] for x in out])
-    o = np.argsort(a, kind="stable")
-    return a[o], np.concatenate([x[1] for x in out])[o], np.concatenate([x[2] for x in out])[o], \
-        np.concatenate([x[3] for x in out])[o]
+def _map_thread(tl: Timeline, tid: int, cls_of_name: np.ndarray, asked: _Asked, seg_out: list, run_out: list
+                ) -> None:
+    """One thread's segments and runs, appended to the columns ``seg_out`` and ``run_out`` in order of time."""
+    order = _order(tl, tid)
+    o_lo, o_hi = np.zeros(0), np.zeros(0)  # the events open across the next run's start: times, class, source
+    o_cls, o_src = np.zeros(0, dtype=np.int8), np.zeros(0, dtype=order.dtype)
+    for a in range(0, order.size, CHUNK):
+        src = order[a:a + CHUNK]
+        lo = _gather(tl, src, "ts")
+        hi = lo + _gather(tl, src, "dur")
+        cls = cls_of_name[_gather(tl, src, "name")]
+        keep = (cls >= 0) & (hi > lo)  # the step annotation says nothing; empty events cover nothing
+        t0 = float(lo[0])
+        t1 = float(_gather(tl, order[a + CHUNK:a + CHUNK + 1], "ts")[0]) if a + CHUNK < order.size else np.inf
+        o_keep = o_hi > t0
+        lo = np.concatenate([o_lo[o_keep], lo[keep]])
+        hi = np.concatenate([o_hi[o_keep], hi[keep]])
+        cls = np.concatenate([o_cls[o_keep], cls[keep]])
+        src = np.concatenate([o_src[o_keep], src[keep]])
+        segs, runs = _segments(np.maximum(lo, t0), np.minimum(hi, t1), cls, src, asked)
+        for col, v in zip(seg_out, _by_start(segs, 4)):
+            col.add(v)
+        _add_runs(run_out, _by_start(runs, 3))
+        spill = hi > t1
+        o_lo, o_hi, o_cls, o_src = lo[spill], hi[spill], cls[spill], src[spill]
 
 
-def build(tl: Timeline, threads) -> HostMap:
-    """The map of the given host threads."""
+def _add_runs(cols: list, run: list) -> None:
+    """Append runs, joining the first to the last one there when they touch with one cause (a run cut at a
+    chunk's start)."""
+    lo, hi, cause = run
+    c_lo, c_hi, c_cause = cols
+    if lo.size and c_lo.n and c_cause.buf[c_cause.n - 1] == cause[0] and c_hi.buf[c_hi.n - 1] == lo[0]:
+        c_hi.buf[c_hi.n - 1] = hi[0]
+        lo, hi, cause = lo[1:], hi[1:], cause[1:]
+    for col, v in zip(cols, (lo, hi, cause)):
+        col.add(v)
+
+
+def build(tl: Timeline, threads, want: iv.Set | None = None, points: dict | None = None) -> HostMap:
+    """The map of the given host threads: every thread's runs, and its segments where asked: over ``want`` (a
+    disjoint sorted set of times; None: everywhere) and at the instants ``points[tid]`` (the named causes'
+    everywhere)."""
     classes = name_classes(tl)
-    parts = []
     ths = np.unique(np.asarray(list(threads), dtype=np.int64))
     ths = ths[ths >= 0]
+    n = int(tl.r_ts.size + tl.c_ts.size)
+    seg = [reserved(np.float64, 0), reserved(np.float64, 0), reserved(np.int8, 0), reserved(np.int64, 0)]
+    run = [reserved(np.float64, 2 * n + 16), reserved(np.float64, 2 * n + 16), reserved(np.int8, 2 * n + 16)]
+    offsets, r_offsets = [0], [0]
     for tid in ths.tolist():
-        parts.append(_thread_segments(tl, tid, classes))
-    counts = np.array([p[0].size for p in parts], dtype=np.int64)
-    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-    if not parts:
-        z = np.zeros(0)
-        return HostMap(tl, z, z, np.zeros(0, dtype=np.int8), np.zeros(0, dtype=np.int64), ths, offsets, classes)
-    lo, hi, cause, src = (np.concatenate([p[i] for p in parts]) for i in range(4))
-    if src.size and src.max() < 2**31:
-        src = src.astype(np.int32)
-    return HostMap(tl, lo, hi, cause, src, ths, offsets, classes)
+        asked = _Asked(want, None if want is None or points is None else points.get(tid))
+        _map_thread(tl, tid, classes, asked, seg, run)
+        offsets.append(seg[0].n)
+        r_offsets.append(run[0].n)
+    return HostMap(tl, tuple(c.array() for c in seg), tuple(c.array() for c in run), ths,
+                   np.array(offsets, dtype=np.int64), np.array(r_offsets, dtype=np.int64), classes)
 
 
 __all__ = ["HOST_CAUSES", "HostMap", "SYNC_OPS", "build", "clip_labelled", "innermost", "name_classes"]

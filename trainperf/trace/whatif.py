@@ -58,12 +58,10 @@ def removal(tl: Timeline, ch: Charges, cause: str) -> iv.Set:
     hm = ch.hmap
     parts = []
     for tid, crit in _critical_threads(tl, ch):
-        s = hm.thread(tid)
         if cause == "untraced":
-            parts.append(iv.subtract(crit, iv.union(hm.lo[s], hm.hi[s])))
+            parts.append(iv.subtract(crit, hm.runs(tid)))
         else:
-            m = hm.cause[s] == HOST_CAUSES.index(cause)
-            parts.append(iv.intersect(iv.union(hm.lo[s][m], hm.hi[s][m]), crit))
+            parts.append(iv.intersect(hm.runs(tid, cause), crit))
     return iv.union(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])) if parts \
         else iv.EMPTY
 

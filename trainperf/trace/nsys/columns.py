@@ -6,21 +6,6 @@ only the part it wrote."""
 
 from __future__ import annotations
 
-import numpy as np
-
-from trainperf.trace.columns import _Column, _empty
-
-
-def column(dtype, capacity: int = 0, wide: bool = False) -> _Column:
-    """A :class:`~trainperf.trace.timeline._Column` with room for ``capacity`` rows. ``wide``: an integer column
-    whose values need int64 from the first row (a serialized thread id), never kept as int32 first."""
-    col = _Column(dtype)
-    if wide:
-        col.narrow = False
-        col.buf = np.empty(0, dtype=np.int64)
-    if capacity > 0:
-        col.buf = _empty(int(capacity), col.buf.dtype)
-    return col
-
+from trainperf.trace.columns import reserved as column
 
 __all__ = ["column"]
