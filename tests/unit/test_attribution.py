@@ -217,6 +217,21 @@ def test_work_without_a_launch_overlapping_work_and_late_launched_neighbours_rep
     assert a["unreplayable"] is None
 
 
+def test_a_chain_of_cross_stream_dependencies_longer_than_a_pass_settles(tmp_path):
+    t = Trace()
+    t.cpu("ProfilerStep#1", 0, 10_000, cat="user_annotation")
+    # 200 kernels queued at once, alternating between two streams, each starting 2 us after the previous one
+    # (on the other stream) ends: a chain of 199 cross-stream dependencies in one batch, more than the 64
+    # passes one relaxation makes
+    for i in range(200):
+        k0 = 1000 + 42 * i
+        t.launch(2 * i, 2 * i + 1, k0, k0 + 40, stream=7 + i % 2)
+    tl = read_timeline(t.write(tmp_path / "chain.json"))
+    g = replay.build(tl, tb.launch_index(tl), replay.wait_calls(tl, name_classes(tl)))
+    assert int((g.dep >= 0).sum()) == 199
+    assert_replays_to_itself(tl)
+
+
 def test_gpu_work_before_its_launch_call_is_detected_and_gets_no_gain(tmp_path):
     t = Trace()
     t.cpu("ProfilerStep#1", 0, 1000, cat="user_annotation")

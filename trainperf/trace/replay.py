@@ -48,21 +48,22 @@ _EPS = 0.5  # us: two events this close count as touching
 
 @dataclass
 class Graph:
-    """GPU events sorted by (stream, start): their index in the timeline, stream code, duration, original start,
-    launch call start (its own start: none in the trace), latency, stream gap, dependency (index in this order, -1) and its lag, the
-    host time it is replayed by (``key``: rising along each stream); the waits (syncs) sorted by start: start,
-    end, target streams, the time after the wait, their runtime call index."""
+    """GPU events sorted by (stream, start): their index in the timeline (``ev``), stream code, duration, launch
+    call start (its own start: none in the trace), latency, stream gap, dependency (index in this order, -1)
+    and its lag; the order they are replayed in (``order``: by the host time they are replayed by, the latest
+    launch of them and their stream predecessors, ``okey``, rising) ; the waits (syncs) sorted by start: start,
+    end, target streams, the time after the wait, their runtime call index. Indices are int32 while they fit."""
     ev: np.ndarray
     stream: np.ndarray
     dur: np.ndarray
-    start: np.ndarray
     l_ts: np.ndarray
     lat: np.ndarray
     gap: np.ndarray
     dep: np.ndarray
     lag: np.ndarray
     nstreams: int
-    key: np.ndarray
+    order: np.ndarray
+    okey: np.ndarray
     w_s: np.ndarray
     w_e: np.ndarray
     w_streams: np.ndarray  # bool (waits, streams)
@@ -142,7 +143,11 @@ def build(tl: Timeline, launch: np.ndarray, wait_calls: np.ndarray) -> Graph:
     gap[overlap] = g[overlap]
     dep = np.where(use_dep, dep, -1)  # positions in this order
     w = _waits(tl, wait_calls, launch, o, stream, end, l_ts, key, has, ns)
-    return Graph(o, stream, dur, start, l_ts, lat, gap, dep, lag, ns, key, *w)
+    del start, end, pred_end, g, dep_end, queued, launch_bound, small, use_dep, rest, has, l_end, first, overlap
+    order = np.argsort(key, kind="stable")  # ties: in (stream, start) order
+    idx = np.int32 if n < 2**31 else np.int64
+    return Graph(o.astype(idx), stream.astype(np.int32), dur, l_ts, lat, gap, dep.astype(idx), lag, ns,
+                 order.astype(idx), key[order], *w)
 
 
 def _keys(first: np.ndarray, t: np.ndarray) -> np.ndarray:
@@ -274,22 +279,13 @@ def run(g: Graph, removed: iv.Set = iv.EMPTY, *, add_t=None, add_us=None, skip_w
     h = HostShift(removed, add_t, add_us, w_s, w_e)
     n = g.ev.size
     new_end = np.full(n, np.nan)
-    new_start = np.full(n, np.nan)
-    lat = np.zeros(n) if zero_latency else g.lat
-    gap = g.gap
-    if max_latency is not None:
-        lat, gap = np.minimum(lat, max_latency), np.minimum(g.gap, max_latency)
-    batch = np.searchsorted(w_s, g.key, side="left")  # launched up to each wait's start (rising along a stream)
-    order = np.argsort(batch, kind="stable")
-    bb = np.concatenate([[0], np.cumsum(np.bincount(batch, minlength=w_s.size + 1))])
-    del batch
     last_end = np.full(max(g.nstreams, 1), -np.inf)  # per stream: the end of its last event replayed
     done = last_end.copy()  # ... and the latest end of any (what a wait waits for)
+    # batch k: the events replayed by a host time up to wait k's start, after wait k - 1's
+    cut = np.concatenate([[0], np.searchsorted(g.okey, w_s, side="right"), [n]])
     for k in range(w_s.size + 1):
-        idx = order[bb[k]:bb[k + 1]]
-        if idx.size:
-            ready = h(g.l_ts[idx], upto=k) + lat[idx]
-            _stream_batch(g, idx, ready, gap, new_start, new_end, last_end, done)
+        for a, b in _pieces(g.okey, int(cut[k]), max(int(cut[k]), int(cut[k + 1]))):
+            _replay(g, a, b, lambda t, k=k: h(t, upto=k), zero_latency, max_latency, new_end, last_end, done)
         if k < w_s.size:
             at = h(w_s[k:k + 1], upto=k)[0]
             tgt = float(np.max(np.where(w_streams[k], done, -np.inf))) if w_streams[k].any() else -np.inf
@@ -299,45 +295,89 @@ def run(g: Graph, removed: iv.Set = iv.EMPTY, *, add_t=None, add_us=None, skip_w
                 ne = max(at, tgt) + float(w_tail[k])
             h.new_end[k] = ne
             h.shift[k] = ne - float(h.base(w_e[k:k + 1])[0])
+    new_end -= g.dur
     out = np.empty(n)
-    out[g.ev] = new_start
+    out[g.ev] = new_end
     return out, h
 
 
-def _stream_batch(g: Graph, idx: np.ndarray, ready: np.ndarray, gap: np.ndarray, new_start: np.ndarray,
-                  new_end: np.ndarray, last_end: np.ndarray, done: np.ndarray) -> None:
-    """Replay one batch's events (``idx``, in stream order) on their streams, relaxing cross-stream
-    dependencies until nothing moves."""
-    idx_sorted = np.sort(idx)  # the graph's order is (stream, start): sorted indices keep it
-    pos = np.searchsorted(idx_sorted, idx)
-    r = np.empty(idx.size)
-    r[pos] = ready
-    idx = idx_sorted
+CHUNK = 65536
+"""Events replayed at once: a batch (the events between two waits) is replayed in pieces of this many, in their
+order (cut only between distinct host times): an event's stream predecessor and dependency are never in a later
+piece, so the pieces one after another give the batch's replay, in bounded memory."""
+
+
+def _pieces(okey: np.ndarray, a: int, b: int, size: int = CHUNK) -> list[tuple[int, int]]:
+    """``[a, b)`` cut into pieces of about ``size`` events, between distinct keys."""
+    out = []
+    while a < b:
+        c = a + size
+        c = b if c >= b else min(b, int(np.searchsorted(okey, okey[c - 1], side="right")))
+        out.append((a, c))
+        a = c
+    return out
+
+
+def _replay(g: Graph, a: int, b: int, host, zero_latency: bool, max_latency: float | None, new_end: np.ndarray,
+            last_end: np.ndarray, done: np.ndarray) -> None:
+    """Replay the events ``g.order[a:b]`` (their host times mapped by ``host``); where the cross-stream
+    dependencies do not settle, in halves."""
+    idx = np.sort(g.order[a:b])  # the graph's order is (stream, start): sorted indices keep it
+    lat = np.zeros(idx.size) if zero_latency else g.lat[idx]
+    gap = g.gap[idx]
+    if max_latency is not None:
+        np.minimum(lat, max_latency, out=lat)
+        np.minimum(gap, max_latency, out=gap)
+    ready = host(g.l_ts[idx]) + lat
+    del lat
+    saved = (last_end.copy(), done.copy())
+    if _stream_batch(g, idx, ready, gap, new_end, last_end, done):
+        return
+    halves = _pieces(g.okey, a, b, (b - a + 1) // 2)
+    if len(halves) < 2:  # one host time: nothing to cut (what has settled stands)
+        return
+    new_end[idx] = np.nan  # a chain of dependencies too long to settle at once: the halves one after another
+    last_end[:], done[:] = saved
+    for p, q in halves:
+        _replay(g, p, q, host, zero_latency, max_latency, new_end, last_end, done)
+
+
+_SETTLE = 64
+
+
+def _stream_batch(g: Graph, idx: np.ndarray, ready: np.ndarray, gap: np.ndarray, new_end: np.ndarray,
+                  last_end: np.ndarray, done: np.ndarray) -> bool:
+    """Replay events (``idx``, in stream order; ``ready``, ``gap``: theirs) on their streams, relaxing
+    cross-stream dependencies until nothing moves; False when they have not settled after ``_SETTLE`` passes."""
     st = g.stream[idx]
     bounds = np.flatnonzero(np.concatenate([[True], st[1:] != st[:-1], [True]]))
-    has_dep = g.dep[idx] >= 0
+    dep = g.dep[idx]
+    has_dep = dep >= 0
+    d, lag = dep[has_dep], g.lag[idx[has_dep]]
+    dur = g.dur[idx]
     base_last = last_end.copy()
-    for _ in range(64):
-        eff = r.copy()
-        if has_dep.any():
-            d = g.dep[idx[has_dep]]
+    settled = not has_dep.any()
+    for _ in range(_SETTLE):
+        eff = ready.copy()
+        if not settled:
             de = new_end[d]
-            eff[has_dep] = np.maximum(eff[has_dep], np.where(np.isnan(de), -np.inf, de + g.lag[idx[has_dep]]))
-        before = new_end[idx].copy()
+            eff[has_dep] = np.maximum(eff[has_dep], np.where(np.isnan(de), -np.inf, de + lag))
+            before = new_end[idx]
         for a, b in zip(bounds[:-1], bounds[1:]):
             s = int(st[a])
-            dd = g.dur[idx[a:b]] + gap[idx[a:b]]
+            dd = dur[a:b] + gap[a:b]
             p = np.cumsum(dd)
-            best = np.maximum.accumulate(eff[a:b] - gap[idx[a:b]] - (p - dd))
+            best = np.maximum.accumulate(eff[a:b] - gap[a:b] - (p - dd))
             e = p + np.maximum(base_last[s], best)
             new_end[idx[a:b]] = e
-            new_start[idx[a:b]] = e - g.dur[idx[a:b]]
             last_end[s] = e[-1]
-        if not has_dep.any() or np.array_equal(before, new_end[idx], equal_nan=True):
+        if settled or np.array_equal(before, new_end[idx], equal_nan=True):
+            settled = True
             break
     for a, b in zip(bounds[:-1], bounds[1:]):
         s = int(st[a])
         done[s] = max(done[s], float(new_end[idx[a:b]].max()))
+    return settled
 
 
 __all__ = ["DEVICE_WIDE", "Graph", "HostShift", "build", "run", "wait_calls"]
