@@ -157,7 +157,8 @@ def analyze_timeline(tl: Timeline, *, path: str = "", rank: int | None = None, p
     if launch_stats is not None and nsteps:
         r_in = fg.step_of(tl.r_ts, lo, hi) >= 0
         launch_stats = dict(launch_stats, launch_us_per_step=float(tl.r_dur[r_in].sum()) / nsteps)
-    attr = attribution.attribute(tl, spans, st["host"], patterns=pats, kind=cls["kind"]) if has_gpu else None
+    attr = attribution.attribute(tl, spans, st["host"], patterns=pats, kind=cls["kind"], launch=launch) \
+        if has_gpu else None
     if attr and attr["unreplayable"]:
         notes.append(attr["unreplayable"])
     res: dict[str, Any] = {

@@ -79,15 +79,16 @@ _CALLER_CAUSES = {"allocator", "sync", "launch", "cpu_op"}
 _TOP = 5
 
 
-def charges(tl: Timeline, patterns: Any = None, kind: np.ndarray | None = None) -> Charges:
+def charges(tl: Timeline, patterns: Any = None, kind: np.ndarray | None = None,
+            launch: np.ndarray | None = None) -> Charges:
     """The rank's charged timeline, computed once per Timeline and pattern table (``kind``: each GPU event's
-    class by that table, when the caller has it)."""
+    class by that table; ``launch``: :func:`trainperf.trace.tb.launch_index`; when the caller has them)."""
     pats = load_patterns(patterns)
     key = repr(pats.to_dict())
     cached = tl.__dict__.get("_attribution_charges")
     if cached is not None and cached[0] == key:
         return cached[1]
-    ch = whatif.charged(tl, pats, kind)
+    ch = whatif.charged(tl, pats, kind, launch)
     tl.__dict__["_attribution_charges"] = (key, ch)
     return ch
 
@@ -119,13 +120,14 @@ def _top(ids: np.ndarray, us: np.ndarray, names: list, nsteps: int) -> list[list
 
 
 def attribute(tl: Timeline, spans: list, host_spans: list, *, patterns: Any = None,
-              kind: np.ndarray | None = None) -> dict[str, Any] | None:
+              kind: np.ndarray | None = None, launch: np.ndarray | None = None) -> dict[str, Any] | None:
     """The attribution of the analysed steps (module docstring); None without steps or GPU events. ``kind``:
-    each GPU event's class (0 compute, 1 communication, 2 memory) when the caller has it."""
+    each GPU event's class (0 compute, 1 communication, 2 memory), ``launch`` its launch call, when the caller
+    has them."""
     if not spans or tl.g_ts.size == 0:
         return None
     with np.errstate(over="ignore", invalid="ignore"):  # a corrupt time near float's limit: inf, not a warning
-        return _attribute(tl, spans, host_spans, charges(tl, patterns, kind))
+        return _attribute(tl, spans, host_spans, charges(tl, patterns, kind, launch))
 
 
 def _attribute(tl: Timeline, spans: list, host_spans: list, ch: Charges) -> dict[str, Any]:
@@ -167,7 +169,11 @@ def _attribute(tl: Timeline, spans: list, host_spans: list, ch: Charges) -> dict
             row["gain_us"] = gain
         causes.append(row)
     causes.sort(key=lambda r: -r["us_per_step"])
-    ch.whatif.clear()  # the replays are not needed past here (attribute_windows reads the charges alone)
+    # the replays, the graph and the callers are not needed past here (attribute_windows reads the charges
+    # alone; another attribution builds them again)
+    ch.whatif.clear()
+    ch.graph = None
+    ch.hmap.forget_callers()
     return {"method": METHOD, "steps": n, "step_us": step_us, "gpu_us": gpu_us, "gpu_pct": gpu_pct,
             "idle_causes": causes, "untraced_us": float(per[CODE["untraced"]]),
             "refill_us": float(inside[ch.refilled].sum()) / n, "device": ch.device, "main_thread": ch.main_thread,

@@ -84,8 +84,9 @@ class Charges:
     waker: np.ndarray  # per gap: the GPU event that ends it (-1: none, the trace's end)
     allbusy: iv.Set  # the device's busy time
     graph: Any = None  # the rank's dependency graph (trainperf.trace.replay), once built
-    whatif: dict = None  # cause -> (new GPU starts, host map) of its removal, once replayed
+    whatif: dict = None  # None -> (new GPU starts, host map) of the replay unchanged, once replayed
     unreplayable: str | None = None  # why the rank's times cannot be replayed (then no refill, no gains)
+    critical: list | None = None  # per thread, when the GPU waits on it next (trainperf.trace.whatif), once
 
 
 def _complete(tl: Timeline) -> None:
@@ -146,15 +147,18 @@ def _pieces_on_thread(hm: hostmap.HostMap, tid: int, lo: np.ndarray, hi: np.ndar
     return a, b, seg, gap[pi]
 
 
-def charge(tl: Timeline, patterns: Any = None, kind: np.ndarray | None = None) -> Charges:
+def charge(tl: Timeline, patterns: Any = None, kind: np.ndarray | None = None,
+           launch: np.ndarray | None = None) -> Charges:
     """Charge the rank's whole timeline, instant by instant (the module docstring; the refill is
     :func:`trainperf.trace.whatif.refill`); ``kind``: each GPU event's class by the pattern table (0 compute,
-    1 communication, 2 memory), computed when not given."""
+    1 communication, 2 memory), and ``launch`` (:func:`trainperf.trace.tb.launch_index`): computed when not
+    given."""
     _complete(tl)
     if kind is None:
         kind = fg.classify(tl, load_patterns(patterns))["kind"]
     device, gpu = _device(tl)
-    launch = launch_index(tl)
+    if launch is None:
+        launch = launch_index(tl)
     busy = _busy(tl, kind, gpu)
     allbusy = iv.union(np.concatenate([b[0] for b in busy]), np.concatenate([b[1] for b in busy]))
     lows = [v for v in (tl.all_min, tl.cpu_min) if np.isfinite(v)]

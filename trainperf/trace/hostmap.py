@@ -50,8 +50,10 @@ def name_classes(tl: Timeline) -> np.ndarray:
     event of that name. Only the names host events use are looked at."""
     n = len(tl.names)
     out = np.full(max(n, 1), _CPU_OP, dtype=np.int8)
-    used = np.unique(np.concatenate([_arr(tl.c_name, np.int32), _arr(tl.r_name, np.int32)]))
-    for i in used.tolist():
+    used = np.zeros(max(n, 1), dtype=bool)
+    used[_arr(tl.c_name, np.int32)] = True
+    used[_arr(tl.r_name, np.int32)] = True
+    for i in np.flatnonzero(used).tolist():
         name = tl.names[i]
         k = host_kind(name)
         if k == "step":

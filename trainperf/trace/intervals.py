@@ -111,17 +111,26 @@ def clip(a: Set, lo: float, hi: float) -> Set:
     return s[k], e[k]
 
 
-def covered_before(a: Set, t) -> np.ndarray:
-    """Length of ``a`` before each time in ``t`` (vectorized)."""
+def prefix(a: Set) -> np.ndarray:
+    """The length of ``a`` before each of its pieces (and in all, last): what :func:`covered_before` sums."""
+    out = np.empty(a[0].size + 1)
+    out[0] = 0.0
+    np.cumsum(a[1] - a[0], out=out[1:])
+    return out
+
+
+def covered_before(a: Set, t, pre: np.ndarray | None = None) -> np.ndarray:
+    """Length of ``a`` before each time in ``t`` (vectorized); ``pre``: its :func:`prefix`, when the caller
+    asks many times."""
     t = np.asarray(t, dtype=np.float64)
     if a[0].size == 0:
         return np.zeros(t.shape)
-    lens = a[1] - a[0]
-    prefix = np.concatenate([[0.0], np.cumsum(lens)])
+    if pre is None:
+        pre = prefix(a)
     i = np.searchsorted(a[0], t, side="right")  # pieces starting at or before t
     j = np.maximum(i - 1, 0)
-    part = np.clip(t - a[0][j], 0.0, lens[j])
-    return np.where(i > 0, prefix[j] + part, 0.0)
+    part = np.clip(t - a[0][j], 0.0, a[1][j] - a[0][j])
+    return np.where(i > 0, pre[j] + part, 0.0)
 
 
 def within(a: Set, lo, hi) -> np.ndarray:
@@ -158,5 +167,5 @@ class Accumulator:
         return self.merged
 
 
-__all__ = ["Accumulator", "EMPTY", "clip", "covered_before", "intersect", "join", "subtract", "total",
+__all__ = ["Accumulator", "EMPTY", "clip", "covered_before", "intersect", "join", "prefix", "subtract", "total",
            "union", "within"]

@@ -217,6 +217,7 @@ class HostShift:
 
     def __init__(self, removed: iv.Set, add_t: np.ndarray, add_us: np.ndarray, w_s: np.ndarray, w_e: np.ndarray):
         self.removed = removed
+        self._pre = iv.prefix(removed)
         o = np.argsort(add_t, kind="stable")
         self.add_t = np.asarray(add_t, dtype=np.float64)[o]
         self.add_cum = np.concatenate([[0.0], np.cumsum(np.asarray(add_us, dtype=np.float64)[o])])
@@ -226,7 +227,8 @@ class HostShift:
 
     def base(self, t) -> np.ndarray:
         t = np.asarray(t, dtype=np.float64)
-        return t - iv.covered_before(self.removed, t) + self.add_cum[np.searchsorted(self.add_t, t, side="left")]
+        return t - iv.covered_before(self.removed, t, self._pre) + \
+            self.add_cum[np.searchsorted(self.add_t, t, side="left")]
 
     def __call__(self, t, upto: int | None = None) -> np.ndarray:
         """Vectorized; ``upto``: only the first ``upto`` waits are known (the replay in progress)."""

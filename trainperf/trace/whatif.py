@@ -38,17 +38,25 @@ def graph(tl: Timeline, ch: Charges) -> replay.Graph:
 
 def _critical_threads(tl: Timeline, ch: Charges) -> list[tuple[int, iv.Set]]:
     """Per mapped thread, when it is the one the GPU waits on next: the thread of the next launch of the
-    device's work (after the last launch: the main thread)."""
-    has = ch.gpu & (ch.launch >= 0)
-    calls = np.unique(ch.launch[has])
+    device's work (after the last launch: the main thread). Once per rank."""
+    if ch.critical is not None:
+        return ch.critical
+    used = np.zeros(tl.r_ts.size, dtype=bool)
+    used[ch.launch[ch.gpu & (ch.launch >= 0)]] = True
+    calls = np.flatnonzero(used)
+    del used
     if calls.size == 0:
-        return [(ch.main_thread, (np.array([ch.span[0]]), np.array([ch.span[1]])))]
-    o = calls[np.argsort(tl.r_ts[calls], kind="stable")]
-    at, tid = tl.r_ts[o], tl.r_tid[o]
+        ch.critical = [(ch.main_thread, (np.array([ch.span[0]]), np.array([ch.span[1]])))]
+        return ch.critical
+    calls = calls[np.argsort(tl.r_ts[calls], kind="stable")]
+    who = np.append(tl.r_tid[calls], ch.main_thread)  # [at[k-1], at[k]) waits on launch k's thread
+    new = np.flatnonzero(np.concatenate([[True], who[1:] != who[:-1]]))  # where the thread changes
+    at = tl.r_ts[calls[new[1:] - 1]]  # a run of one thread ends at its last launch
     lo = np.concatenate([[ch.span[0]], at])
     hi = np.concatenate([at, [ch.span[1]]])
-    who = np.concatenate([tid, [ch.main_thread]])  # [at[k-1], at[k]) waits on launch k's thread
-    return [(int(t), iv.union(lo[who == t], hi[who == t])) for t in np.unique(who).tolist()]
+    who = who[new]
+    ch.critical = [(int(t), iv.union(lo[who == t], hi[who == t])) for t in np.unique(who).tolist()]
+    return ch.critical
 
 
 def removal(tl: Timeline, ch: Charges, cause: str) -> iv.Set:
@@ -62,13 +70,16 @@ def removal(tl: Timeline, ch: Charges, cause: str) -> iv.Set:
             parts.append(iv.subtract(crit, hm.runs(tid)))
         else:
             parts.append(iv.intersect(hm.runs(tid, cause), crit))
+    if len(parts) == 1:
+        return parts[0]
     return iv.union(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])) if parts \
         else iv.EMPTY
 
 
 def run(tl: Timeline, ch: Charges, cause: str | None) -> tuple[np.ndarray, replay.HostShift]:
-    """The rank replayed without ``cause`` (None: unchanged): each GPU event's new start and the host map.
-    Memoized on the charges."""
+    """The rank replayed without ``cause`` (None: unchanged): each GPU event's new start and the host map. The
+    replay unchanged is kept on the charges (every gain is measured against it); the others are made when asked
+    (each an array per GPU event: kept, they would add up)."""
     if cause in ch.whatif:
         return ch.whatif[cause]
     g = graph(tl, ch)
@@ -81,7 +92,8 @@ def run(tl: Timeline, ch: Charges, cause: str | None) -> tuple[np.ndarray, repla
         if cause in ("sync", "allocator") and g.w_call.size:
             skip = name_classes(tl)[tl.r_name[g.w_call]] == HOST_CAUSES.index(cause)
         out = replay.run(g, removal(tl, ch, cause), skip_waits=skip, zero_latency=cause == "launch")
-    ch.whatif[cause] = out
+    if cause is None:
+        ch.whatif[cause] = out
     return out
 
 
@@ -231,10 +243,11 @@ def unreplayable(tl: Timeline, ch: Charges) -> str | None:
     return None
 
 
-def charged(tl: Timeline, patterns: Any = None, kind: np.ndarray | None = None) -> Charges:
+def charged(tl: Timeline, patterns: Any = None, kind: np.ndarray | None = None,
+            launch: np.ndarray | None = None) -> Charges:
     """The rank's charges: instant by instant (:func:`trainperf.trace.charge.charge`), then the refill, when
     the rank's times can be replayed (:func:`unreplayable`)."""
-    ch = chg.charge(tl, patterns, kind)
+    ch = chg.charge(tl, patterns, kind, launch)
     ch.unreplayable = unreplayable(tl, ch)
     if ch.unreplayable is None:
         refill(tl, ch)
