@@ -250,6 +250,21 @@ def test_gpu_work_before_its_launch_call_is_detected_and_gets_no_gain(tmp_path):
     json.dumps(a, allow_nan=False)
 
 
+@pytest.mark.parametrize("name", ["hta-data/tests/data/ns_resolution_trace/rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz",
+                                  "tb-data/resnet50_num_workers_0/worker0.pt.trace.json.gz"])
+def test_the_attribution_is_the_same_in_small_pieces(name, monkeypatch):
+    """The host map and the replay work a bounded number of events at a time: cut into pieces of 97 events (ties
+    and events open across the cuts everywhere), they give the same attribution, to the bit."""
+    from trainperf.trace import hostmap
+
+    whole = analyze_file(REAL / name)
+    monkeypatch.setattr(hostmap, "CHUNK", 97)
+    monkeypatch.setattr(replay, "CHUNK", 97)
+    cut = analyze_file(REAL / name)
+    assert cut["attribution"] == whole["attribution"] and cut["_comm"] == whole["_comm"]
+    assert whole["attribution"]["idle_causes"]
+
+
 def test_the_charges_are_computed_once_per_timeline_and_table():
     tl = read_timeline(TRACES / "a100_ddp_gen_lines_ns.json.gz")
     assert charges(tl) is charges(tl)
@@ -262,6 +277,14 @@ def test_innermost_labels_nested_intervals():
     a, b, i = innermost(lo, hi)
     assert list(zip(a, b, i)) == [(0, 1, 0), (1, 2, 1), (2, 3, 2), (3, 4, 1), (4, 5, 0), (5, 6, 4), (6, 7, 3),
                                   (7, 8, 0), (8, 9, 5), (9, 10, 0)]
+
+
+def test_innermost_gives_an_instant_to_the_latest_starting_cover_when_intervals_do_not_nest():
+    # [3, 8) starts inside [2, 4) and ends after it; [5, 12) ends after its parent [0, 10); two alike: the tie
+    lo = np.array([0, 2, 3, 5, 20, 20.0])
+    hi = np.array([10, 4, 8, 12, 21, 21.0])
+    a, b, i = innermost(lo, hi, np.array([0, 1, 2, 3, 9, 8]))
+    assert list(zip(a, b, i)) == [(0, 2, 0), (2, 3, 1), (3, 5, 2), (5, 12, 3), (20, 21, 4)]
 
 
 @pytest.mark.parametrize("name,kind", [

@@ -17,12 +17,12 @@ A thread's CPU events (ops, annotations, Python functions) and runtime calls nes
    covers the whole step and says nothing);
 8. ``untraced``: no event covers the instant (Python without ``with_stack``, the framework's own code).
 
-Each segment comes from one event, the innermost of its cause covering it (its **source**, to count calls):
-its **detail** is that event's name (``cudaFree``, ``aten::mm``, ``Optimizer.step#AdamW.step``), its
-**caller** the outermost CPU op around it on that thread (``aten::item`` for the stream sync inside it);
-both are looked up only for the segments asked about. Everything is
-sorted interval arithmetic (:mod:`trainperf.trace.intervals`) and a depth sweep for nesting: no Python loop
-per event (one per thread and per nesting depth).
+Each segment comes from one event, the innermost of its cause covering it (the latest to start; its
+**source**, to count calls): its **detail** is that event's name (``cudaFree``, ``aten::mm``,
+``Optimizer.step#AdamW.step``), its **caller** the outermost CPU op around it on that thread (``aten::item``
+for the stream sync inside it); both are looked up only for the segments asked about. Everything is sorted
+interval arithmetic (:mod:`trainperf.trace.intervals`) and pointer jumping for nesting: no Python loop per
+event (one per chunk of a thread's events, and a few passes per nesting level).
 """
 
 from __future__ import annotations
@@ -83,45 +83,37 @@ def bounds(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     return np.column_stack((lo, hi)).ravel()
 
 
-def innermost(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Disjoint segments ``(start, end, i)``, each labelled with the index ``i`` of the innermost of the
-    nested intervals ``[lo, hi)`` covering it (the one with the latest start). Intervals that overlap without
-    nesting are taken as nested in the order they start."""
+def innermost(lo: np.ndarray, hi: np.ndarray, tie: np.ndarray | None = None
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Disjoint segments ``(start, end, i)``, each labelled with the index ``i`` of the innermost interval
+    ``[lo, hi)`` covering it: the latest to start (of two that start together, the shorter; of two alike, the
+    larger ``tie``, else the later). Intervals that overlap without nesting are no exception: an instant goes to
+    the latest-starting interval that covers it. Vectorized: each interval's nearest earlier one that ends
+    later is found by pointer jumping, and each segment's label by walking those links from the last interval
+    started (a few passes: as many as the nesting is deep)."""
     keep = np.flatnonzero(hi > lo)
     if keep.size == 0:
         z = np.zeros(0)
         return z, z, np.zeros(0, dtype=np.int64)
     lo, hi = lo[keep], hi[keep]
-    o = np.lexsort((-hi, lo))  # by start, the longer (the parent) first
+    o = np.lexsort((-hi, lo) if tie is None else (tie[keep], -hi, lo))  # by start; at one start, the longer first
     slo, shi = lo[o], hi[o]
-    ends = np.sort(shi)
-    depth = np.arange(1, o.size + 1) - np.searchsorted(ends, slo, side="right")  # open just after each start
-    pts = merged_points(slo, ends)
+    up = np.arange(-1, o.size - 1)  # the nearest earlier interval (in this order) that ends later (-1: none)
+    while True:
+        m = np.flatnonzero(up >= 0)
+        m = m[shi[up[m]] <= shi[m]]
+        if m.size == 0:
+            break
+        up[m] = up[up[m]]
+    pts = merged_points(slo, np.sort(shi))
     seg_lo, seg_hi = pts[:-1], pts[1:]
-    d = np.searchsorted(slo, seg_lo, side="right") - np.searchsorted(ends, seg_lo, side="right")
-    label = np.full(seg_lo.size, -1, dtype=np.int64)
-    # per depth: the intervals opened at that depth (in start order) and the segments at it, grouped once
-    by_depth = np.argsort(depth, kind="stable")
-    d_cut = np.searchsorted(depth[by_depth], np.arange(depth.max() + 2)) if depth.size else np.zeros(1, int)
-    seg_by = np.argsort(d, kind="stable")
-    s_cut = np.searchsorted(d[seg_by], np.arange(depth.max() + 2)) if depth.size else np.zeros(1, int)
-    for k in range(1, int(depth.max()) + 1 if depth.size else 1):
-        at = by_depth[d_cut[k]:d_cut[k + 1]]
-        want = seg_by[s_cut[k]:s_cut[k + 1]]
-        if at.size == 0 or want.size == 0:
-            continue
-        j = np.searchsorted(slo[at], seg_lo[want], side="right") - 1
-        ok = j >= 0
-        cand = at[j[ok]]
-        good = shi[cand] > seg_lo[want[ok]]
-        label[want[ok][good]] = cand[good]
-    # a segment whose depth-k interval has ended (overlaps that do not nest): the latest-starting cover
-    bad = np.flatnonzero((d > 0) & (label < 0))
-    if bad.size:
-        j = np.searchsorted(slo, seg_lo[bad], side="right") - 1
-        run_max = np.maximum.accumulate(shi)
-        ok = (j >= 0) & (run_max[np.maximum(j, 0)] > seg_lo[bad])
-        label[bad[ok]] = j[ok]  # an approximation: the last interval started before it
+    label = np.searchsorted(slo, seg_lo, side="right") - 1  # the last to start at or before the segment
+    while True:  # ... or, where that one has ended, the nearest earlier one that ends later
+        m = np.flatnonzero(label >= 0)
+        m = m[shi[label[m]] <= seg_lo[m]]
+        if m.size == 0:
+            break
+        label[m] = up[label[m]]
     m = label >= 0
     seg_lo, seg_hi, label = seg_lo[m], seg_hi[m], label[m]
     if seg_lo.size:  # join neighbours with one label
@@ -150,21 +142,22 @@ def clip_labelled(lo: np.ndarray, hi: np.ndarray, label: np.ndarray, region: iv.
 class HostMap:
     """What the host threads were doing, per thread (sorted by thread, then time):
 
-    * the **runs**: each cause's time on the thread (``r_lo``, ``r_hi``, ``r_cause``: disjoint, touching runs of
-      one cause joined; what no run covers is untraced), over the whole trace: what a what-if removes;
+    * the **runs**: each cause's time on the thread, over the whole trace (what a what-if removes), as the
+      starts of runs (``r_lo``) that follow one another, each with its cause (``r_cause``: untraced too, where
+      no event covers the thread; the last of a thread, an untraced one, never ends); 9 bytes a run;
     * the **segments**: ``lo``, ``hi``, ``cause`` (int8 index into :data:`HOST_CAUSES`) and ``src``, the event
       each comes from (runtime call ``r``, or CPU event ``n_runtime + c``; int32 while it fits), where they were
       asked for (:func:`build`'s ``want`` and ``points``; the named causes' everywhere). The names come from the
       events when asked: :meth:`detail` (the event's own name) and :meth:`caller` (the outermost CPU op around
-      it on its thread)."""
+      it on its thread, from the thread's top-level ops, found as the map is built)."""
 
-    def __init__(self, tl: Timeline, seg: tuple, runs: tuple, threads, offsets, r_offsets, classes):
+    def __init__(self, tl: Timeline, seg: tuple, runs: tuple, tops: tuple, threads, offsets, r_offsets, t_offsets):
         self.lo, self.hi, self.cause, self.src = seg
-        self.r_lo, self.r_hi, self.r_cause = runs
-        self.threads, self.offsets, self.r_offsets = threads, offsets, r_offsets
+        self.r_lo, self.r_cause = runs
+        self.t_lo, self.t_hi, self.t_name = tops
+        self.threads, self.offsets, self.r_offsets, self.t_offsets = threads, offsets, r_offsets, t_offsets
         self.n_runtime = tl.r_ts.size
-        self._tl, self._classes = tl, classes
-        self._tops: dict[int, tuple] = {}
+        self._tl = tl
 
     def _k(self, tid: int) -> int:
         k = int(np.searchsorted(self.threads, tid))
@@ -181,11 +174,10 @@ class HostMap:
         if k < 0:
             return iv.EMPTY
         s = slice(int(self.r_offsets[k]), int(self.r_offsets[k + 1]))
-        lo, hi = self.r_lo[s], self.r_hi[s]
-        if cause is None:
-            return iv.union(lo, hi)
-        m = self.r_cause[s] == HOST_CAUSES.index(cause)
-        return lo[m], hi[m]
+        lo, code = self.r_lo[s], self.r_cause[s]
+        m = code != _UNTRACED if cause is None else code == HOST_CAUSES.index(cause)
+        hi = np.append(lo[1:], np.inf)[m]
+        return iv.union(lo[m], hi) if cause is None else (lo[m], hi)
 
     def lookup(self, tid: int, t: np.ndarray) -> np.ndarray:
         """Index of the segment of thread ``tid`` covering each time (-1: none, untraced), for times where
@@ -221,7 +213,8 @@ class HostMap:
         k = np.searchsorted(self.offsets, idx, side="right") - 1
         for j in np.unique(k).tolist():
             m = k == j
-            s, e, names = self._top_ops(int(self.threads[j]))
+            t = slice(int(self.t_offsets[j]), int(self.t_offsets[j + 1]))
+            s, e, names = self.t_lo[t], self.t_hi[t], self.t_name[t]
             mid = at[m]
             q = np.searchsorted(s, mid, side="right") - 1
             ok = q >= 0
@@ -231,32 +224,14 @@ class HostMap:
             out[m] = got
         return out
 
-    def _top_ops(self, tid: int) -> tuple:
-        """The thread's top-level CPU ops (start, end, name id), once. The step annotation and the phases'
-        spans (1.8 writes record_function spans as ops) are not callers."""
-        if tid not in self._tops:
-            tl = self._tl
-            c = np.flatnonzero((tl.c_tid == tid) & (tl.c_kind == C_OP))
-            k = self._classes[tl.c_name[c]]
-            c = c[(k == _CPU_OP) | (k == _SPECIAL["sync"])]
-            s, e = tl.c_ts[c], tl.c_ts[c] + tl.c_dur[c]
-            o = np.lexsort((-e, s))
-            s, e, c = s[o], e[o], c[o]
-            before = np.concatenate([[-np.inf], np.maximum.accumulate(e)[:-1]]) if c.size else e
-            top = s >= before  # not inside an earlier op
-            self._tops[tid] = (s[top], e[top], tl.c_name[c[top]])
-        return self._tops[tid]
-
-    def forget_callers(self) -> None:
-        """Drop the threads' top-level ops (looked up again when asked)."""
-        self._tops.clear()
-
 
 CHUNK = 65536
-"""Events of one thread mapped at a time: a thread's events, in order of start, are cut into runs of this many,
-each mapped with the events open across its start (clipped to it), so memory stays bounded on any trace; the
-innermost event and the precedence at an instant do not change when the events around it are clipped."""
+"""Events of one thread mapped at a time: a thread's events, in order of start, are cut into runs of about this
+many (between distinct starts), each mapped with the events open across its start, so memory stays bounded on
+any trace; every event covering an instant of the run is there, so the innermost event and the precedence at an
+instant are those of the whole thread, and a segment cut at a run's start is joined again."""
 _NAMED = len(HOST_CAUSES) - 3  # allocator, sync, gc, dataloader, optimizer: their segments are kept everywhere
+_UNTRACED = len(HOST_CAUSES) - 1
 
 
 class _Asked:
@@ -281,23 +256,23 @@ class _Asked:
         return out
 
 
-def _segments(lo, hi, cls, src, asked: _Asked) -> tuple[list, list]:
-    """The labelled segments (where asked; the named causes' everywhere) and the runs of a set of events (one
-    run of a thread's events, clipped to it)."""
+def _segments(lo, hi, cls, src, asked: _Asked, t0: float, t1: float) -> tuple[list, list]:
+    """The labelled segments (where asked; the named causes' everywhere) and the runs, inside ``[t0, t1)``, of
+    a set of events: a chunk of a thread's events with those open across its start."""
     taken = iv.EMPTY
     segs, runs = [], []
     for code in range(len(HOST_CAUSES) - 1):
         m = np.flatnonzero(cls == code)
         if m.size == 0:
             continue
-        region = iv.subtract(iv.union(lo[m], hi[m]), taken)
+        region = iv.subtract(iv.union(np.maximum(lo[m], t0), np.minimum(hi[m], t1)), taken)
         taken = iv.join(taken, region)
         runs.append((region[0], region[1], np.full(region[0].size, code, dtype=np.int8)))
         if code >= _NAMED:
             m = m[asked.hits(lo[m], hi[m])]  # an instant asked about: every event covering it is among these
         if m.size == 0 or region[0].size == 0:
             continue
-        s_lo, s_hi, j = innermost(lo[m], hi[m])
+        s_lo, s_hi, j = innermost(lo[m], hi[m], src[m])  # whole events: the same labels in any chunk
         a, b, lab = clip_labelled(s_lo, s_hi, j, region)
         if code >= _NAMED:
             keep = asked.hits(a, b)
@@ -339,63 +314,131 @@ def _gather(tl: Timeline, src: np.ndarray, col: str) -> np.ndarray:
     return out
 
 
-def _map_thread(tl: Timeline, tid: int, cls_of_name: np.ndarray, asked: _Asked, seg_out: list, run_out: list
-                ) -> None:
-    """One thread's segments and runs, appended to the columns ``seg_out`` and ``run_out`` in order of time."""
+def _cuts(tl: Timeline, order: np.ndarray) -> list[int]:
+    """Where a thread's events (in order of start) are cut into runs of about :data:`CHUNK`: between distinct
+    starts (an op and its child that start together are in one run)."""
+    cuts, a = [0], CHUNK
+    while a < order.size:
+        t = _gather(tl, order[a - 1:a + 64], "ts")
+        later = np.flatnonzero(t[1:] > t[0])
+        if later.size == 0 and a + 64 < order.size:  # a long tie: look further
+            a += 64
+            continue
+        a = a + int(later[0]) if later.size else order.size
+        cuts.append(a)
+        a += CHUNK
+    return cuts + [order.size] if cuts[-1] < order.size else cuts
+
+
+def _map_thread(tl: Timeline, tid: int, cls_of_name: np.ndarray, asked: _Asked, out: tuple) -> None:
+    """One thread's segments, runs and top-level ops, appended to the columns of ``out`` in order of time."""
+    seg_out, run_out, top_out = out
     order = _order(tl, tid)
+    nr = tl.r_ts.size
     o_lo, o_hi = np.zeros(0), np.zeros(0)  # the events open across the next run's start: times, class, source
     o_cls, o_src = np.zeros(0, dtype=np.int8), np.zeros(0, dtype=order.dtype)
-    for a in range(0, order.size, CHUNK):
-        src = order[a:a + CHUNK]
+    last = [-np.inf, -1, -np.inf]  # the last run's end and cause; the latest end of the top-level ops
+    cuts = _cuts(tl, order)
+    for a, b in zip(cuts[:-1], cuts[1:]):
+        src = order[a:b]
         lo = _gather(tl, src, "ts")
         hi = lo + _gather(tl, src, "dur")
-        cls = cls_of_name[_gather(tl, src, "name")]
+        name = _gather(tl, src, "name")
+        cls = cls_of_name[name]
+        _add_tops(top_out, tl, src, lo, hi, name, cls, last)
+        del name
         keep = (cls >= 0) & (hi > lo)  # the step annotation says nothing; empty events cover nothing
         t0 = float(lo[0])
-        t1 = float(_gather(tl, order[a + CHUNK:a + CHUNK + 1], "ts")[0]) if a + CHUNK < order.size else np.inf
+        t1 = float(tl.r_ts[order[b]] if order[b] < nr else tl.c_ts[order[b] - nr]) if b < order.size else np.inf
         o_keep = o_hi > t0
         lo = np.concatenate([o_lo[o_keep], lo[keep]])
         hi = np.concatenate([o_hi[o_keep], hi[keep]])
         cls = np.concatenate([o_cls[o_keep], cls[keep]])
         src = np.concatenate([o_src[o_keep], src[keep]])
-        segs, runs = _segments(np.maximum(lo, t0), np.minimum(hi, t1), cls, src, asked)
-        for col, v in zip(seg_out, _by_start(segs, 4)):
-            col.add(v)
-        _add_runs(run_out, _by_start(runs, 3))
+        segs, runs = _segments(lo, hi, cls, src, asked, t0, t1)
+        _add_segments(seg_out, _by_start(segs, 4))
+        _add_runs(run_out, _by_start(runs, 3), last)
         spill = hi > t1
         o_lo, o_hi, o_cls, o_src = lo[spill], hi[spill], cls[spill], src[spill]
+    if last[1] >= 0:  # the untraced run after the thread's last event
+        run_out[0].add(np.array([last[0]]))
+        run_out[1].add(np.array([_UNTRACED], dtype=np.int8))
 
 
-def _add_runs(cols: list, run: list) -> None:
-    """Append runs, joining the first to the last one there when they touch with one cause (a run cut at a
-    chunk's start)."""
-    lo, hi, cause = run
-    c_lo, c_hi, c_cause = cols
-    if lo.size and c_lo.n and c_cause.buf[c_cause.n - 1] == cause[0] and c_hi.buf[c_hi.n - 1] == lo[0]:
-        c_hi.buf[c_hi.n - 1] = hi[0]
-        lo, hi, cause = lo[1:], hi[1:], cause[1:]
-    for col, v in zip(cols, (lo, hi, cause)):
+def _add_segments(cols: list, seg: list) -> None:
+    """Append segments, joining the first to the last one there when it goes on from the same event (a
+    segment cut at a chunk's start)."""
+    lo, hi, cause, src = seg
+    c_lo, c_hi, c_cause, c_src = cols
+    n = c_lo.n
+    if lo.size and n and c_hi.buf[n - 1] == lo[0] and c_src.buf[n - 1] == src[0] and c_cause.buf[n - 1] == cause[0]:
+        c_hi.buf[n - 1] = hi[0]
+        lo, hi, cause, src = lo[1:], hi[1:], cause[1:], src[1:]
+    for col, v in zip(cols, (lo, hi, cause, src)):
         col.add(v)
 
 
+def _add_tops(cols: list, tl: Timeline, src, lo, hi, name, cls, last: list) -> None:
+    """Append the top-level CPU ops of a run of the thread's events (not inside an earlier op; the step
+    annotation and the phases' spans, which 1.8 writes as ops, are not callers): the callers."""
+    nr = tl.r_ts.size
+    op = (src >= nr) & ((cls == _CPU_OP) | (cls == _SPECIAL["sync"]))
+    op[op] = tl.c_kind[src[op] - nr] == C_OP
+    s, e, n = lo[op], hi[op], name[op]
+    if s.size == 0:
+        return
+    o = np.lexsort((-e, s))  # the parent first where two start together
+    s, e, n = s[o], e[o], n[o]
+    run = np.maximum.accumulate(e)
+    before = np.concatenate([[last[2]], np.maximum(run[:-1], last[2])])
+    top = s >= before
+    last[2] = max(last[2], float(run[-1]))
+    for col, v in zip(cols, (s[top], e[top], n[top])):
+        col.add(v)
+
+
+def _add_runs(cols: list, run: list, last: list) -> None:
+    """Append runs as starts and causes: an untraced run where the thread has a hole, the first run joined to
+    the last one there when it goes on with the same cause (a run cut at a chunk's start)."""
+    lo, hi, cause = run
+    if lo.size == 0:
+        return
+    hole = np.concatenate([[lo[0] > last[0]], lo[1:] > hi[:-1]])
+    starts = np.empty(lo.size + int(hole.sum()))
+    codes = np.empty(starts.size, dtype=np.int8)
+    at = np.arange(lo.size) + np.cumsum(hole)  # each run after the holes before it
+    starts[at], codes[at] = lo, cause
+    h = at[hole] - 1
+    starts[h] = np.concatenate([[last[0]], hi[:-1]])[hole]
+    codes[h] = _UNTRACED
+    if last[1] < 0 and hole[0]:  # the thread's first run: nothing before it to say
+        starts, codes = starts[1:], codes[1:]
+    elif codes[0] == last[1]:  # it goes on with the run before it
+        starts, codes = starts[1:], codes[1:]
+    cols[0].add(starts)
+    cols[1].add(codes)
+    last[0], last[1] = float(hi[-1]), int(cause[-1])
+
+
 def build(tl: Timeline, threads, want: iv.Set | None = None, points: dict | None = None) -> HostMap:
-    """The map of the given host threads: every thread's runs, and its segments where asked: over ``want`` (a
-    disjoint sorted set of times; None: everywhere) and at the instants ``points[tid]`` (the named causes'
-    everywhere)."""
+    """The map of the given host threads: every thread's runs and top-level ops, and its segments where asked:
+    over ``want`` (a disjoint sorted set of times; None: everywhere) and at the instants ``points[tid]`` (the
+    named causes' everywhere)."""
     classes = name_classes(tl)
     ths = np.unique(np.asarray(list(threads), dtype=np.int64))
     ths = ths[ths >= 0]
     n = int(tl.r_ts.size + tl.c_ts.size)
-    seg = [reserved(np.float64, 0), reserved(np.float64, 0), reserved(np.int8, 0), reserved(np.int64, 0)]
-    run = [reserved(np.float64, 2 * n + 16), reserved(np.float64, 2 * n + 16), reserved(np.int8, 2 * n + 16)]
-    offsets, r_offsets = [0], [0]
+    out = ([reserved(np.float64), reserved(np.float64), reserved(np.int8), reserved(np.int64)],
+           [reserved(np.float64, 2 * n + 16), reserved(np.int8, 2 * n + 16)],
+           [reserved(np.float64, tl.c_ts.size), reserved(np.float64, tl.c_ts.size), reserved(np.int32, tl.c_ts.size)])
+    offsets = [[0], [0], [0]]
     for tid in ths.tolist():
         asked = _Asked(want, None if want is None or points is None else points.get(tid))
-        _map_thread(tl, tid, classes, asked, seg, run)
-        offsets.append(seg[0].n)
-        r_offsets.append(run[0].n)
-    return HostMap(tl, tuple(c.array() for c in seg), tuple(c.array() for c in run), ths,
-                   np.array(offsets, dtype=np.int64), np.array(r_offsets, dtype=np.int64), classes)
+        _map_thread(tl, tid, classes, asked, out)
+        for k in range(3):
+            offsets[k].append(out[k][0].n)
+    seg, runs, tops = (tuple(c.array() for c in cols) for cols in out)
+    return HostMap(tl, seg, runs, tops, ths, *(np.array(o, dtype=np.int64) for o in offsets))
 
 
 __all__ = ["HOST_CAUSES", "HostMap", "SYNC_OPS", "build", "clip_labelled", "innermost", "name_classes"]
