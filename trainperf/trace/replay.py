@@ -48,19 +48,24 @@ _EPS = 0.5  # us: two events this close count as touching
 
 @dataclass
 class Graph:
-    """GPU events sorted by (stream, start): their index in the timeline (``ev``), stream code, duration, launch
-    call start (its own start: none in the trace), latency, stream gap, dependency (index in this order, -1)
-    and its lag; the order they are replayed in (``order``: by the host time they are replayed by, the latest
-    launch of them and their stream predecessors, ``okey``, rising) ; the waits (syncs) sorted by start: start,
-    end, target streams, the time after the wait, their runtime call index. Indices are int32 while they fit."""
+    """GPU events sorted by (stream, start): their index in the timeline (``ev``), stream code, latency and
+    stream gap; their durations, starts and launch calls are the Timeline's (``g_dur``, ``g_ts``, ``r_ts``,
+    ``launch``: not copied); the cross-stream dependencies, few (``d_at``: the events that have one, in this
+    order; ``d_to``: it; ``d_lag``: the time after it ends); the order the events are replayed in (``order``: by
+    the host time they are replayed by, the latest launch of them and their stream predecessors, ``okey``,
+    rising); the waits (syncs) sorted by start: start, end, target streams, the time after the wait, their
+    runtime call index. Indices are int32 while they fit: 30 bytes a GPU event."""
     ev: np.ndarray
     stream: np.ndarray
-    dur: np.ndarray
-    l_ts: np.ndarray
     lat: np.ndarray
     gap: np.ndarray
-    dep: np.ndarray
-    lag: np.ndarray
+    g_dur: np.ndarray
+    g_ts: np.ndarray
+    r_ts: np.ndarray
+    launch: np.ndarray
+    d_at: np.ndarray
+    d_to: np.ndarray
+    d_lag: np.ndarray
     nstreams: int
     order: np.ndarray
     okey: np.ndarray
@@ -69,6 +74,15 @@ class Graph:
     w_streams: np.ndarray  # bool (waits, streams)
     w_tail: np.ndarray
     w_call: np.ndarray
+
+    def launched_at(self, idx: np.ndarray) -> np.ndarray:
+        """The launch call's start of events (in the graph's order; an event with none: its own start)."""
+        ev = self.ev[idx]
+        li = self.launch[ev]
+        out = self.g_ts[ev]
+        m = li >= 0
+        out[m] = self.r_ts[li[m]]
+        return out
 
 
 def wait_calls(tl: Timeline, classes: np.ndarray) -> np.ndarray:
@@ -141,13 +155,13 @@ def build(tl: Timeline, launch: np.ndarray, wait_calls: np.ndarray) -> Graph:
     gap[rest & queued] = g[rest & queued]  # queued, an unexplained gap: the GPU's own
     overlap = ~first & (g < gap)  # started before its predecessor ended (overlapping copies, DMA): as recorded
     gap[overlap] = g[overlap]
-    dep = np.where(use_dep, dep, -1)  # positions in this order
     w = _waits(tl, wait_calls, launch, o, stream, end, l_ts, key, has, ns)
-    del start, end, pred_end, g, dep_end, queued, launch_bound, small, use_dep, rest, has, l_end, first, overlap
-    order = np.argsort(key, kind="stable")  # ties: in (stream, start) order
+    del start, end, pred_end, g, dep_end, queued, launch_bound, small, rest, has, l_end, first, overlap, l_ts, dur
     idx = np.int32 if n < 2**31 else np.int64
-    return Graph(o.astype(idx), stream.astype(np.int32), dur, l_ts, lat, gap, dep.astype(idx), lag, ns,
-                 order.astype(idx), key[order], *w)
+    d_at = np.flatnonzero(use_dep)
+    order = np.argsort(key, kind="stable")  # ties: in (stream, start) order
+    return Graph(o.astype(idx), stream.astype(np.int32), lat, gap, tl.g_dur, tl.g_ts, tl.r_ts, launch,
+                 d_at.astype(idx), dep[d_at].astype(idx), lag[d_at], ns, order.astype(idx), key[order], *w)
 
 
 def _keys(first: np.ndarray, t: np.ndarray) -> np.ndarray:
@@ -297,7 +311,7 @@ def run(g: Graph, removed: iv.Set = iv.EMPTY, *, add_t=None, add_us=None, skip_w
                 ne = max(at, tgt) + float(w_tail[k])
             h.new_end[k] = ne
             h.shift[k] = ne - float(h.base(w_e[k:k + 1])[0])
-    new_end -= g.dur
+    new_end -= g.g_dur[g.ev]
     out = np.empty(n)
     out[g.ev] = new_end
     return out, h
@@ -330,7 +344,7 @@ def _replay(g: Graph, a: int, b: int, host, zero_latency: bool, max_latency: flo
     if max_latency is not None:
         np.minimum(lat, max_latency, out=lat)
         np.minimum(gap, max_latency, out=gap)
-    ready = host(g.l_ts[idx]) + lat
+    ready = host(g.launched_at(idx)) + lat
     del lat
     saved = (last_end.copy(), done.copy())
     if _stream_batch(g, idx, ready, gap, new_end, last_end, done):
@@ -353,10 +367,11 @@ def _stream_batch(g: Graph, idx: np.ndarray, ready: np.ndarray, gap: np.ndarray,
     cross-stream dependencies until nothing moves; False when they have not settled after ``_SETTLE`` passes."""
     st = g.stream[idx]
     bounds = np.flatnonzero(np.concatenate([[True], st[1:] != st[:-1], [True]]))
-    dep = g.dep[idx]
-    has_dep = dep >= 0
-    d, lag = dep[has_dep], g.lag[idx[has_dep]]
-    dur = g.dur[idx]
+    k = np.minimum(np.searchsorted(g.d_at, idx), max(g.d_at.size - 1, 0))
+    has_dep = (g.d_at[k] == idx) if g.d_at.size else np.zeros(idx.size, dtype=bool)
+    d, lag = g.d_to[k[has_dep]], g.d_lag[k[has_dep]]
+    del k
+    dur = g.g_dur[g.ev[idx]]
     base_last = last_end.copy()
     settled = not has_dep.any()
     for _ in range(_SETTLE):
