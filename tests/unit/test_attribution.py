@@ -271,6 +271,16 @@ def test_the_charges_are_computed_once_per_timeline_and_table():
     assert charges(tl, ["my_all_to_all"]) is not charges(tl)
 
 
+def test_an_attribution_again_on_the_same_charges_gives_the_same():
+    from trainperf.trace.attribution import attribute
+
+    tl = read_timeline(REAL / "tb-data/resnet50_num_workers_0/worker0.pt.trace.json.gz")
+    st = tb.steps(tl, tb.launch_index(tl))
+    first = attribute(tl, st["spans"], st["host"])
+    assert charges(tl).hmap.r_lo is None and charges(tl).graph is None  # released once the gains are known
+    assert attribute(tl, st["spans"], st["host"]) == first
+
+
 def test_innermost_labels_nested_intervals():
     lo = np.array([0, 1, 2, 5, 5, 8.0])
     hi = np.array([10, 4, 3, 7, 6, 9.0])

@@ -109,6 +109,10 @@ def analyze_timeline(tl: Timeline, *, path: str = "", rank: int | None = None, p
     st = tb.steps(tl, launch)
     notes += st["notes"]
     spans = st["spans"]
+    # the attribution first: its peak then holds none of the other figures' arrays, and it keeps only its
+    # charges past it (attribute_windows, for the collectives below)
+    attr = attribution.attribute(tl, spans, st["host"], patterns=pats, kind=cls["kind"], launch=launch) \
+        if tl.g_ts.size else None
     lo = np.array([s for s, _ in spans])
     hi = np.array([e for _, e in spans])
     nsteps = len(spans)
@@ -157,8 +161,6 @@ def analyze_timeline(tl: Timeline, *, path: str = "", rank: int | None = None, p
     if launch_stats is not None and nsteps:
         r_in = fg.step_of(tl.r_ts, lo, hi) >= 0
         launch_stats = dict(launch_stats, launch_us_per_step=float(tl.r_dur[r_in].sum()) / nsteps)
-    attr = attribution.attribute(tl, spans, st["host"], patterns=pats, kind=cls["kind"], launch=launch) \
-        if has_gpu else None
     if attr and attr["unreplayable"]:
         notes.append(attr["unreplayable"])
     res: dict[str, Any] = {

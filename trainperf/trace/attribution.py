@@ -169,10 +169,11 @@ def _attribute(tl: Timeline, spans: list, host_spans: list, ch: Charges) -> dict
             row["gain_us"] = gain
         causes.append(row)
     causes.sort(key=lambda r: -r["us_per_step"])
-    # the replays and the graph are not needed past here (attribute_windows reads the charges alone; another
-    # attribution builds them again)
+    # the replays, the graph and the host map are not needed past here (attribute_windows reads the charges
+    # alone; another attribution makes them again)
     ch.whatif.clear()
     ch.graph = None
+    ch.hmap.release()
     return {"method": METHOD, "steps": n, "step_us": step_us, "gpu_us": gpu_us, "gpu_pct": gpu_pct,
             "idle_causes": causes, "untraced_us": float(per[CODE["untraced"]]),
             "refill_us": float(inside[ch.refilled].sum()) / n, "device": ch.device, "main_thread": ch.main_thread,

@@ -168,8 +168,21 @@ class HostMap:
         k = self._k(tid)
         return slice(0, 0) if k < 0 else slice(int(self.offsets[k]), int(self.offsets[k + 1]))
 
+    def release(self) -> None:
+        """Drop the runs and the callers (what the gains and the charges' names need); :meth:`runs` maps the
+        threads again when asked."""
+        self.r_lo = self.r_cause = None
+        self.t_lo = self.t_hi = self.t_name = None
+
+    def _again(self) -> None:
+        if self.r_lo is None:  # released: the threads mapped again (their runs and top-level ops)
+            again = build(self._tl, self.threads, iv.EMPTY)
+            self.r_lo, self.r_cause, self.r_offsets = again.r_lo, again.r_cause, again.r_offsets
+            self.t_lo, self.t_hi, self.t_name, self.t_offsets = again.t_lo, again.t_hi, again.t_name, again.t_offsets
+
     def runs(self, tid: int, cause: str | None = None) -> iv.Set:
         """The thread's time of one cause (None: of any: the traced time), a disjoint sorted set."""
+        self._again()
         k = self._k(tid)
         if k < 0:
             return iv.EMPTY
@@ -207,6 +220,7 @@ class HostMap:
         """Name id of the outermost CPU op on the thread around each segment (-1: none), at the instants ``at``
         inside them (default: their middles; a segment built for some instants is exact there, not
         necessarily at its middle)."""
+        self._again()
         idx = np.asarray(idx, dtype=np.int64)
         out = np.full(idx.size, -1, dtype=np.int32)
         at = 0.5 * (self.lo[idx] + self.hi[idx]) if at is None else np.asarray(at, dtype=np.float64)
