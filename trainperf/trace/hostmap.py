@@ -304,21 +304,51 @@ def _by_start(parts: list, k: int) -> list[np.ndarray]:
     return [c[o] for c in cols]
 
 
-def _order(tl: Timeline, tid: int) -> np.ndarray:
-    """The thread's events (runtime call ``r``, CPU event ``n_runtime + c``) in order of start: int32 while
-    they fit (timsort merges the two runs, each near sorted)."""
+def _by_thread(ts: np.ndarray, tids: np.ndarray, tid: int, itype) -> np.ndarray:
+    """The events of one thread in one of the Timeline's columns, in order of start (stable): their indices
+    (int32 while they fit; sorted only when the column is not in order already, as file order mostly is)."""
+    idx = np.flatnonzero(tids == tid).astype(itype)
+    for a in range(0, idx.size, 1 << 20):
+        t = ts[idx[a:a + (1 << 20) + 1]]
+        if np.any(t[1:] < t[:-1]):
+            return idx[np.argsort(ts[idx], kind="stable")]
+    return idx
+
+
+def _chunks(tl: Timeline, tid: int, size: int):
+    """A thread's events (runtime call ``r``, CPU event ``n_runtime + c``), in order of start (a call before a
+    CPU event that starts with it), ``size`` at a time, never cutting between two that start together: each
+    chunk merged from the thread's calls and CPU events, each already in order, so the thread's events are
+    never all copied at once."""
     nr = tl.r_ts.size
-    idx = np.concatenate([np.flatnonzero(tl.r_tid == tid), np.flatnonzero(tl.c_tid == tid) + nr])
-    if nr + tl.c_ts.size < 2**31:
-        idx = idx.astype(np.int32)
-    start = _gather(tl, idx, "ts")
-    o = np.argsort(start, kind="stable")
-    del start
-    return idx[o]
+    itype = np.int32 if nr + tl.c_ts.size < 2**31 else np.int64
+    r = _by_thread(tl.r_ts, tl.r_tid, tid, itype)
+    c = _by_thread(tl.c_ts, tl.c_tid, tid, itype)
+    pr = pc = 0
+    w = size
+    while pr < r.size or pc < c.size:
+        rw, cw = r[pr:pr + w], c[pc:pc + w]
+        src = np.concatenate([rw, cw + itype(nr)])
+        st = np.concatenate([tl.r_ts[rw], tl.c_ts[cw]])
+        o = np.argsort(st, kind="stable")
+        src, st = src[o], st[o]
+        # every event outside the windows starts at or after the last start each window holds
+        lim = min(float(tl.r_ts[rw[-1]]) if pr + w < r.size else np.inf,
+                  float(tl.c_ts[cw[-1]]) if pc + w < c.size else np.inf)
+        safe = int(np.searchsorted(st, lim, side="left"))
+        if safe == 0:  # every event here starts at the windows' limit: look further
+            w *= 2
+            continue
+        p = min(size, safe)
+        p = min(safe, int(np.searchsorted(st, st[p - 1], side="right")))  # the whole of a tie
+        src = src[:p]
+        k = int(np.count_nonzero(src < nr))
+        pr, pc, w = pr + k, pc + (p - k), size
+        yield src
 
 
 def _gather(tl: Timeline, src: np.ndarray, col: str) -> np.ndarray:
-    """The ``ts`` / ``dur`` / ``name`` of events numbered as :func:`_order` numbers them."""
+    """The ``ts`` / ``dur`` / ``name`` of events numbered as :func:`_chunks` numbers them."""
     nr = tl.r_ts.size
     r, c = getattr(tl, "r_" + col), getattr(tl, "c_" + col)
     out = np.empty(src.size, dtype=np.result_type(r.dtype, c.dtype))
@@ -328,33 +358,16 @@ def _gather(tl: Timeline, src: np.ndarray, col: str) -> np.ndarray:
     return out
 
 
-def _cuts(tl: Timeline, order: np.ndarray) -> list[int]:
-    """Where a thread's events (in order of start) are cut into runs of about :data:`CHUNK`: between distinct
-    starts (an op and its child that start together are in one run)."""
-    cuts, a = [0], CHUNK
-    while a < order.size:
-        t = _gather(tl, order[a - 1:a + 64], "ts")
-        later = np.flatnonzero(t[1:] > t[0])
-        if later.size == 0 and a + 64 < order.size:  # a long tie: look further
-            a += 64
-            continue
-        a = a + int(later[0]) if later.size else order.size
-        cuts.append(a)
-        a += CHUNK
-    return cuts + [order.size] if cuts[-1] < order.size else cuts
-
-
 def _map_thread(tl: Timeline, tid: int, cls_of_name: np.ndarray, asked: _Asked, out: tuple) -> None:
     """One thread's segments, runs and top-level ops, appended to the columns of ``out`` in order of time."""
     seg_out, run_out, top_out = out
-    order = _order(tl, tid)
-    nr = tl.r_ts.size
     o_lo, o_hi = np.zeros(0), np.zeros(0)  # the events open across the next run's start: times, class, source
-    o_cls, o_src = np.zeros(0, dtype=np.int8), np.zeros(0, dtype=order.dtype)
+    o_cls, o_src = np.zeros(0, dtype=np.int8), np.zeros(0, dtype=np.int64)
     last = [-np.inf, -1, -np.inf]  # the last run's end and cause; the latest end of the top-level ops
-    cuts = _cuts(tl, order)
-    for a, b in zip(cuts[:-1], cuts[1:]):
-        src = order[a:b]
+    chunks = _chunks(tl, tid, CHUNK)
+    src = next(chunks, None)
+    while src is not None:
+        following = next(chunks, None)
         lo = _gather(tl, src, "ts")
         hi = lo + _gather(tl, src, "dur")
         name = _gather(tl, src, "name")
@@ -363,7 +376,7 @@ def _map_thread(tl: Timeline, tid: int, cls_of_name: np.ndarray, asked: _Asked, 
         del name
         keep = (cls >= 0) & (hi > lo)  # the step annotation says nothing; empty events cover nothing
         t0 = float(lo[0])
-        t1 = float(tl.r_ts[order[b]] if order[b] < nr else tl.c_ts[order[b] - nr]) if b < order.size else np.inf
+        t1 = float(_gather(tl, following[:1], "ts")[0]) if following is not None else np.inf
         o_keep = o_hi > t0
         lo = np.concatenate([o_lo[o_keep], lo[keep]])
         hi = np.concatenate([o_hi[o_keep], hi[keep]])
@@ -374,6 +387,7 @@ def _map_thread(tl: Timeline, tid: int, cls_of_name: np.ndarray, asked: _Asked, 
         _add_runs(run_out, _by_start(runs, 3), last)
         spill = hi > t1
         o_lo, o_hi, o_cls, o_src = lo[spill], hi[spill], cls[spill], src[spill]
+        src = following
     if last[1] >= 0:  # the untraced run after the thread's last event
         run_out[0].add(np.array([last[0]]))
         run_out[1].add(np.array([_UNTRACED], dtype=np.int8))

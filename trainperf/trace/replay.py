@@ -97,71 +97,91 @@ def wait_calls(tl: Timeline, classes: np.ndarray) -> np.ndarray:
 
 
 def build(tl: Timeline, launch: np.ndarray, wait_calls: np.ndarray) -> Graph:
-    """The graph of a rank (module docstring). ``wait_calls``: the runtime calls that may make the host wait."""
+    """The graph of a rank (module docstring). ``wait_calls``: the runtime calls that may make the host wait.
+    Each per-event array is made when it is needed and dropped after (the transient memory is a few arrays of
+    a float per GPU event)."""
     n = tl.g_ts.size
-    scode_of, s_inv = np.unique(tl.g_stream, return_inverse=True) if n else (np.zeros(0), np.zeros(0, dtype=int))
-    ns = int(scode_of.size)
-    o = np.lexsort((tl.g_ts, s_inv)) if n else np.zeros(0, dtype=np.int64)
-    stream = s_inv[o].astype(np.int64)
-    start = tl.g_ts[o].astype(np.float64)
-    dur = tl.g_dur[o].astype(np.float64)
-    end = start + dur
-    has = launch[o] >= 0
-    li = np.where(has, launch[o], 0)
-    l_ts = np.where(has, tl.r_ts[li] if tl.r_ts.size else np.nan, np.nan)
-    l_end = np.where(has, (tl.r_ts[li] + tl.r_dur[li]) if tl.r_ts.size else np.nan, np.nan)
-    del li
+    itype = np.int32 if n < 2**31 else np.int64
+    if n:
+        codes, s_inv = np.unique(tl.g_stream, return_inverse=True)
+        o = np.lexsort((tl.g_ts, s_inv)).astype(itype)
+        stream = s_inv[o].astype(np.int32)
+        del s_inv
+    else:
+        codes, o, stream = np.zeros(0), np.zeros(0, dtype=itype), np.zeros(0, dtype=np.int32)
+    ns = int(codes.size)
+    start = tl.g_ts[o]
+    end = start + tl.g_dur[o]
+    li = launch[o]
+    has = li >= 0
     first = np.ones(n, dtype=bool)
     first[1:] = stream[1:] != stream[:-1]
-    pred_end = np.where(first, -np.inf, np.concatenate([[-np.inf], end[:-1]]))
     # no launch call in the trace (launched before the profiling window, its call dropped, work the device starts
     # itself such as MTIA's DMA requests): taken as launched at its own start, on the host's time
-    l_ts = np.where(has, l_ts, start)
+    l_ts = start.copy()
+    l_ts[has] = tl.r_ts[li[has]]
     key = _keys(first, l_ts)
-    # the event of another stream that ended last before each start (within KERNEL_WAIT_US), replayed no later
-    # than it (its key no later): a dependency
-    eo = np.argsort(end, kind="stable")
-    ends = end[eo]
-    dep = np.full(n, -1, dtype=np.int64)
-    j = np.searchsorted(ends, start + _EPS, side="right") - 1
-    for _ in range(4):  # step back past same-stream events (a handful at most)
-        ok = (j >= 0) & (dep < 0)
-        cand = eo[np.maximum(j, 0)]
-        good = ok & (stream[cand] != stream) & (ends[np.maximum(j, 0)] >= start - KERNEL_WAIT_US)
-        good &= key[cand] <= key
-        dep[good] = cand[good]
-        j = np.where(ok & ~good & (stream[cand] == stream), j - 1, -1)
-    del eo, ends, j
+    dep = _deps(start, end, stream, key)
+    pred_end = np.empty(n)
+    pred_end[1:] = end[:-1]
+    pred_end[first] = -np.inf
+    l_end = np.full(n, np.nan)
+    l_end[has] = l_ts[has] + tl.r_dur[li[has]]
+    del li
+    with np.errstate(invalid="ignore"):
+        queued = has & (l_end <= pred_end)
     typical = DEFAULT_LATENCY_US
-    queued = has & (l_end <= pred_end)
-    launch_bound = has & ~queued & (start > pred_end + _EPS)
-    lb = (start - l_ts)[launch_bound & (dep < 0)]
+    lb = (start - l_ts)[has & ~queued & (start > pred_end + _EPS) & (dep < 0)]  # launch-bound, no dependency
     if lb.size:
         typical = float(max(np.median(lb), 0.0))
-    gap = np.zeros(n)
+    del lb
     lat = np.where(has, np.minimum(start - l_ts, typical), 0.0)
-    use_dep = np.zeros(n, dtype=bool)
-    lag = np.zeros(n)
-    g = start - pred_end
-    small = queued & (g <= KERNEL_WAIT_US)
-    gap[small] = g[small]  # may be a little negative: integer-us times overlap by a rounding
+    gap = start - pred_end  # the stream gap, kept only where the GPU itself left it (below)
+    small = queued & (gap <= KERNEL_WAIT_US)
     with np.errstate(invalid="ignore"):
         dep_end = np.where(dep >= 0, end[np.maximum(dep, 0)], -np.inf)
         dep_bound = (dep >= 0) & ~small & (dep_end > np.where(has, l_end, -np.inf)) & (dep_end > pred_end)
-    use_dep[dep_bound] = True
-    lag[dep_bound] = start[dep_bound] - dep_end[dep_bound]
+    del l_end, pred_end
+    d_at = np.flatnonzero(dep_bound)
+    d_to, d_lag = dep[d_at], start[d_at] - dep_end[d_at]
+    del dep_end, dep
     rest = has & ~small & ~dep_bound
-    lat[rest & ~queued] = (start - l_ts)[rest & ~queued]  # launch-bound: the whole delay is the launch's
-    gap[rest & queued] = g[rest & queued]  # queued, an unexplained gap: the GPU's own
-    overlap = ~first & (g < gap)  # started before its predecessor ended (overlapping copies, DMA): as recorded
-    gap[overlap] = g[overlap]
+    launch_bound = rest & ~queued
+    lat[launch_bound] = (start - l_ts)[launch_bound]  # launch-bound: the whole delay is the launch's
+    # the gap: where queued and small (may be a little negative: integer-us times overlap by a rounding), or
+    # queued and unexplained (the GPU's own), or negative (started before its predecessor ended: overlapping
+    # copies, DMA requests, as recorded); else none
+    keep_gap = small | (rest & queued) | (~first & (gap < 0))
+    gap[~keep_gap] = 0.0
+    del keep_gap, small, rest, launch_bound, dep_bound
     w = _waits(tl, wait_calls, launch, o, stream, end, l_ts, key, has, ns)
-    del start, end, pred_end, g, dep_end, queued, launch_bound, small, rest, has, l_end, first, overlap, l_ts, dur
-    idx = np.int32 if n < 2**31 else np.int64
-    d_at = np.flatnonzero(use_dep)
-    order = np.argsort(key, kind="stable")  # ties: in (stream, start) order
-    return Graph(o.astype(idx), stream.astype(np.int32), lat, gap, tl.g_dur, tl.g_ts, tl.r_ts, launch,
-                 d_at.astype(idx), dep[d_at].astype(idx), lag[d_at], ns, order.astype(idx), key[order], *w)
+    del start, end, has, first, l_ts
+    order = np.argsort(key, kind="stable").astype(itype)  # ties: in (stream, start) order
+    return Graph(o, stream, lat, gap, tl.g_dur, tl.g_ts, tl.r_ts, launch, d_at.astype(itype), d_to.astype(itype),
+                 d_lag, ns, order, key[order], *w)
+
+
+def _deps(start: np.ndarray, end: np.ndarray, stream: np.ndarray, key: np.ndarray) -> np.ndarray:
+    """Per event (graph order): the event of another stream that ended last before it started (within
+    KERNEL_WAIT_US) and is replayed no later (its key no later), -1: none; found a chunk of events at a time."""
+    n = start.size
+    dep = np.full(n, -1, dtype=np.int32 if n < 2**31 else np.int64)
+    if n == 0:
+        return dep
+    eo = np.argsort(end, kind="stable").astype(dep.dtype)
+    ends = end[eo]
+    for a in range(0, n, CHUNK):
+        sl = slice(a, min(a + CHUNK, n))
+        st, k, out = start[sl], key[sl], dep[sl]
+        j = np.searchsorted(ends, st + _EPS, side="right") - 1
+        for _ in range(4):  # step back past same-stream events (a handful at most)
+            ok = (j >= 0) & (out < 0)
+            jj = np.maximum(j, 0)
+            cand = eo[jj]
+            good = ok & (stream[cand] != stream[sl]) & (ends[jj] >= st - KERNEL_WAIT_US) & (key[cand] <= k)
+            out[good] = cand[good]
+            j = np.where(ok & ~good & (stream[cand] == stream[sl]), j - 1, -1)
+    return dep
 
 
 def _keys(first: np.ndarray, t: np.ndarray) -> np.ndarray:
