@@ -37,3 +37,16 @@ def test_intersect_and_subtract_match_a_sweep(monkeypatch, chunk):
             got = f(a, b)
             assert iv.total(got) == pytest.approx(_brute(a, b, want), abs=1e-9)
             assert np.all(got[1] > got[0]) and np.all(got[0][1:] > got[1][:-1])  # sorted, disjoint, not touching
+
+
+def test_join_merges_as_the_union_of_both_and_union_needs_no_sort_when_in_order():
+    rng = np.random.default_rng(11)
+    for _ in range(300):
+        a, b = _random_set(rng, int(rng.integers(0, 30))), _random_set(rng, int(rng.integers(0, 30)))
+        got = iv.join(a, b)
+        want = iv.union(np.concatenate([b[0], a[0]])[::-1].copy(), np.concatenate([b[1], a[1]])[::-1].copy())
+        assert all(np.array_equal(g, w) for g, w in zip(got, want))  # the same pieces, to the bit
+        s = np.sort(rng.integers(0, 100, 40).astype(float))  # in order (the no-sort path), touching and nested
+        e = s + rng.integers(0, 8, 40)
+        o = rng.permutation(40)
+        assert all(np.array_equal(x, y) for x, y in zip(iv.union(s, e), iv.union(s[o], e[o])))
