@@ -108,7 +108,8 @@ def test_one_process_driving_two_gpus_is_two_ranks(tmp_path):
     for tl, p in zip(tls, procs):  # each GPU's kernels and copies are launched by its own thread's calls
         li = launch_index(tl)
         assert tl.g_ts.size == len(p.kernels) + len(p.copies) + len(p.sets) and (li >= 0).all()
-        assert set(tl.r_tid[li]) == {(1 << 48) | (procs[0].pid << 24) | p.tid}
+        assert set(tl.r_tid[li].astype(np.int64) + tl.meta["thread_base"]) == {(1 << 48) | (procs[0].pid << 24) | p.tid}
+        assert set(tl.r_tid[li]) == {p.tid} and tl.r_tid.dtype == np.int32  # the OS thread, within the process
     # calls linked to no GPU event (syncs, cuBLAS's queries) go to the process's first GPU, once
     assert sum(tl.r_ts.size for tl in tls) == sum(len(p.calls) for p in procs)
 
@@ -192,7 +193,9 @@ def test_timeline_holds_every_cpu_event_and_thread(tmp_path):
     gtid = (1 << 48) | (p.pid << 24) | p.tid
     assert tl.c_ts.dtype == np.float64 and tl.c_dur.dtype == np.float64 and tl.c_kind.dtype == np.int8
     assert tl.c_ts.size == len(p.ranges) + len(p.steps)
-    assert set(np.unique(tl.c_tid)) == {gtid} and set(np.unique(tl.r_tid)) == {gtid}
+    base = tl.meta["thread_base"]
+    assert set(np.unique(tl.c_tid).astype(np.int64) + base) == {gtid} == set(np.unique(tl.r_tid).astype(np.int64) + base)
+    assert tl.c_tid.dtype == tl.r_tid.dtype == np.int32
     assert set(np.unique(tl.c_kind)) == {0, 1}
     names = {tl.names[i] for i in np.unique(tl.c_name)}
     assert "aten::mm" in names and not any("op_id" in n for n in names)  # emit_nvtx's decorations cut

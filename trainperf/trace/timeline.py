@@ -21,7 +21,7 @@ ignored                ``gpu_user_annotation``, flows (``ac2g``,
 =====================  ======================================================  ==============
 
 Every complete CPU event (op, annotation, Python function) is also kept, in file order, in the ``c_*`` columns
-(start, duration, name id, host thread, kind: 29 bytes an event), and every runtime call's host thread in
+(start, duration, name id, host thread, kind: 25 bytes an event), and every runtime call's host thread in
 ``r_tid``: what :mod:`trainperf.trace.attribution` needs to say what the host was doing at any instant. A
 thread is whatever the trace calls one (Kineto's integer ``tid``; 1.8's ``"25738"`` text), compared only for
 equality (-1: none).
@@ -134,12 +134,12 @@ class Timeline:
     r_ext: np.ndarray = None
     r_name: np.ndarray = None
     r_driver: np.ndarray = None  # bool: a cuda_driver event
-    r_tid: np.ndarray = None  # int64: the host thread of each runtime call (-1: unknown)
+    r_tid: np.ndarray = None  # the host thread of each runtime call (-1: unknown); int32 while every id fits
     # every complete CPU event (cpu_op / operator / python, user_annotation, python_function), in file order
     c_ts: np.ndarray = None  # float64 us, relative to base_us
     c_dur: np.ndarray = None  # float64 us
     c_name: np.ndarray = None  # int32 index into names
-    c_tid: np.ndarray = None  # int64 host thread (-1: unknown)
+    c_tid: np.ndarray = None  # host thread (-1: unknown); int32 while every id fits
     c_kind: np.ndarray = None  # int8: 0 CPU op, 1 annotation (record_function / NVTX range), 2 Python function
     # CPU side
     steps: list = field(default_factory=list)  # (ts, dur, number) of ProfilerStep#N, CPU side
@@ -200,10 +200,9 @@ class Collector:
         self.base: float | None = None
         self.g = {k: _Column(_DTYPES[k]) for k in ("ts", "dur", "kind", "name", "stream", "device", "corr", "occ",
                                                    "bps", "bytes", "coll", "pg")}
-        # thread columns stay int64 (the Timeline's declared type); the id columns narrow to int32 while they fit
-        self.r = {k: _Column(_DTYPES[k], narrow=k != "tid")
-                  for k in ("ts", "dur", "corr", "ext", "name", "driver", "tid")}
-        self.c = {k: _Column(_DTYPES[k], narrow=k != "tid") for k in ("ts", "dur", "name", "tid", "kind")}
+        # the id and thread columns narrow to int32 while they fit (a checked fallback to int64: exact)
+        self.r = {k: _Column(_DTYPES[k]) for k in ("ts", "dur", "corr", "ext", "name", "driver", "tid")}
+        self.c = {k: _Column(_DTYPES[k]) for k in ("ts", "dur", "name", "tid", "kind")}
         self.op_ext = _Column(np.int64)
         self.sy = {k: _Column(_DTYPES[k]) for k in ("ts", "dur", "stream")}
         self.ops = Accumulator()

@@ -76,7 +76,7 @@ class Ranges:
 
     def __init__(self, names: _Names, capacity: int = 0):
         self.names = names
-        self.cols = {k: column(dt, capacity, wide=k == "tid") for k, dt in (
+        self.cols = {k: column(dt, capacity) for k, dt in (
             ("ts", np.float64), ("dur", np.float64), ("name", np.int32), ("tid", np.int64), ("kind", np.int8))}
         self.role: list[int] = []  # by name id
         self.kind: list[int] = []
@@ -114,7 +114,10 @@ class Ranges:
             start, end, tids, doms, texts = zip(*chunk)
             ids = np.fromiter(map(intern, texts), dtype=np.int32, count=len(texts))
             self._describe(len(self.names.names))
-            self._add(np.array(start, dtype=np.int64), np.array(end, dtype=np.int64), np.array(tids, dtype=np.int64),
+            tids = np.array(tids, dtype=np.int64)
+            if pid_lo is not None:  # threads numbered within the process (its OS thread ids), as the calls
+                tids = np.where(tids >= 0, tids - pid_lo, -1)
+            self._add(np.array(start, dtype=np.int64), np.array(end, dtype=np.int64), tids,
                       np.array(doms, dtype=np.int64), ids, nccl_domains)
             if progress:
                 progress(len(chunk))

@@ -12,7 +12,9 @@ export                                     Timeline
                                            (``Memcpy HtoD (Pageable -> Device)``, ``Memset (Device)``), bytes
 ``..._RUNTIME`` (``..._DRIVER``)           runtime / driver calls (``r_*``): name without nsys's version
                                            suffix (``cudaLaunchKernel_v7000`` -> ``cudaLaunchKernel``),
-                                           correlation id, thread (``r_tid`` = globalTid)
+                                           correlation id, thread (``r_tid``: globalTid less
+                                           the process's globalPid, its OS thread id, int32;
+                                           ``meta["thread_base"]`` adds back)
 ``..._SYNCHRONIZATION``                    CUPTI sync records on a stream (``s_*``, HTA's ``cuda_sync``)
 ``NVTX_EVENTS``                            CPU events, CPU ops, annotations and steps (:mod:`.nvtx`)
 =========================================  ===============================================================
@@ -71,7 +73,8 @@ class _Builder:
         n_g = sum(exp.row_estimate(t) for t in (KERNEL, MEMCPY, MEMSET))
         n_r = sum(exp.row_estimate(t) for t in (RUNTIME, DRIVER))
         self.g = {k: column(dt, n_g) for k, dt in _G.items()}
-        self.r = {k: column(dt, n_r, wide=k == "tid") for k, dt in _R.items()}
+        self.r = {k: column(dt, n_r) for k, dt in _R.items()}
+        self.tid_base = spec.pid if spec.pid is not None else 0  # threads numbered within the rank's process
         self.s = {k: column(dt, exp.row_estimate(SYNC_TABLE))
                   for k, dt in (("ts", np.float64), ("dur", np.float64), ("stream", np.int64))}
         self.string_ids: dict[int, int] = {}  # StringIds id -> names index
@@ -233,7 +236,7 @@ class _Builder:
                 flag = np.array([self.names.names[i].startswith("cu") and not self.names.names[i].startswith("cuda")
                                  for i in uniq], dtype=bool)
                 r["driver"].add(flag[np.searchsorted(uniq, ids)] | (a[:, 5] == 1) | (table == DRIVER))
-                r["tid"].add(a[:, 4])
+                r["tid"].add(np.where(a[:, 4] >= 0, a[:, 4] - self.tid_base, -1))
                 if self.progress:
                     self.progress(len(a))
 
@@ -294,6 +297,7 @@ def read_rank(exp: Export, spec: RankSpec, *, step: str | None = None, nccl_doma
     if lows:
         t.all_min, t.all_max = min(lows), max(highs)
     t.meta = _meta(spec)
+    t.meta["thread_base"] = b.tid_base
     t.steps = _clean_steps(t)
     return t, {"step": chosen, "notes": b.notes, "limits": b.lim}
 
