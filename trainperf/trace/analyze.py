@@ -11,6 +11,7 @@ import numpy as np
 
 from trainperf.errors import UserError
 from trainperf.trace import attribution, hta, tb
+from trainperf.trace.columns import release_freed_memory
 from trainperf.trace import figures as fg
 from trainperf.trace.collectives import collectives
 from trainperf.trace.patterns import load as load_patterns
@@ -20,6 +21,7 @@ from trainperf.trace.timeline import Collector, Timeline
 
 
 def read_timeline(path: str | Path, progress: Callable[[int], None] | None = None) -> Timeline:
+    release_freed_memory()
     r = TraceReader(path, progress)
     c = Collector()
     for chunk in r.chunks():

@@ -19,6 +19,7 @@ import numpy as np
 from trainperf.errors import UserError
 from trainperf.trace import intervals as iv
 from trainperf.trace.analyze import _clean, analyze_timeline
+from trainperf.trace.columns import release_freed_memory, trim_heap
 from trainperf.trace.tb import launch_index
 from trainperf.trace.nsys import layout, metrics
 from trainperf.trace.nsys.reader import RankSpec, read_rank
@@ -106,6 +107,7 @@ def _progress(files: list[Path], progress: Callable[[int], None] | None):
 def iter_capture(path: str | Path, *, step: str | None = None, progress: Callable[[int], None] | None = None
                  ) -> Iterator[tuple[RankSpec, Timeline, dict[str, Any]]]:
     """Each rank of each capture PATH holds: (its spec, its Timeline, what the reader noted), one at a time."""
+    release_freed_memory()
     files = capture_files(path)
     tick, state = _progress(files, progress)
     for f in files:
@@ -128,25 +130,14 @@ def iter_capture(path: str | Path, *, step: str | None = None, progress: Callabl
                                       progress=tick)
                 extra["notes"] = notes + extra["notes"]
                 extra["export"] = exp
-                _trim()  # the rows' transient objects, freed, go back to the system before the figures
+                trim_heap()  # the rows' transient objects, freed, go back to the system before the figures
                 yield spec, tl, extra
                 del tl, extra  # not alive while the next rank is read
-                _trim()
+                trim_heap()
         finally:
             exp.close()
     if progress is not None:
         progress(sum(f.stat().st_size for f in files))  # done: the whole of every file
-
-
-def _trim() -> None:
-    """Hand freed heap memory back to the system (glibc's malloc_trim; elsewhere nothing): the rows streamed
-    through Python leave the heap fragmented, which would count against the next rank's peak."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 def read_capture(path: str | Path, *, step: str | None = None, progress: Callable[[int], None] | None = None
