@@ -10,6 +10,17 @@ from trainperf.lazy import moved_names
 __getattr__ = moved_names(__name__, {"ensure_dir": "trainperf.runio"})
 
 
+def no_blas_threads() -> None:
+    """For a command that does no linear algebra (reading traces, run directories, reports): numpy's OpenBLAS
+    starts a thread per core when numpy is imported, and each spins on its core a while before it sleeps
+    (~0.1 s of CPU a process on an idle 2-core machine, none of it useful here: measured in
+    docs/benchmarks/traces.md). One thread, set before numpy is imported, unless the user set a number."""
+    import os
+
+    if "numpy" not in sys.modules:
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+
 def whole(minimum: int = 1, maximum: int = 2**53):
     """An argparse ``type`` for a whole number in [``minimum``, ``maximum``]: ``--gpus 0`` is an error that
     names the flag, the value and the bound (argparse: exit 2, no traceback), never a silent default

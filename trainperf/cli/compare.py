@@ -44,6 +44,9 @@ def _profiles(paths: list[str]) -> bool:
 def run(args) -> int:
     import sys
 
+    from trainperf.cli._common import no_blas_threads
+
+    no_blas_threads()  # before numpy is imported
     from trainperf.diagnosis.compare import compare_json, compare_text
     from trainperf.runio import dumps_strict
 

@@ -51,7 +51,9 @@ def progress_bar(files, quiet: bool):
 
 
 def run(args) -> int:
-    from trainperf.cli._common import print_json
+    from trainperf.cli._common import no_blas_threads, print_json
+
+    no_blas_threads()  # before numpy is imported
     from trainperf.errors import UserError
     from trainperf.diagnosis.engine import contract, diagnose_found
     from trainperf.trace.ranks import discover

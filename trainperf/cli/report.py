@@ -90,6 +90,9 @@ def check_out(path: str | None, flag: str = "--out", inputs: list[str] = ()) -> 
 
 
 def run(args) -> int:
+    from trainperf.cli._common import no_blas_threads
+
+    no_blas_threads()  # before numpy is imported
     from trainperf.runio import dumps_strict
 
     check_out(args.out, inputs=args.run_dirs)

@@ -17,13 +17,9 @@ every file (each worker reports its file's progress through a queue; the parent 
 
 from __future__ import annotations
 
-import multiprocessing
 import os
-import queue as queue_mod
 import sys
 import time
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any, Callable
 
@@ -49,6 +45,8 @@ def _context():
     """fork on Linux: the workers start from the parent as it is before any result is read (its imports, shared
     copy-on-write), and a caller's script is never imported again in them (spawn and forkserver re-run an
     unguarded ``__main__``); spawn elsewhere."""
+    import multiprocessing  # imported by the pool alone: one trace is read without it
+
     if sys.platform.startswith("linux"):
         return multiprocessing.get_context("fork")
     return multiprocessing.get_context("spawn")
@@ -120,6 +118,10 @@ def _serial(files: list[Path], top_n: int, patterns, progress, step) -> list[tup
 
 def _pooled(files: list[Path], top_n: int, patterns, progress, workers: int,
             step) -> list[tuple[list[dict] | None, str | None]]:
+    import queue as queue_mod
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+    from concurrent.futures.process import BrokenProcessPool
+
     ctx = _context()
     q = ctx.Queue() if progress else None
     sizes = [p.stat().st_size for p in files]

@@ -140,16 +140,20 @@ def host_kind(name: str) -> str:
     return "other"
 
 
-def _compile(pats: Iterable[str], what: str) -> re.Pattern | None:
-    pats = [p for p in pats if p]
-    if not pats:
-        return None
-    for p in pats:
+def _compile(pats: Iterable[str], what: str, user: Iterable[str] = ()) -> re.Pattern | None:
+    """The patterns as one case-insensitive regex; a user's (``user``, among them) are each checked alone first,
+    to name the one that is not valid (the built-in table is known good: compiled once, as one)."""
+    for p in user:
+        if not p:
+            continue
         try:
             re.compile(p)
         except re.error as exc:
             raise UserError(f"the {what} pattern {p!r} is not a valid regular expression ({exc}); "
                             "fix it (Python re syntax, matched with re.search, case-insensitive)") from exc
+    pats = [p for p in pats if p]
+    if not pats:
+        return None
     return re.compile("|".join(f"(?:{p})" for p in pats), re.I)
 
 
@@ -165,15 +169,16 @@ class Patterns:
     source: str = "built-in"
 
     def __post_init__(self):
-        self._user_compute = _compile(self.compute, "compute")
-        self._comm = _compile(list(self.communication) + COMMUNICATION_PATTERNS, "communication")
-        self._mem = _compile(list(self.memory) + MEMORY_PATTERNS, "memory")
-        self._tc = _compile(list(self.tensor_core) + TENSOR_CORE_PATTERNS, "tensor_core")
+        self._user_compute = _compile(self.compute, "compute", self.compute)
+        self._comm = _compile(list(self.communication) + COMMUNICATION_PATTERNS, "communication", self.communication)
+        self._mem = _compile(list(self.memory) + MEMORY_PATTERNS, "memory", self.memory)
+        self._tc = _compile(list(self.tensor_core) + TENSOR_CORE_PATTERNS, "tensor_core", self.tensor_core)
         self._tc_dtype = _compile(DTYPE_TENSOR_CORE_PATTERNS, "tensor_core")
-        self._fp32 = _compile(list(self.fp32_gemm) + FP32_GEMM_PATTERNS, "fp32_gemm")
+        self._fp32 = _compile(list(self.fp32_gemm) + FP32_GEMM_PATTERNS, "fp32_gemm", self.fp32_gemm)
         self._cuda_core = _compile(CUDA_CORE_PATTERNS, "fp32_gemm")
         self._gemm = _compile(GEMM_PATTERNS + list(self.tensor_core) + list(self.fp32_gemm), "gemm")
-        self._ws = _compile(list(self.warp_specialized) + WARP_SPECIALIZED_PATTERNS, "warp_specialized")
+        self._ws = _compile(list(self.warp_specialized) + WARP_SPECIALIZED_PATTERNS, "warp_specialized",
+                            self.warp_specialized)
         self._cache: dict[str, tuple] = {}
 
     def kind(self, name: str) -> str:

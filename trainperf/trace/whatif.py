@@ -182,29 +182,30 @@ def refill(tl: Timeline, ch: Charges) -> None:
         budget = max(float(r.sum()) - float(already.sum()), 0.0)
         given = np.cumsum(take) - take
         take = np.clip(budget - given, 0.0, take)
-        _move(ch, take, code, *_names_before(ch, code, g0[ch.gap]))
+        moved = np.flatnonzero(take > 0)
+        _move(ch, take, moved, code, *_names_before(ch, code, g0[ch.gap[moved]]))
 
 
-def _move(ch: Charges, take: np.ndarray, code: int, detail: np.ndarray, caller: np.ndarray,
+def _move(ch: Charges, take: np.ndarray, j: np.ndarray, code: int, detail: np.ndarray, caller: np.ndarray,
           src: np.ndarray) -> None:
-    """Charge the first ``take`` us of each piece to ``code`` (split where it falls inside a piece)."""
-    moved = take > 0
-    if not moved.any():
+    """Charge the first ``take`` us of the pieces ``j`` (those with some) to ``code``, named by ``detail``,
+    ``caller`` and ``src`` (one each); split where it falls inside a piece."""
+    if j.size == 0:
         return
-    j = np.flatnonzero(moved)
     cut = ch.lo[j] + take[j]
     part = cut < ch.hi[j]
     rest = j[part]
     cols: dict[str, Any] = {
         "lo": np.concatenate([ch.lo[j], cut[part]]), "hi": np.concatenate([cut, ch.hi[rest]]),
         "cause": np.concatenate([np.full(j.size, code), ch.cause[rest]]).astype(np.int8),
-        "detail": np.concatenate([detail[j], ch.detail[rest]]).astype(np.int32),
-        "caller": np.concatenate([caller[j], ch.caller[rest]]).astype(np.int32),
-        "src": np.concatenate([src[j], ch.src[rest]]).astype(np.int64),
+        "detail": np.concatenate([detail, ch.detail[rest]]).astype(np.int32),
+        "caller": np.concatenate([caller, ch.caller[rest]]).astype(np.int32),
+        "src": np.concatenate([src, ch.src[rest]]).astype(np.int64),
         "tid": np.concatenate([ch.tid[j], ch.tid[rest]]).astype(np.int64),
         "gap": np.concatenate([ch.gap[j], ch.gap[rest]]).astype(np.int64),
         "refilled": np.concatenate([np.ones(j.size, dtype=bool), ch.refilled[rest]])}
-    keep = ~moved
+    keep = np.ones(take.size, dtype=bool)
+    keep[j] = False
     for name, v in cols.items():
         setattr(ch, name, np.concatenate([getattr(ch, name)[keep], v]))
     o = np.argsort(ch.lo, kind="stable")
