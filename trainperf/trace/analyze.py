@@ -21,8 +21,11 @@ from trainperf.trace.timeline import Collector, Timeline
 
 
 def read_timeline(path: str | Path, progress: Callable[[int], None] | None = None) -> Timeline:
-    release_freed_memory()
     r = TraceReader(path, progress)
+    try:
+        release_freed_memory(Path(path).stat().st_size)
+    except OSError:
+        pass  # the reader says why
     c = Collector()
     for chunk in r.chunks():
         c.feed(chunk)

@@ -132,19 +132,22 @@ def reserved(dtype, capacity: int = 0, wide: bool = False) -> _Column:
 
 
 RELEASE_BYTES = 1 << 20
+RELEASE_FROM_FILE_BYTES = 32 << 20
 _released = False
 
 
-def release_freed_memory() -> None:
-    """From here on, in this process, glibc's malloc serves every block of 1 MiB or more from a mapping of its
-    own, unmapped as soon as it is freed (``mallopt(M_MMAP_THRESHOLD, 1 MiB)``). By default glibc raises that
+def release_freed_memory(file_bytes: int) -> None:
+    """For a large trace (``file_bytes``, the file as stored, from :data:`RELEASE_FROM_FILE_BYTES` on): from
+    here on, in this process, glibc's malloc serves every block of 1 MiB or more from a mapping of its own,
+    unmapped as soon as it is freed (``mallopt(M_MMAP_THRESHOLD, 1 MiB)``). By default glibc raises that
     threshold as large blocks are freed, up to 32 MiB, and then serves the figures' temporary arrays of a few
     MiB from its heap, where freed ones stay resident until the heap's top is free: on a 1 GB Nsight export
-    that is ~50 MB of the peak (537 -> 486 MB on the generated two-rank export). A setting of the whole
-    process, applied once when a trace is first read; left alone where ``run.host_memory=retain`` set its own
+    that is ~50 MB of the peak (537 -> 487 MB on the generated two-rank export). Not for a small trace: each
+    large block then costs fresh page faults (~8% of reading a 1 MB trace), for no memory that matters. A
+    setting of the whole process, applied once; left alone where ``run.host_memory=retain`` set its own
     thresholds (a training process), and nothing where the C library has no ``mallopt``."""
     global _released
-    if _released:
+    if _released or file_bytes < RELEASE_FROM_FILE_BYTES:
         return
     _released = True
     hostmem = sys.modules.get("trainperf.hardware.hostmem")

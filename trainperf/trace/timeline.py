@@ -76,22 +76,10 @@ def _op_role(name: Any) -> int:
     return _R_OP
 
 
-class _Roles(dict):
-    def __missing__(self, name):
-        v = self[name] = _op_role(name)
-        return v
-
-
 def _tc_op(name: Any) -> bool:
     n = str(name) if name is not None else ""
     return not (STEP_RE.match(n) or n in ("DataParallel.forward", "DistributedDataParallel.forward")
                 or n.startswith("Optimizer."))
-
-
-class _TcOps(dict):
-    def __missing__(self, name):
-        v = self[name] = _tc_op(name)
-        return v
 
 
 class _Names(dict):
@@ -193,9 +181,9 @@ class Collector:
 
     def __init__(self):
         self.names = _Names()
-        self.roles = _Roles()
+        self.roles: list[int] = []  # by name id: the CPU op role of the name
         self.threads = _Threads()
-        self.tc_ops = _TcOps()
+        self.tc_ops: list[bool] = []  # by name id: an op whose launches the tensor-core share counts
         self.cats: dict[Any, tuple] = {}
         self.base: float | None = None
         self.g = {k: _Column(_DTYPES[k]) for k in ("ts", "dur", "kind", "name", "stream", "device", "corr", "occ",
@@ -217,7 +205,7 @@ class Collector:
 
     def feed(self, evs: list[Event]) -> None:
         t = self.t
-        gpu, rt, ops, annos, syncs, cpu = [], [], [], [], [], []
+        gpu, rt, syncs, cpu = [], [], [], []
         gk, rk, ck = [], [], []
         cat = self._cat
         for e in evs:
@@ -234,11 +222,9 @@ class Collector:
                 rt.append(e)
                 rk.append(k[1])
             elif w == _OP:
-                ops.append(e)
                 cpu.append(e)
                 ck.append(C_OP)
             elif w == _ANNO:
-                annos.append(e)
                 cpu.append(e)
                 ck.append(C_ANNOTATION)
             elif w == _PY:
@@ -258,10 +244,8 @@ class Collector:
             self._gpu(gpu, gk)
         if rt:
             self._rt(rt, rk)
-        if ops or annos:
-            self._cpu(ops, annos)
         if cpu:
-            self._cpu_columns(cpu, ck)
+            self._cpu(cpu, ck)
         if syncs:
             ts, dur = self._times(syncs)
             st = np.array([_stream_num((e.args or NOARGS).stream) for e in syncs], dtype=np.int64)
@@ -326,54 +310,69 @@ class Collector:
         r["driver"].add(np.array(kinds, dtype=bool))
         r["tid"].add(_tids(evs, self.threads))
 
-    def _cpu_columns(self, evs: list[Event], kinds: list[int]) -> None:
-        """Every complete CPU event in the ``c_*`` columns (those without a time left out, at ``finish``)."""
-        c, names = self.c, self.names
+    def _cpu(self, evs: list[Event], kinds: list[int]) -> None:
+        """Every complete CPU event, in the ``c_*`` columns (those without a time left out, at ``finish``); its
+        ops and annotations, by their roles, in the figures' CPU sets (the plugin's). One pass over the events:
+        a name's role is looked up once per name, not per event."""
+        t, c, names = self.t, self.c, self.names
+        kind = np.array(kinds, dtype=np.int8)
         with np.errstate(over="ignore", invalid="ignore"):
             ts = _floats([e.ts for e in evs]) - self.base
             dur = _floats([e.dur for e in evs])
         dur[~np.isfinite(dur) | (dur < 0)] = 0.0
+        name = np.array([names[e.name] for e in evs], dtype=np.int32)
         c["ts"].add(ts)
         c["dur"].add(dur)
-        c["name"].add(np.array([names[e.name] for e in evs], dtype=np.int32))
+        c["name"].add(name)
         c["tid"].add(_tids(evs, self.threads))
-        c["kind"].add(np.array(kinds, dtype=np.int8))
-
-    def _cpu(self, ops: list[Event], annos: list[Event]) -> None:
-        t, roles = self.t, self.roles
-        t.cpu_events += len(ops) + len(annos)
-        for group, is_op in ((ops, True), (annos, False)):
-            if not group:
+        c["kind"].add(kind)
+        roles, tc_ops = self.roles, self.tc_ops
+        for i in range(len(roles), len(names.names)):  # the names first seen here
+            roles.append(_op_role(names.names[i]))
+            tc_ops.append(_tc_op(names.names[i]))
+        role_of, tc_of = np.array(roles, dtype=np.int8), np.array(tc_ops, dtype=bool)
+        for code, is_op in ((C_OP, True), (C_ANNOTATION, False)):
+            idx = np.flatnonzero(kind == code)
+            if idx.size == 0:
                 continue
-            ts, dur = self._times(group, count=False)
-            role = np.array([roles[e.name] for e in group], dtype=np.int8)
+            t.cpu_events += int(idx.size)
+            g_ts, g_dur = ts[idx], dur[idx]  # as _times has them: a start whose end is not finite is none
+            with np.errstate(over="ignore", invalid="ignore"):
+                end = g_ts + g_dur
+            g_ts[~np.isfinite(end)] = np.nan
+            ok = np.isfinite(g_ts)
+            if ok.any():
+                t.all_min = min(t.all_min, float(g_ts[ok].min()))
+                t.all_max = max(t.all_max, float(end[ok].max()))
+            g_name = name[idx]
+            role = role_of[g_name]
             # the ops whose launches the plugin's tensor-core share counts: operator nodes (not the
             # ProfilerStep, not DataParallel.forward / DistributedDataParallel.forward, not Optimizer.*)
-            A = [group[i].args or NOARGS for i, e in enumerate(group) if self.tc_ops[e.name]]
+            A = [evs[i].args or NOARGS for i in idx[tc_of[g_name]].tolist()]
             ext = _ints([a.ext if a.ext is not None else a.ext18 for a in A])
             self.op_ext.add(np.unique(ext[ext > 0]))
-            end = ts + dur
+            end = g_ts + g_dur
             plain = role == _R_OP
             if plain.any():
-                self.ops.add(ts[plain], end[plain])
+                self.ops.add(g_ts[plain], end[plain])
                 if is_op:
-                    self.op_only.add(ts[plain], end[plain])
-            span = np.isfinite(ts)  # the plugin's CPU span: ops, steps (and annotations, 1.8's Operator spans)
+                    self.op_only.add(g_ts[plain], end[plain])
+            span = np.isfinite(g_ts)  # the plugin's CPU span: ops, steps (and annotations, 1.8's Operator spans)
             if span.any():
-                t.cpu_min = min(t.cpu_min, float(ts[span].min()))
+                t.cpu_min = min(t.cpu_min, float(g_ts[span].min()))
                 t.cpu_max = max(t.cpu_max, float(end[span].max()))
-            for i in np.flatnonzero(role != _R_OP):
-                e, r = group[i], role[i]
-                if not np.isfinite(ts[i]):
+            for j in np.flatnonzero(role != _R_OP).tolist():
+                e, r = evs[int(idx[j])], role[j]
+                if not np.isfinite(g_ts[j]):
                     continue
                 if r == _R_STEP:
-                    t.steps.append((float(ts[i]), float(dur[i]), int(STEP_RE.match(str(e.name)).group(1))))
+                    t.steps.append((float(g_ts[j]), float(g_dur[j]), int(STEP_RE.match(str(e.name)).group(1))))
                 elif r == _R_DL:
-                    t.dataloader.append((float(ts[i]), float(dur[i]), str(e.name)))
+                    t.dataloader.append((float(g_ts[j]), float(g_dur[j]), str(e.name)))
                 elif r == _R_COMM:
-                    t.comm_ops.append((float(ts[i]), float(dur[i]), str(e.name)))
+                    t.comm_ops.append((float(g_ts[j]), float(g_dur[j]), str(e.name)))
                 elif r == _R_SYNC:
-                    t.sync_ops.append((float(ts[i]), float(dur[i]), str(e.name)))
+                    t.sync_ops.append((float(g_ts[j]), float(g_dur[j]), str(e.name)))
 
     def finish(self, meta: dict) -> Timeline:
         t = self.t

@@ -107,8 +107,8 @@ def _progress(files: list[Path], progress: Callable[[int], None] | None):
 def iter_capture(path: str | Path, *, step: str | None = None, progress: Callable[[int], None] | None = None
                  ) -> Iterator[tuple[RankSpec, Timeline, dict[str, Any]]]:
     """Each rank of each capture PATH holds: (its spec, its Timeline, what the reader noted), one at a time."""
-    release_freed_memory()
     files = capture_files(path)
+    release_freed_memory(sum(f.stat().st_size for f in files))
     tick, state = _progress(files, progress)
     for f in files:
         exp = Export(f)
