@@ -264,6 +264,30 @@ class HostShift:
         return t - iv.covered_before(self.removed, t, self._pre) + \
             self.add_cum[np.searchsorted(self.add_t, t, side="left")]
 
+    def base_one(self, t: float) -> float:
+        """:meth:`base` of one time, in Python scalars (the replay asks it twice per wait), to the bit."""
+        lo, hi = self.removed
+        i = int(np.searchsorted(lo, t, side="right")) if lo.size else 0
+        covered = 0.0
+        if i > 0:
+            j = i - 1
+            covered = float(self._pre[j]) + min(max(t - float(lo[j]), 0.0), float(hi[j]) - float(lo[j]))
+        return t - covered + float(self.add_cum[int(np.searchsorted(self.add_t, t, side="left"))])
+
+    def one(self, t: float, upto: int) -> float:
+        """``self([t], upto)[0]`` in Python scalars, to the bit."""
+        out = self.base_one(t)
+        if upto == 0:
+            return out
+        k = int(np.searchsorted(self.w_s[:upto], t, side="right")) - 1
+        if k < 0:
+            return out + 0.0
+        if t >= self.w_e[k]:
+            return out + float(self.shift[k])
+        a = self.base_one(float(self.w_s[k])) + (float(self.shift[k - 1]) if k > 0 else 0.0)
+        frac = (t - float(self.w_s[k])) / max(float(self.w_e[k]) - float(self.w_s[k]), 1e-12)
+        return a + frac * (float(self.new_end[k]) - a)
+
     def __call__(self, t, upto: int | None = None) -> np.ndarray:
         """Vectorized; ``upto``: only the first ``upto`` waits are known (the replay in progress)."""
         t = np.asarray(t, dtype=np.float64)
@@ -323,14 +347,15 @@ def run(g: Graph, removed: iv.Set = iv.EMPTY, *, add_t=None, add_us=None, skip_w
         for a, b in _pieces(g.okey, int(cut[k]), max(int(cut[k]), int(cut[k + 1]))):
             _replay(g, a, b, lambda t, k=k: h(t, upto=k), zero_latency, max_latency, new_end, last_end, done)
         if k < w_s.size:
-            at = h(w_s[k:k + 1], upto=k)[0]
-            tgt = float(np.max(np.where(w_streams[k], done, -np.inf))) if w_streams[k].any() else -np.inf
+            at = h.one(float(w_s[k]), k)
+            mask = w_streams[k]
+            tgt = float(done[mask].max()) if mask.any() else -np.inf
             if np.isnan(w_tail[k]):  # an inserted wait: waits, then takes its own time
                 ne = max(at, tgt) + float(extra_after[k])
             else:
                 ne = max(at, tgt) + float(w_tail[k])
             h.new_end[k] = ne
-            h.shift[k] = ne - float(h.base(w_e[k:k + 1])[0])
+            h.shift[k] = ne - h.base_one(float(w_e[k]))
     new_end -= g.g_dur[g.ev]
     out = np.empty(n)
     out[g.ev] = new_end

@@ -76,10 +76,14 @@ def removal(tl: Timeline, ch: Charges, cause: str) -> iv.Set:
         else iv.EMPTY
 
 
+KEEP_REPLAYS_UPTO = 1 << 18
+
+
 def run(tl: Timeline, ch: Charges, cause: str | None) -> tuple[np.ndarray, replay.HostShift]:
     """The rank replayed without ``cause`` (None: unchanged): each GPU event's new start and the host map. The
-    replay unchanged is kept on the charges (every gain is measured against it); the others are made when asked
-    (each an array per GPU event: kept, they would add up)."""
+    replay unchanged is kept on the charges (every gain is measured against it); the others too while a rank
+    has at most :data:`KEEP_REPLAYS_UPTO` GPU events (the refill's replays are the gains' again), else made
+    each time they are asked for (an array per GPU event each: kept, they would add up)."""
     if cause in ch.whatif:
         return ch.whatif[cause]
     g = graph(tl, ch)
@@ -92,7 +96,7 @@ def run(tl: Timeline, ch: Charges, cause: str | None) -> tuple[np.ndarray, repla
         if cause in ("sync", "allocator") and g.w_call.size:
             skip = name_classes(tl)[tl.r_name[g.w_call]] == HOST_CAUSES.index(cause)
         out = replay.run(g, removal(tl, ch, cause), skip_waits=skip, zero_latency=cause == "launch")
-    if cause is None:
+    if cause is None or g.ev.size <= KEEP_REPLAYS_UPTO:
         ch.whatif[cause] = out
     return out
 
