@@ -297,6 +297,24 @@ def test_innermost_gives_an_instant_to_the_latest_starting_cover_when_intervals_
     assert list(zip(a, b, i)) == [(0, 2, 0), (2, 3, 1), (3, 5, 2), (5, 12, 3), (20, 21, 4)]
 
 
+def test_innermost_matches_a_brute_force_on_random_intervals():
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        n = int(rng.integers(1, 40))
+        lo = rng.integers(0, 60, n).astype(float)
+        hi = lo + rng.integers(0, 25, n)
+        tie = rng.permutation(n)
+        a, b, lab = innermost(lo, hi, tie)
+        for s, e, i in zip(a, b, lab):
+            x = (s + e) / 2
+            cover = [j for j in range(n) if lo[j] <= x < hi[j]]
+            want = max(cover, key=lambda j: (lo[j], -hi[j], tie[j]))  # latest start, then shorter, then the tie
+            assert i == want
+        covered = sum(b - a)
+        grid = np.arange(0, 100, 0.5) + 0.25
+        assert covered == pytest.approx(0.5 * sum(any(lo[j] <= x < hi[j] for j in range(n)) for x in grid))
+
+
 @pytest.mark.parametrize("name,kind", [
     ("cudaFree", "allocator"), ("hipFree", "allocator"), ("cudaMallocAsync", "allocator"),
     ("cudaHostAlloc", "allocator"), ("hipHostMalloc", "allocator"), ("cuMemFree_v2", "allocator"),

@@ -113,8 +113,9 @@ def _top(ids: np.ndarray, us: np.ndarray, names: list, nsteps: int) -> list[list
     ok = ids >= 0
     if not ok.any():
         return []
-    u, inv = np.unique(ids[ok], return_inverse=True)
-    s = np.bincount(inv, weights=us[ok])
+    ids, us = ids[ok], us[ok]
+    u = np.flatnonzero(np.bincount(ids, minlength=len(names)))  # the names there, in order (np.unique's)
+    s = np.bincount(ids, weights=us, minlength=len(names))[u]  # their time, summed in the pieces' order
     o = np.argsort(-s)[:_TOP]
     return [[str(names[int(u[i])]), float(s[i]) / nsteps] for i in o if s[i] > 0]
 

@@ -99,21 +99,21 @@ def innermost(lo: np.ndarray, hi: np.ndarray, tie: np.ndarray | None = None
     o = np.lexsort((-hi, lo) if tie is None else (tie[keep], -hi, lo))  # by start; at one start, the longer first
     slo, shi = lo[o], hi[o]
     up = np.arange(-1, o.size - 1)  # the nearest earlier interval (in this order) that ends later (-1: none)
-    while True:
-        m = np.flatnonzero(up >= 0)
-        m = m[shi[up[m]] <= shi[m]]
-        if m.size == 0:
-            break
-        up[m] = up[up[m]]
+    active = np.arange(1, o.size)  # those whose link may still jump (one that does not jump is final)
+    while active.size:
+        u = up[active]
+        jump = shi[u] <= shi[active]
+        active = active[jump]
+        up[active] = up[u[jump]]
+        active = active[up[active] >= 0]
     pts = merged_points(slo, np.sort(shi))
     seg_lo, seg_hi = pts[:-1], pts[1:]
     label = np.searchsorted(slo, seg_lo, side="right") - 1  # the last to start at or before the segment
-    while True:  # ... or, where that one has ended, the nearest earlier one that ends later
-        m = np.flatnonzero(label >= 0)
-        m = m[shi[label[m]] <= seg_lo[m]]
-        if m.size == 0:
-            break
-        label[m] = up[label[m]]
+    active = np.flatnonzero(label >= 0)  # ... or, where that one has ended, the nearest earlier one that ends later
+    while active.size:
+        active = active[shi[label[active]] <= seg_lo[active]]
+        label[active] = up[label[active]]
+        active = active[label[active] >= 0]
     m = label >= 0
     seg_lo, seg_hi, label = seg_lo[m], seg_hi[m], label[m]
     if seg_lo.size:  # join neighbours with one label
