@@ -207,11 +207,13 @@ class Collector:
         t = self.t
         gpu, rt, syncs, cpu = [], [], [], []
         gk, rk, ck = [], [], []
-        cat = self._cat
+        cats, cat = self.cats, self._cat
         for e in evs:
             if e.ph != "X":
                 continue
-            k = cat(e.cat)
+            k = cats.get(e.cat, False)  # a category seen before (no call per event)
+            if k is False:
+                k = cat(e.cat)
             if k is None:
                 continue
             w = k[0]
