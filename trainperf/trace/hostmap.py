@@ -47,8 +47,18 @@ def _arr(a, dtype) -> np.ndarray:
 
 def name_classes(tl: Timeline) -> np.ndarray:
     """Per name id: the host cause code (index into :data:`HOST_CAUSES`; -1: a ``ProfilerStep#N``) of an
-    event of that name. Only the names host events use are looked at."""
+    event of that name. Only the names host events use are looked at; once per Timeline (the map, the graph's
+    waits and the what-ifs all ask)."""
     n = len(tl.names)
+    got = tl.__dict__.get("_name_classes")
+    if got is not None and got[0] == n:
+        return got[1]
+    out = _classes(tl, n)
+    tl.__dict__["_name_classes"] = (n, out)
+    return out
+
+
+def _classes(tl: Timeline, n: int) -> np.ndarray:
     out = np.full(max(n, 1), _CPU_OP, dtype=np.int8)
     used = np.zeros(max(n, 1), dtype=bool)
     used[_arr(tl.c_name, np.int32)] = True
