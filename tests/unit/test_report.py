@@ -170,7 +170,8 @@ def test_trace_report_charts_render_in_headless_chromium(tmp_path):
     screenshot = ARTIFACTS / "trace_report.png"
     screenshot.unlink(missing_ok=True)
     charts, err = _render(page, screenshot)
-    assert {c["name"] for c in charts} == {"trace_breakdown", "trace_temporal", "trace_ranks"}, (charts, err[-1000:])
+    names = {"trace_step", "trace_breakdown", "trace_temporal", "trace_ranks"}
+    assert {c["name"] for c in charts} == names, (charts, err[-1000:])
     for c in charts:
         assert c["w"] > 600 and c["h"] > 280 and c["colored"] >= 100, c
     png = screenshot.read_bytes()
