@@ -59,6 +59,7 @@ def idle_cause(name: str, warn: float = IDLE_WARN, crit: float = IDLE_CRIT, seve
             return None
         info = cause_of(name)
         return {"severity": severity or ("critical" if share > crit else "warning"), "idle_share": share,
+                "idle_us_per_step": c["us_per_step"],
                 "evidence": describe(ev, c, share, warn), "cause": info.why, "fix": info.fix(ev.fixes),
                 "gain": whatif_gain(ev, c, info.label)}
     check.__name__ = f"idle_{name}"

@@ -58,6 +58,7 @@ def data_bound(ev: Evidence) -> dict | None:
     found = _loader_kind(ev) if d.iterators is not None else _wait_kind(ev)
     if idle:
         found["evidence"] += f"; the GPU idles {100 * idle:.1f}% of the step waiting on it (charged along the critical path)"
+        found["idle_us_per_step"] = c["us_per_step"]
     return {"severity": sev, "gain": g, **found}
 
 
@@ -201,6 +202,7 @@ def _launches_charged(ev: Evidence) -> dict | None:
     share = c["us_per_step"] / step_us
     info = cause_of("launch")
     return {"severity": "critical" if share > IDLE_CRIT else "warning", "idle_share": share,
+            "idle_us_per_step": c["us_per_step"],
             "evidence": describe(ev, c, share, IDLE_WARN) + _launch_stats(ev), "cause": info.why,
             "fix": info.fix(ev.fixes), "gain": whatif_gain(ev, c, "the launches")}
 

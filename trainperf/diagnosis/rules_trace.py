@@ -168,7 +168,7 @@ def _syncs_charged(ev: Evidence) -> dict | None:
     if rows:
         text += "; syncs: " + ", ".join(f"{r['name']} x{r['count_per_step']:.0f}" for r in rows)
     return {"severity": "critical" if share > IDLE_CRIT else "warning", "evidence": text, "idle_share": share,
-            "gain": whatif_gain(ev, c, "the syncs")}
+            "idle_us_per_step": c["us_per_step"], "gain": whatif_gain(ev, c, "the syncs")}
 
 
 def low_occupancy(ev: Evidence) -> dict | None:
