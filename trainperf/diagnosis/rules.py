@@ -123,9 +123,11 @@ RULES: list[Rule] = [
          "compile.enabled=true (mode reduce-overhead: CUDA graphs); larger micro-batch", S.launch_bound,
          needs=("gpu.busy_pct",)),
     *(Rule(rid, symptom, f"trace: the GPU idle charged to {what} (along the critical path: the host thread that "
-           f"launched the next GPU work was doing it) >= {_pct(ID.IDLE_WARN)} of the step (critical > "
+           f"launched the next GPU work was doing it) >= "
+           f"{_pct(ID.UNTRACED_WARN if name == 'untraced' else ID.IDLE_WARN)} of the step (critical > "
            f"{_pct(ID.IDLE_CRIT)}); the gain is the step replayed without that host time", cause, fix,
-           ID.idle_cause(name), needs=("attribution",))
+           ID.idle_cause(name, warn=ID.UNTRACED_WARN if name == "untraced" else ID.IDLE_WARN),
+           needs=("attribution",))
       for rid, name, symptom, what, cause, fix in (
         ("allocator_churn", "allocator", "the GPU waits while the host allocates and frees device memory",
          "cudaMalloc / cudaFree (hipMalloc / hipFree) and their host twins",

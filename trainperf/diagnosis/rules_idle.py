@@ -14,6 +14,7 @@ from trainperf.diagnosis.evidence import Evidence
 from trainperf.diagnosis.gain import step_gain
 
 IDLE_WARN, IDLE_CRIT = 0.05, 0.25  # idle GPU time charged to one cause, share of the step
+UNTRACED_WARN = 0.10  # untraced host time: every trace has some (Python between ops); a finding from this share
 GPU_WAIT_INFO = 0.20  # gpu_wait is an inference (queued work that did not start): reported from this share, as info
 
 
@@ -66,4 +67,4 @@ def idle_cause(name: str, warn: float = IDLE_WARN, crit: float = IDLE_CRIT, seve
     return check
 
 
-__all__ = ["GPU_WAIT_INFO", "IDLE_CRIT", "IDLE_WARN", "charged", "describe", "idle_cause", "whatif_gain"]
+__all__ = ["GPU_WAIT_INFO", "IDLE_CRIT", "IDLE_WARN", "UNTRACED_WARN", "charged", "describe", "idle_cause", "whatif_gain"]
