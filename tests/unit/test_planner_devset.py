@@ -134,6 +134,11 @@ def test_the_variants_module_judges_the_shipped_form_as_loso_does(loso_fast):
     assert single["pooled_coverage"] == pytest.approx(pooled["coverage_single"], abs=1e-3)
     # the composition interval scores better than one width on held-out sources (the rule it was chosen by)
     assert shipped["mean_interval_score"] < single["mean_interval_score"]
+    # the in-sample search reports what it found, and says it meets the criterion only when every count is in band
+    orc = iv.oracle(res, tries=300)
+    in_band = all(0.75 <= k / n <= 0.90 for k, n in orc["inside"].values())
+    assert set(orc["inside"]) == set(res["criteria"]["judged_sources"])
+    assert not orc["meets_the_criterion"] or in_band
 
 
 def test_torchtitan_rows_validate_the_preset_users_plan_with():

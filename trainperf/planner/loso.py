@@ -9,18 +9,25 @@ Per held-out source S:
 * the model's error: constants fitted on the other sources (:func:`trainperf.planner.fit.fit_constants`);
 * the constant baseline's error: one efficiency E fitted on the other sources, and E = 0.5 fixed
   (the peer the issue compares against);
-* interval coverage and width: the 80% interval of each of S's rows comes from the held-out
-  errors of the *other* sources only (nested: each of those errors from a fit without S and
+* interval coverage, width and interval score: the 80% interval of each of S's rows comes from the
+  held-out errors of the *other* sources only (nested: each of those errors from a fit without S and
   without that source; ``--fast`` reuses the outer folds' errors instead, which lets S into the
-  constants behind them), so S never sets its own interval;
+  constants behind them), so S never sets its own interval. Two intervals are judged on the same errors:
+  the shipped one, whose width follows the step's composition (:mod:`trainperf.planner.composition`), and
+  issue 39's single width (``interval_single``: :func:`~trainperf.planner.interval.spread_from`). Each fold
+  keeps the errors its intervals were fitted on (``folds[S]["inner"]``) for
+  ``python -m trainperf.planner.interval_variants``;
 * calibrated coverage: S's first, middle and last rows in turn play the user's measured run
   (``--measured``: ``stack_efficiency`` fitted to it), the other rows of S are predicted with the
   narrower calibrated interval (within-source spread of the other sources).
+
+The text report (markdown tables) and the plot are :mod:`trainperf.planner.loso_report`'s.
 """
 
 from __future__ import annotations
 
 import math
+
 from trainperf.planner import composition, devset
 from trainperf.planner.constants import DEFAULTS, Constants
 from trainperf.planner.distance import far_from, point_of_row

@@ -96,7 +96,7 @@ def render_markdown(res: dict) -> str:
                      f"{cal} | {v['not_fitting']} |")
     lines += ["", "| held-out source | " + " | ".join(FITTED) + " | baseline E | mu | tau | "
               + " | ".join(f"s {k}" for k in TERMS) + " | studentized 10/90% | single width (log, all compute) "
-              "| non-compute scale |", "|---" * (len(FITTED) + 9 + len(TERMS)) + "|"]
+              "| non-compute scale |", "|---" * (len(FITTED) + len(TERMS) + 7) + "|"]
     folds = [(s, f["constants"], f["baseline_efficiency"], f["interval"], f["interval_single"])
              for s, f in res["folds"].items()]
     folds.append(("(all sources)", res["fit_all"], res["baseline_all"], res["interval"], res["interval_single"]))
