@@ -97,15 +97,23 @@ class Estimate:
     microbatches: int
     memory: dict = field(default_factory=dict)   # bytes, per GPU, by component
     time: dict = field(default_factory=dict)     # seconds per step, by component
-    composition: dict = field(default_factory=dict)
-    """Seconds per step by what they are made of (:data:`COMPOSITION`), summing to the step time: ``time`` with its
-    compute split by kind and the vocabulary-parallel heads' all-reduces counted with the tensor-parallel ones (what
-    the interval's width follows: :mod:`trainperf.planner.composition`)."""
+    composition_inputs: tuple = field(default=(), repr=False, compare=False)
+    """What :attr:`composition` is computed from, on first use (a search times thousands of layouts and shows a few)."""
+    _composition: dict | None = field(default=None, init=False, repr=False, compare=False)
     step_time_s: float = 0.0
     model_flops: float = 0.0                     # per step, all GPUs
     peak_flops: float = 0.0                      # dense, per GPU
     gpu_memory_bytes: float = 0.0
     layers_per_stage: int = 0
+
+    @property
+    def composition(self) -> dict:
+        """Seconds per step by what they are made of (:data:`COMPOSITION`), summing to the step time: ``time`` with its
+        compute split by kind and the vocabulary-parallel heads' all-reduces counted with the tensor-parallel ones
+        (what the interval's width follows: :mod:`trainperf.planner.composition`)."""
+        if self._composition is None:
+            self._composition = _composition(*self.composition_inputs) if self.composition_inputs else {}
+        return self._composition
 
     @property
     def memory_bytes(self) -> float:
@@ -474,7 +482,7 @@ def estimate(model: TransformerSpec, gpu: GPUSpec, layout: Layout, global_batch:
     }
     return Estimate(
         layout=L, microbatches=m, memory=memory, time=time, step_time_s=step,
-        composition=_composition(time, lc, hc, m * layers_dev, m, p, fp8_cast),
+        composition_inputs=(time, lc, hc, m * layers_dev, m, p, fp8_cast),
         model_flops=model.model_flops_per_token() * model.seq * global_batch,
         peak_flops=k.peak, gpu_memory_bytes=gpu.hbm_bytes, layers_per_stage=layers_dev,
     )
