@@ -1,6 +1,6 @@
 """Traces of CPU jobs and directories as torch 2.13's profiler leaves them (fuzzing with real traces): gloo
-communication counted everywhere it is shown, a late rank (a straggler) found from CPU-only traces, the communication share in
-the printed breakdown, the profiling windows of one process not read as ranks, torch's memory-timeline JSON
+communication counted everywhere it is shown, a late rank (a straggler) found from CPU-only traces, the
+communication share in the printed breakdown, the profiling windows of one process not read as ranks, torch's memory-timeline JSON
 skipped beside the traces, a rank's trace under another name read beside torch-named ones."""
 
 from __future__ import annotations
