@@ -108,6 +108,21 @@ def exit_now(code: int) -> None:
     os._exit(code)
 
 
+_STOPPING_ERRORS = (ConnectionError, EOFError, BrokenPipeError)
+
+
+def _thread_hook(prev):
+    """A ``threading.excepthook`` that, once a signal stopped the command, keeps quiet about a background thread
+    whose connection the stopping closed (multiprocessing's resource sharer, a worker's pipe): that is part of
+    stopping, not an error; every other exception goes to ``prev``."""
+    def hook(args):
+        if received() is not None and issubclass(args.exc_type, _STOPPING_ERRORS):
+            return
+        prev(args)
+    hook.trainperf = True
+    return hook
+
+
 def install() -> dict:
     """The command's handlers for SIGINT and SIGTERM (main thread only; a signal the caller set to be
     ignored, e.g. ``nohup`` or a background job, stays ignored). Returns the handlers replaced."""
@@ -118,13 +133,19 @@ def install() -> dict:
         prev = signal.getsignal(sig)
         if prev is not signal.SIG_IGN and prev is not None:
             old[sig] = signal.signal(sig, handle)
+    if not getattr(threading.excepthook, "trainperf", False):
+        old["excepthook"] = threading.excepthook
+        threading.excepthook = _thread_hook(threading.excepthook)
     return old
 
 
 def restore(old: dict) -> None:
     """Put back the handlers :func:`install` replaced and forget any signal (the CLI called in-process)."""
     for sig, handler in old.items():
-        signal.signal(sig, handler)
+        if sig == "excepthook":
+            threading.excepthook = handler
+        else:
+            signal.signal(sig, handler)
     reset()
 
 

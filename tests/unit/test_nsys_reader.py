@@ -220,3 +220,23 @@ def test_progress_counts_bytes_up_to_the_files_size(tmp_path):
     analyze_capture(tmp_path / "a.sqlite", progress=seen.append)
     assert len(seen) > 2 and seen == sorted(seen)
     assert seen[-1] == (tmp_path / "a.sqlite").stat().st_size
+
+
+@pytest.mark.parametrize("causes,ranks", [
+    (("pageable_copies", "host_sync", "fp32_gemm"), 2),
+    (("launch_bound", "dataloader", "allocator"), 2),
+    (("dataloader",), 1),
+])
+def test_same_job_as_kineto_and_nsys_gives_the_same_findings(tmp_path, causes, ranks):
+    """`trainperf diagnose` on the capture and on its Kineto twin: the same rules fire, the same attribution."""
+    from trainperf.diagnosis.engine import diagnose_path
+
+    job = Job(causes=causes, ranks=ranks)
+    procs = simulate(job)
+    make_export(tmp_path / "job.sqlite", job, procs=procs)
+    kin = make_traces(tmp_path / "kineto", job, procs=procs)
+    n, k = diagnose_path(tmp_path / "job.sqlite"), diagnose_path(Path(kin["paths"][0]).parent)
+    assert n["findings"] and [f["id"] for f in n["findings"]] == [f["id"] for f in k["findings"]]
+    for tn, tk in zip(n["traces"], k["traces"]):
+        pn, pk = tn["attribution"]["gpu_pct"], tk["attribution"]["gpu_pct"]
+        assert all(abs(pn[c] - pk[c]) <= 1.0 for c in pk), (pn, pk)

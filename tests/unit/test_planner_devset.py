@@ -67,23 +67,25 @@ def loso_fast():
 
 
 def test_shipped_intervals_are_the_fresh_cross_validated_ones(loso_fast):
-    from trainperf.planner.interval import ACROSS, CALIBRATED
+    from trainperf.planner.composition import TERMS
+    from trainperf.planner.interval import ACROSS, CALIBRATED, CALIBRATION_WEIGHT
 
-    for shipped, fresh in ((ACROSS, loso_fast["interval"]), (CALIBRATED, loso_fast["interval_calibrated"])):
-        assert shipped.low == pytest.approx(fresh["log_ratio_low"], abs=2e-3)
-        assert shipped.high == pytest.approx(fresh["log_ratio_high"], abs=2e-3)
-        assert shipped.noncompute_scale == fresh["noncompute_scale"]
-    # the between- and within-source components, and the bounds far from the development set, are the fresh ones
+    # the interval whose width follows the step: its level, between-source spread, per-term uncertainties and
+    # studentized percentiles are the fresh REML fit on the held-out errors
     fresh = loso_fast["interval"]
-    assert ACROSS.between_sd == pytest.approx(fresh["between_source_sd"], abs=2e-3)
-    assert ACROSS.within_sd == pytest.approx(fresh["within_source_sd"], abs=2e-3)
     assert ACROSS.center == pytest.approx(fresh["center"], abs=2e-3)
-    assert len(ACROSS.far) == len(fresh["far"]) == 3
-    for (lo, hi), f in zip(ACROSS.far, fresh["far"]):
-        assert lo == pytest.approx(f["log_ratio_low"], abs=2e-3) and hi == pytest.approx(f["log_ratio_high"], abs=2e-3)
-    assert CALIBRATED.relative_width() < ACROSS.relative_width()
-    from trainperf.planner.interval import CALIBRATION_WEIGHT
-
+    assert math.sqrt(ACROSS.center_var) == pytest.approx(fresh["center_sd"], abs=2e-3)
+    assert ACROSS.between_sd == pytest.approx(fresh["between_source_sd"], abs=2e-3)
+    assert set(ACROSS.term_sd) == set(TERMS) == set(fresh["term_sd"])
+    for k in TERMS:
+        assert ACROSS.term_sd[k] == pytest.approx(fresh["term_sd"][k], abs=3e-3), k
+    assert (ACROSS.q_low, ACROSS.q_high) == pytest.approx(tuple(fresh["studentized_quantiles"]), abs=0.02)
+    cal = loso_fast["interval_calibrated"]
+    assert CALIBRATED.low == pytest.approx(cal["log_ratio_low"], abs=2e-3)
+    assert CALIBRATED.high == pytest.approx(cal["log_ratio_high"], abs=2e-3)
+    assert CALIBRATED.noncompute_scale == cal["noncompute_scale"]
+    # a measured run narrows the interval of a step spent in GEMM compute
+    assert CALIBRATED.relative_width() < ACROSS.relative_width({"compute": 1.0})
     assert CALIBRATION_WEIGHT == pytest.approx(loso_fast["calibration_weight"])
     assert 0 < CALIBRATION_WEIGHT < 1  # one measured run sets the level only in part
 
@@ -100,15 +102,43 @@ def test_loso_meets_issue_39s_error_criteria(loso_fast):
         assert c["pass"], (name, c["value"])
 
 
-@pytest.mark.xfail(strict=True, reason="issue 39 Done-when: per-source coverage in 75-90% is not met on korthikanti, "
-                   "olmo and bloom (100%), mpt-a100-80gb (95%) and mpt-a100-40gb (71%): their levels differ more than "
-                   "any one width absorbs (docs/benchmarks/planner.md, coverage by interval scale)")
+@pytest.mark.xfail(strict=True, reason="issue 39 Done-when: per-source coverage in 75-90% is not met (nested LOSO, the "
+                   "interval whose width follows the step: korthikanti 8 of 8, olmo 8 of 8, bloom 18 of 18, "
+                   "mpt-a100-80gb 58 of 61, torchtitan 11 of 18; mpt-a100-40gb 61 of 78 is in). An exactly calibrated "
+                   "80% interval would meet it on all six sources with a chance of at most 11% (binomial); the "
+                   "sources' levels and scatter differ more than the steps' composition explains "
+                   "(docs/benchmarks/planner.md, per-source coverage)")
 def test_loso_meets_issue_39s_per_source_coverage(loso_fast):
     from trainperf.planner.loso import criteria
 
     for c in criteria(loso_fast["summary"])["checks"]:
         if "coverage" in c["criterion"]:
             assert c["pass"], c["criterion"]
+
+
+def test_the_variants_module_judges_the_shipped_form_as_loso_does(loso_fast):
+    # python -m trainperf.planner.interval_variants refits the interval on the folds' stored errors: the shipped form
+    # and the single-width interval must come out as loso judged them, or its table of other forms means nothing
+    from trainperf.planner import interval_variants as iv
+    from trainperf.planner.composition import TERMS
+    from trainperf.planner.loso import criteria
+
+    res = {**loso_fast, "criteria": criteria(loso_fast["summary"])}
+    shipped = iv.variant(res, TERMS, 1.0, "quadrature")
+    pooled = loso_fast["summary"]["pooled"]
+    assert shipped["pooled_coverage"] == pytest.approx(pooled["coverage"], abs=1e-3)
+    assert shipped["mean_width"] == pytest.approx(pooled["mean_relative_width"], abs=2e-3)
+    for s, (k, n) in shipped["inside"].items():
+        assert (k, n) == (loso_fast["summary"][s]["inside"], loso_fast["summary"][s]["rows"]), s
+    single = iv.single_width(res)
+    assert single["pooled_coverage"] == pytest.approx(pooled["coverage_single"], abs=1e-3)
+    # the composition interval scores better than one width on held-out sources (the rule it was chosen by)
+    assert shipped["mean_interval_score"] < single["mean_interval_score"]
+    # the in-sample search reports what it found, and says it meets the criterion only when every count is in band
+    orc = iv.oracle(res, tries=300)
+    in_band = all(0.75 <= k / n <= 0.90 for k, n in orc["inside"].values())
+    assert set(orc["inside"]) == set(res["criteria"]["judged_sources"])
+    assert not orc["meets_the_criterion"] or in_band
 
 
 def test_torchtitan_rows_validate_the_preset_users_plan_with():

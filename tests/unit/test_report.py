@@ -170,8 +170,39 @@ def test_trace_report_charts_render_in_headless_chromium(tmp_path):
     screenshot = ARTIFACTS / "trace_report.png"
     screenshot.unlink(missing_ok=True)
     charts, err = _render(page, screenshot)
-    assert {c["name"] for c in charts} == {"trace_breakdown", "trace_temporal", "trace_ranks"}, (charts, err[-1000:])
+    names = {"trace_step", "trace_breakdown", "trace_temporal", "trace_ranks"}
+    assert {c["name"] for c in charts} == names, (charts, err[-1000:])
     for c in charts:
         assert c["w"] > 600 and c["h"] > 280 and c["colored"] >= 100, c
     png = screenshot.read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and int.from_bytes(png[16:20], "big") == 1500
+
+
+@pytest.mark.slow
+def test_late_rank_and_profile_comparison_pages_render_in_headless_chromium(tmp_path):
+    """A job with a late rank (its wait matrix and the step charged to causes) and the comparison of two profiles:
+    both pages render their charts in a real browser."""
+    if CHROMIUM is None:
+        msg = "needs the chromium browser (Debian package chromium; .ci/run installs it)"
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail("CI: " + msg)
+        pytest.skip(msg)
+    from tests.unit.trace_fixtures import real_trace
+    from trainperf.tracegen.nsys import make_pair
+    from trainperf.tracegen.ranks import make_job
+
+    make_job(real_trace("hta-data/tests/data/nccl_parser_config/nccl_data.json.gz"), tmp_path / "job", world=4, late=1,
+             cause="allocator", late_us=8000)
+    assert main(["report", str(tmp_path / "job")]) == 0
+    page = tmp_path / "job" / "trace_report.html"
+    html = page.read_text()
+    assert "Who waits for whom" in html and "Where the step went" in html and "late_rank" in html
+    charts, err = _render(page, tmp_path / "job.png")
+    assert "trace_step" in {c["name"] for c in charts}, (charts, err[-1000:])
+    pair = make_pair(tmp_path / "pair", "allocator")
+    out = tmp_path / "cmp.html"
+    assert main(["report", pair["before"]["path"], pair["after"]["path"], "--out", str(out)]) == 0
+    charts, err = _render(out, tmp_path / "cmp.png")
+    assert {c["name"] for c in charts} == {"profiles_breakdown", "profiles_steps"}, (charts, err[-1000:])
+    for c in charts:
+        assert c["w"] > 600 and c["h"] > 280 and c["colored"] >= 100, c

@@ -108,3 +108,18 @@ def test_cli_refuses_a_run_beside_a_profile_and_three_profiles(pair, tmp_path):
     assert p.returncode == 2 and "beside profiles" in p.stderr and "Traceback" not in p.stderr
     p = _cli("compare", pair[0], pair[1], pair[0])
     assert p.returncode == 2 and "two profiles" in p.stderr
+
+
+@pytest.mark.parametrize("cause, gone", [("allocator", "allocator_churn"), ("dataloader", "data_bound"),
+                                         ("pageable_copies", "pageable_copies"), ("fp32_gemm", "fp32_on_tensor_cores")])
+def test_a_generated_pair_gives_the_known_speedup_and_names_the_removed_cause(tmp_path, cause, gone):
+    """Nsight exports of one simulated job with and without one cause (trainperf.tracegen.nsys.make_pair): the
+    speed-up within 2% of the simulation's steady-state one, and the cause's finding gone."""
+    from trainperf.tracegen.nsys import make_pair
+
+    pair = make_pair(tmp_path, cause)
+    r = compare_profiles(pair["before"]["path"], pair["after"]["path"])
+    assert r["comparable"] and r["speedup"] == pytest.approx(pair["speedup"], rel=0.02)
+    assert gone in [f["id"] for f in r["findings_gone"]]
+    if cause in ("allocator", "dataloader"):  # a host cause: the critical path no longer waits on it
+        assert cause in r["removed_causes"]

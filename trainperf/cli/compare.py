@@ -27,7 +27,13 @@ def _profiles(paths: list[str]) -> bool:
     from trainperf.errors import UserError
     from trainperf.trace.ranks import discover
 
-    kinds = [discover(p)["kind"] == "run" for p in paths]
+    def is_run(p: str) -> bool:  # a path that is no profile is read as a run directory (its errors say why)
+        try:
+            return discover(p)["kind"] == "run"
+        except UserError:
+            return True
+
+    kinds = [is_run(p) for p in paths]
     if all(kinds):
         return False
     if any(kinds):

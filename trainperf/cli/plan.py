@@ -423,6 +423,7 @@ def _with_interval(est, spread, far=None) -> dict:
     lo, hi = spread.bounds_for(est, len(respects))
     d["step_time_interval_s"] = [round(lo, 4), round(hi, 4)]
     d["interval_far_from_development"] = respects or None
+    d["interval_made_of"] = spread.made_of(est, len(respects))
     return d
 
 

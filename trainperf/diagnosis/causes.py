@@ -65,9 +65,11 @@ CAUSES: dict[str, Cause] = {
         "optimizer.type=fused_adam"),
     "cpu_op": Cause(
         "host-side ops",
-        "the host spends the time in operators that launch nothing (or little) on the GPU",
-        "move the named op off the step's path (precompute it, or run it on the GPU); torch.compile fuses the "
-        "small ones"),
+        "the host spends the time inside the operators themselves (dispatch, shape checks, allocation, Python per "
+        "op) between launches: each op costs the host more than its kernels cost the GPU",
+        "fewer, larger ops: torch.compile(model) (fusion), CUDA graphs (torch.compile(mode='reduce-overhead')) "
+        "for a static step, a larger micro-batch; move host-only work (the ops named) off the step's path",
+        "compile.enabled=true (compile.mode=reduce-overhead for CUDA graphs); raise train.micro_batch"),
     "gc": Cause(
         "garbage collection",
         "Python's garbage collector pauses the host thread that launches the GPU's work",

@@ -149,6 +149,10 @@ class Evidence:
     xla_steps: list[dict] | None = None
 
     # --- what only a trace has
+    attribution: dict | None = None
+    """the step charged to named causes (:mod:`trainperf.trace.attribution`): ``gpu_pct`` summing to 100 and
+    ``idle_causes`` [{cause, detail, names, us_per_step, pct, calls_per_step, callers, whatif_step_us,
+    gain_us}]"""
     tensor_cores: dict | None = None
     memcpy: dict | None = None
     host_syncs: list[dict] | None = None

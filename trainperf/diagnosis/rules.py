@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from trainperf.diagnosis import rules_idle as ID
 from trainperf.diagnosis import rules_runtime as RT
 from trainperf.diagnosis import rules_step as S
 from trainperf.diagnosis import rules_trace as TR
@@ -114,11 +115,46 @@ RULES: list[Rule] = [
          "torch.compile compiles on the first step (and on each recompilation); short runs do not amortize it",
          "longer runs amortize it; keep TORCHINDUCTOR_CACHE_DIR on a persistent disk so later runs reuse the "
          "kernels; compile.enabled=false for short experiments", RT.compile_time, needs=("compile_s",)),
-    Rule("launch_bound", "GPU idle between small kernels (host-bound)", f"NVML kernel-busy (trace: GPU "
-         f"utilization) < {S.LAUNCH_BUSY_PCT:.0f}% with data + comm < 15% of step time",
+    Rule("launch_bound", "GPU idle between small kernels (host-bound)", f"trace: the GPU idle charged to kernel "
+         f"launches (the launch calls and their latency, on the critical path) >= {_pct(ID.IDLE_WARN)} of the step "
+         f"(critical > {_pct(ID.IDLE_CRIT)}); run directory: NVML kernel-busy < {S.LAUNCH_BUSY_PCT:.0f}% with data + "
+         f"comm < 15% of step time and the idle >= {_pct(S.LAUNCH_MIN_GAIN)} of the step",
          "Python/launch overhead, many small kernels",
          "compile.enabled=true (mode reduce-overhead: CUDA graphs); larger micro-batch", S.launch_bound,
          needs=("gpu.busy_pct",)),
+    *(Rule(rid, symptom, f"trace: the GPU idle charged to {what} (along the critical path: the host thread that "
+           f"launched the next GPU work was doing it) >= "
+           f"{_pct(ID.UNTRACED_WARN if name == 'untraced' else ID.IDLE_WARN)} of the step (critical > "
+           f"{_pct(ID.IDLE_CRIT)}); the gain is the step replayed without that host time", cause, fix,
+           ID.idle_cause(name, warn=ID.UNTRACED_WARN if name == "untraced" else ID.IDLE_WARN),
+           needs=("attribution",))
+      for rid, name, symptom, what, cause, fix in (
+        ("allocator_churn", "allocator", "the GPU waits while the host allocates and frees device memory",
+         "cudaMalloc / cudaFree (hipMalloc / hipFree) and their host twins",
+         "the caching allocator is bypassed or emptied every step: each free synchronizes the device",
+         "no torch.cuda.empty_cache() in the loop; PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True; do not set "
+         "PYTORCH_NO_CUDA_MEMORY_CACHING; static shapes"),
+        ("host_bound", "cpu_op", "the GPU waits while the host runs its operators",
+         "host-side ops (dispatch, allocation, Python per op) between launches",
+         "each op costs the host more than its kernels cost the GPU: many small ops",
+         "torch.compile (fusion), CUDA graphs, a larger micro-batch; move host-only ops off the step"),
+        ("optimizer_step", "optimizer", "the GPU waits while the host runs the optimizer step",
+         "the optimizer step and zero_grad (Optimizer.step#..., Optimizer.zero_grad#...)",
+         "a per-parameter optimizer: one small launch (or several) per tensor, from Python",
+         "a fused or multi-tensor optimizer (fused=True / foreach=True); optimizer.type=fused_adam"),
+        ("gc_pauses", "gc", "the GPU waits while Python collects garbage",
+         "Python's garbage collector (gc events in the trace)", "collector pauses on the launching thread",
+         "gc.freeze() after set-up; gc.disable() in the steps with gc.collect() every N steps"),
+        ("untraced_host", "untraced", "the GPU waits on host time no profiler event covers",
+         "untraced host time (no op, annotation or Python event covers it)",
+         "Python between ops, logging, sleeps or I/O on the launching thread",
+         "profile with with_stack=True (or py-spy) to name it; move it off the step's path"))),
+    Rule("gpu_wait", "queued GPU work did not start on an idle device", f"trace: GPU work launched and queued "
+         f"(more than 30 us after its launch returned) that did not start while the device idled >= "
+         f"{_pct(ID.GPU_WAIT_INFO)} of the step (info: the trace does not show what it waited on)",
+         "it waited on another device, another process, or events the profiler dropped",
+         "profile every rank and process on the device; look for another job sharing the GPU (nvidia-smi)",
+         ID.idle_cause("gpu_wait", warn=ID.GPU_WAIT_INFO, severity="info"), needs=("attribution",)),
     Rule("fp32_on_tensor_cores", "fp32 math on a GPU with tensor cores",
          f"trace: fp32 GEMM/convolution kernels a tensor core could run > {_pct(TR.FP32_WARN)} of the step "
          f"(critical > {_pct(TR.FP32_CRIT)}), compute capability >= 7.0",

@@ -41,12 +41,24 @@ def fmt_us(v) -> str:
 # ---------------------------------------------------------------------------- data
 def data_bound(ev: Evidence) -> dict | None:
     d = ev.data
-    if d.fraction <= DATA_WARN:
+    idle = None  # on a trace: the GPU idle charged to the loader along the critical path, its share of the step
+    if ev.attribution is not None:
+        from trainperf.diagnosis.rules_idle import IDLE_WARN, charged, whatif_gain
+
+        c = charged(ev, "dataloader")
+        step_us = ev.attribution.get("step_us") or 0.0
+        idle = c["us_per_step"] / step_us if (c and step_us) else 0.0
+    if d.fraction <= DATA_WARN and (idle is None or idle < IDLE_WARN):
         return None
     g = step_gain(ev.step_s, d.mean_s, f"{d.waits} were hidden")
-    sev = "critical" if d.fraction > DATA_CRIT else "warning"
+    if idle:  # the step replayed without the loader's host time (the critical path's gain)
+        g = whatif_gain(ev, c, d.waits)
+    sev = "critical" if max(d.fraction, idle or 0.0) > DATA_CRIT else "warning"
     # the loader named (a trace): its kind; else the process CPU during the wait says IO or decoding
     found = _loader_kind(ev) if d.iterators is not None else _wait_kind(ev)
+    if idle:
+        found["evidence"] += f"; the GPU idles {100 * idle:.1f}% of the step waiting on it (charged along the critical path)"
+        found["idle_us_per_step"] = c["us_per_step"]
     return {"severity": sev, "gain": g, **found}
 
 
@@ -145,6 +157,8 @@ def _comm_in_code(ev: Evidence, f: float, sec: float, where: str, sev: str, g: d
 
 # ---------------------------------------------------------------------------- the device
 def launch_bound(ev: Evidence) -> dict | None:
+    if ev.attribution is not None:  # a trace: launches are the cause only where the idle is charged to them
+        return _launches_charged(ev)
     busy = ev.gpu.busy_pct
     if busy is None or busy >= LAUNCH_BUSY_PCT:
         return None
@@ -158,11 +172,7 @@ def launch_bound(ev: Evidence) -> dict | None:
     if hw is not None:
         idle_s = hw * (ev.step_time_s or 0.0)  # only the idle the host caused
         text += f"; the GPU waits for the host {pct(hw)} of the step (HTA's host_wait)"
-    launch = ev.launch or {}
-    if launch.get("short_kernel_pct") is not None:
-        text += (f"; {launch['short_kernel_pct']:.0f}% of {launch.get('kernels', '?')} kernels run shorter than "
-                 f"their launch (median kernel {fmt_us(launch.get('gpu_us_median'))}, launch "
-                 f"{fmt_us(launch.get('cpu_launch_us_median'))})")
+    text += _launch_stats(ev)
     g = step_gain(ev.step_s, idle_s, "the GPU never waited for kernel launches")
     if not g or g["fraction"] < LAUNCH_MIN_GAIN:
         return None  # the GPU is not kept waiting by launches: its low utilization is another finding's
@@ -171,6 +181,30 @@ def launch_bound(ev: Evidence) -> dict | None:
         "compile.enabled=true (compile.mode=reduce-overhead for CUDA graphs); raise train.micro_batch"
     return {"severity": "warning", "evidence": text, "fix": fix, "gain": g,
             "cause": "the host cannot launch kernels fast enough (many small kernels, Python overhead)"}
+
+
+def _launch_stats(ev: Evidence) -> str:
+    launch = ev.launch or {}
+    if launch.get("short_kernel_pct") is None:
+        return ""
+    return (f"; {launch['short_kernel_pct']:.0f}% of {launch.get('kernels', '?')} kernels run shorter than their "
+            f"launch (median kernel {fmt_us(launch.get('gpu_us_median'))}, launch "
+            f"{fmt_us(launch.get('cpu_launch_us_median'))})")
+
+
+def _launches_charged(ev: Evidence) -> dict | None:
+    from trainperf.diagnosis.causes import cause as cause_of
+    from trainperf.diagnosis.rules_idle import IDLE_CRIT, IDLE_WARN, charged, describe, whatif_gain
+
+    c, step_us = charged(ev, "launch"), (ev.attribution or {}).get("step_us") or 0.0
+    if c is None or not step_us or c["us_per_step"] / step_us < IDLE_WARN:
+        return None
+    share = c["us_per_step"] / step_us
+    info = cause_of("launch")
+    return {"severity": "critical" if share > IDLE_CRIT else "warning", "idle_share": share,
+            "idle_us_per_step": c["us_per_step"],
+            "evidence": describe(ev, c, share, IDLE_WARN) + _launch_stats(ev), "cause": info.why,
+            "fix": info.fix(ev.fixes), "gain": whatif_gain(ev, c, "the launches")}
 
 
 def memory_bound(ev: Evidence) -> dict | None:

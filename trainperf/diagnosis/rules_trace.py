@@ -129,6 +129,8 @@ def copy_bound(ev: Evidence) -> dict | None:
 
 
 def host_syncs(ev: Evidence) -> dict | None:
+    if ev.attribution is not None:  # the idle charged to the syncs (the drain after them included)
+        return _syncs_charged(ev)
     rows = ev.host_syncs
     if rows is None:
         return {"unmeasured": "the trace has no CPU-side runtime events"}
@@ -150,6 +152,23 @@ def host_syncs(ev: Evidence) -> dict | None:
     if idle is not None:
         text += f"; the GPU is idle {_pct(idle)} of the time"
     return {"severity": "warning", "evidence": text, "gain": g}
+
+
+def _syncs_charged(ev: Evidence) -> dict | None:
+    from trainperf.diagnosis.rules_idle import IDLE_CRIT, IDLE_WARN, charged, describe, whatif_gain
+
+    c, step_us = charged(ev, "sync"), (ev.attribution or {}).get("step_us") or 0.0
+    if c is None or not step_us or c["us_per_step"] / step_us < IDLE_WARN:
+        return None
+    share = c["us_per_step"] / step_us
+    text = describe(ev, c, share, IDLE_WARN) + ": the host waited for the GPU, the launch queue drained and the GPU " \
+        "idled until the host launched again"
+    rows = sorted((r for r in ev.host_syncs or [] if (r.get("count_per_step") or 0) > 0),
+                  key=lambda r: -(r.get("us_per_step") or 0.0))[:4]
+    if rows:
+        text += "; syncs: " + ", ".join(f"{r['name']} x{r['count_per_step']:.0f}" for r in rows)
+    return {"severity": "critical" if share > IDLE_CRIT else "warning", "evidence": text, "idle_share": share,
+            "idle_us_per_step": c["us_per_step"], "gain": whatif_gain(ev, c, "the syncs")}
 
 
 def low_occupancy(ev: Evidence) -> dict | None:
@@ -179,6 +198,9 @@ def straggler_by_trace(ev: Evidence) -> dict | None:
     if not st.get("slower"):
         return None
     r = st["rank"]
+    late = next((x for x in tr.get("late_arrivals") or [] if x.get("rank") == r), None)
+    if late and late.get("cause") not in (None, "compute") and (late.get("cause_share") or 0.0) >= 0.5:
+        return None  # what made it late is named (its host, its loader...): the late_rank finding speaks
     step = ev.step_s
     waits = st.get("others_wait_us_per_step")
     what = tr.get("compute_definition") or "GPU time in non-communication kernels per step"

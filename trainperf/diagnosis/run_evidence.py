@@ -27,7 +27,7 @@ from trainperf.diagnosis.screen import screen_run
 COMPILE_PHASE = "compile"  # booked apart by the trainer; never in the steady-state fractions
 NEEDS_TRACE = ("needs a profiler trace: set monitor.profile.start_step (its profile/ traces are then read), or "
                "pass a torch.profiler trace")
-CANNOT_MEASURE = {name: NEEDS_TRACE for name in ("tensor_cores", "memcpy", "host_syncs", "occupancy")}
+CANNOT_MEASURE = {name: NEEDS_TRACE for name in ("tensor_cores", "memcpy", "host_syncs", "occupancy", "attribution")}
 """Evidence fields only a profiler trace holds (GPU kernels, copies, the host's runtime calls), with the reason."""
 _num = num
 

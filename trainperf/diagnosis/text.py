@@ -25,7 +25,41 @@ def _device(t: dict) -> str:
     return str(d) if d else "CPU only"
 
 
-def rank_lines(t: dict) -> list[str]:
+IDLE_LABELS = {"allocator": "allocator", "sync": "syncs", "launch": "launches", "dataloader": "DataLoader",
+               "optimizer": "optimizer step", "cpu_op": "host ops", "gc": "gc", "untraced": "untraced host",
+               "gpu_wait": "queued work waiting"}
+
+
+def where_the_step_went(t: dict, mine: dict | None = None) -> list[tuple[str, float]]:
+    """One rank's step as (part, % of the step) summing to 100: the GPU's busy parts (communication split into
+    the wait for a late rank and the rest, from the figures across ranks ``mine``), then its idle time by the
+    host cause it is charged to (:mod:`trainperf.trace.attribution`). Empty without an attribution."""
+    a = t.get("attribution") or {}
+    pct, step = a.get("gpu_pct") or {}, a.get("step_us") or 0.0
+    if not pct or not step:
+        return []
+    comm = pct.get("communication") or 0.0
+    wait = min(comm, 100.0 * ((mine or {}).get("comm_wait_us_per_step") or 0.0) / step)
+    parts = [("compute", pct.get("compute") or 0.0)]
+    parts += [("waiting for other ranks", wait), ("communication", comm - wait)] if wait else \
+        [("communication", comm)]
+    parts += [("memcpy", pct.get("memcpy") or 0.0), ("memset", pct.get("memset") or 0.0)]
+    causes = a.get("idle_causes") or []
+    parts += [(f"idle: {IDLE_LABELS.get(c['cause'], c['cause'])}", 100.0 * c["us_per_step"] / step) for c in causes]
+    rest = (pct.get("idle") or 0.0) - sum(100.0 * c["us_per_step"] / step for c in causes)
+    if rest > 0.05:
+        parts.append(("idle: other", rest))
+    return parts
+
+
+def step_line(t: dict, mine: dict | None = None) -> list[str]:
+    parts = [(k, v) for k, v in where_the_step_went(t, mine) if v >= 0.05]
+    if not parts:
+        return []
+    return ["    where the step went (critical path, 100%): " + ", ".join(f"{k} {v:.1f}%" for k, v in parts)]
+
+
+def rank_lines(t: dict, mine: dict | None = None) -> list[str]:
     steps = t.get("steps")
     marked = steps and not str(t.get("steps_found") or "").startswith("none")  # else one step: the whole trace
     lines = [f"  rank {t.get('rank')}: {t.get('path')} ({_device(t)}; {steps if marked else 'no'} profiler step(s)"
@@ -35,6 +69,7 @@ def rank_lines(t: dict) -> list[str]:
     lines.append(f"    GPU utilization {_p(t.get('gpu_utilization_pct'))}, est. SM efficiency "
                  f"{_p(t.get('sm_efficiency_pct'))}, est. achieved occupancy {_p(t.get('achieved_occupancy_pct'))}, "
                  f"tensor cores {_p(t.get('tensor_core_kernel_pct'))} of kernel time")
+    lines += step_line(t, mine)
     tp, ip = t.get("temporal_pct") or {}, t.get("idle_pct") or {}
     if tp:
         lines.append(f"    temporal: compute {_p(tp.get('compute'))}, non-compute {_p(tp.get('non_compute'))}, idle "
@@ -165,9 +200,10 @@ def verdict(traces: list[dict]) -> str:
 def format_traces(result: dict) -> str:
     lines = ["== trainperf diagnosis (profiler traces) =="]
     keep = shown(result.get("ranks"))
+    per = {p["rank"]: p for p in (result.get("ranks") or {}).get("per_rank") or []}
     for t in result["traces"]:
         if not keep or t.get("rank") in keep:
-            lines += rank_lines(t)
+            lines += rank_lines(t, per.get(t.get("rank")))
     if keep:
         lines.append(f"  ({len(result['traces']) - len(keep)} more ranks: their lines are left out here; --json and the "
                      "HTML report have every rank)")
@@ -187,8 +223,9 @@ def format_run_traces(result: dict) -> str:
     if not result.get("traces"):
         return ""
     lines = ["  profiler traces (profile/):"]
+    per = {p["rank"]: p for p in (result.get("ranks") or {}).get("per_rank") or []}
     for t in result["traces"]:
-        lines += rank_lines(t)
+        lines += rank_lines(t, per.get(t.get("rank")))
     lines += ranks_lines(result.get("ranks") or {})
     lines += skipped_lines(result.get("ranks"))
     lines += left_lines(result)

@@ -83,6 +83,24 @@ def _categories(traces: list[dict]) -> dict[str, float]:
     return out
 
 
+def _causes(traces: list[dict]) -> dict[str, float]:
+    """The step by cause along the critical path (:mod:`trainperf.trace.attribution`), us per step, the mean over
+    the ranks: the GPU's busy parts and its idle by the host cause it waited on."""
+    out: dict[str, float] = {}
+    n = 0
+    for t in traces:
+        a = t.get("attribution") or {}
+        if not a:
+            continue
+        n += 1
+        for k in ("compute", "communication", "memcpy", "memset"):
+            out[k] = out.get(k, 0.0) + ((a.get("gpu_us") or {}).get(k) or 0.0)
+        for c in a.get("idle_causes") or []:
+            key = f"idle: {c['cause']}"
+            out[key] = out.get(key, 0.0) + c["us_per_step"]
+    return {k: v / n for k, v in out.items()} if n else {}
+
+
 def _families(traces: list[dict]) -> dict[str, dict]:
     """Kernel time per step by family, summed over the ranks' kernels and averaged over the ranks."""
     fam: dict[str, dict] = {}
@@ -106,7 +124,7 @@ def side(path: str | Path, result: dict) -> dict[str, Any]:
             "devices": devices, "steps": len(steps), "step_us": [float(s) for s in steps],
             "median_step_us": float(q[1]) if steps else None,
             "iqr_us": [float(q[0]), float(q[2])] if steps else None,
-            "categories_us": _categories(traces), "families": _families(traces),
+            "categories_us": _categories(traces), "causes_us": _causes(traces), "families": _families(traces),
             "findings": [{"id": f["id"], "severity": f["severity"], "evidence": f["evidence"]}
                          for f in result.get("findings") or []]}
 
@@ -177,6 +195,13 @@ def compare_profiles(a_path: str | Path, b_path: str | Path, *, top_n: int = KER
         out.update(speedup(a["step_us"], b["step_us"]))
     out["categories_us"] = {k: {"a": a["categories_us"][k], "b": b["categories_us"][k],
                                 "delta": b["categories_us"][k] - a["categories_us"][k]} for k in BREAKDOWN}
+    keys = list(dict.fromkeys(list(a["causes_us"]) + list(b["causes_us"])))
+    out["causes_us"] = {k: {"a": a["causes_us"].get(k, 0.0), "b": b["causes_us"].get(k, 0.0),
+                            "delta": b["causes_us"].get(k, 0.0) - a["causes_us"].get(k, 0.0)} for k in keys}
+    moved = sorted(((k, v) for k, v in out["causes_us"].items() if k.startswith("idle: ") and v["delta"] < 0),
+                   key=lambda kv: kv[1]["delta"])
+    step = a["median_step_us"] or 0.0
+    out["removed_causes"] = [k[6:] for k, v in moved if step and -v["delta"] >= FAMILY_MIN_SHARE * step * 5]
     out["kernel_families"] = _family_changes(a, b)
     ids_a, ids_b = {f["id"] for f in a["findings"]}, {f["id"] for f in b["findings"]}
     out["findings_gone"] = [f for f in a["findings"] if f["id"] not in ids_b]
@@ -208,6 +233,13 @@ def format_profiles(r: dict) -> str:
     for k, v in sorted(r["categories_us"].items(), key=lambda kv: -abs(kv[1]["delta"])):
         if v["a"] or v["b"]:
             lines.append(f"    {k:<14} {v['a'] / 1000:9.2f} -> {v['b'] / 1000:9.2f}  ({v['delta'] / 1000:+.2f})")
+    if r.get("causes_us"):
+        lines.append("  where the critical path changed (ms per step, A -> B; idle: what the GPU waited on):")
+        for k, v in sorted(r["causes_us"].items(), key=lambda kv: -abs(kv[1]["delta"]))[:8]:
+            if abs(v["delta"]) >= 1.0:
+                lines.append(f"    {k:<22} {v['a'] / 1000:9.2f} -> {v['b'] / 1000:9.2f}  ({v['delta'] / 1000:+.2f})")
+        if r.get("removed_causes"):
+            lines.append(f"  removed: the GPU no longer waits on {', '.join(r['removed_causes'])}")
     if r["kernel_families"]:
         lines.append("  kernel families that moved (ms per step, A -> B):")
         for f in r["kernel_families"][:12]:

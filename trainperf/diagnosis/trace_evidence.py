@@ -33,7 +33,7 @@ CANNOT_MEASURE = {
 }
 """Evidence fields no profiler trace holds, with the reason."""
 GPU_FIELDS = ("tensor_cores", "memcpy", "host_syncs", "occupancy", "gpu.busy_pct", "gpu.sm_active_pct",
-              "gpu.mem_copy_util_pct")
+              "gpu.mem_copy_util_pct", "attribution")
 CPU_ONLY = "a CPU-only trace (no GPU events): the rule is about GPU work"
 
 
@@ -94,7 +94,7 @@ def evidence(res: dict, across: dict) -> Evidence:
                    launch_label="GPU utilization (trace)", sm_active_pct=_f(res.get("sm_efficiency_pct")),
                    sm_label="estimated SM efficiency (trace, as the TensorBoard plugin)", idle_frac=idle_frac,
                    host_wait_frac=idle_frac * hw / 100 if (idle_frac is not None and hw is not None) else None),
-        trace_ranks=across,
+        trace_ranks=across, attribution=res.get("attribution"),
         tensor_cores={"kernel_pct": _f(res.get("tensor_core_kernel_pct")), **(res.get("tensor_cores") or {})},
         memcpy=res.get("memcpy") if res.get("memcpy") else None, host_syncs=res.get("host_syncs"),
         occupancy=res.get("occupancy") or {}, launch=res.get("launch") or {})

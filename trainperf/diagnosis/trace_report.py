@@ -16,7 +16,7 @@ from typing import Any
 
 from trainperf.diagnosis import charts as C
 from trainperf.diagnosis.page import findings_html
-from trainperf.diagnosis.text import BREAKDOWN
+from trainperf.diagnosis.text import BREAKDOWN, where_the_step_went
 
 BREAKDOWN_COLORS = {"kernel": "#2e86ab", "communication": "#f18f01", "memcpy": "#ffc914", "memset": "#17bebb", "runtime": "#9b59b6",
                     "dataloader": "#e4572e", "cpu_exec": "#76b041", "other": "#5f6b6d"}
@@ -96,6 +96,42 @@ def rank_table(traces: list[dict]) -> str:
             f"<h3>The GPU, per rank (HTA's temporal and idle breakdowns, % of the GPU timeline)</h3>{gpu}")
 
 
+STEP_COLORS = {"compute": "#2e86ab", "waiting for other ranks": "#e4572e", "communication": "#f18f01",
+               "memcpy": "#ffc914", "memset": "#17bebb", "idle: allocator": "#8e44ad", "idle: syncs": "#c0392b",
+               "idle: launches": "#9b59b6", "idle: DataLoader": "#d35400", "idle: optimizer step": "#16a085",
+               "idle: host ops": "#76b041", "idle: gc": "#7f8c8d", "idle: untraced host": "#5f6b6d",
+               "idle: queued work waiting": "#bdc3c7", "idle: other": "#dddddd"}
+
+
+def _steps_of(result: dict) -> list[tuple[dict, list[tuple[str, float]]]]:
+    per = {p["rank"]: p for p in (result.get("ranks") or {}).get("per_rank") or []}
+    return [(t, where_the_step_went(t, per.get(t.get("rank")))) for t in result.get("traces") or []]
+
+
+def chart_step(result: dict) -> str | None:
+    """Where each rank's step went, summing to 100%: the GPU's busy parts, then its idle by host cause."""
+    rows = [(t, parts) for t, parts in _steps_of(result) if parts]
+    if not rows:
+        return None
+    names = list(dict.fromkeys(k for _, parts in rows for k, _ in parts))
+    stacks = [(n, [dict(parts).get(n, 0.0) for _, parts in rows], STEP_COLORS.get(n, "#999999")) for n in names]
+    return C.stacked_bars([f"rank {t.get('rank')}" for t, _ in rows], stacks, title="Where the step went (critical "
+                          "path: the GPU's busy time, then its idle by the host cause it waited on)",
+                          ylabel="% of the step")
+
+
+def step_table(result: dict) -> str:
+    rows = [(t, dict(parts)) for t, parts in _steps_of(result) if parts]
+    if not rows:
+        return ""
+    names = list(dict.fromkeys(k for _, parts in rows for k in parts))
+    table = C.table([[str(t.get("rank"))] + [_p(parts.get(n)) if n in parts else "-" for n in names]
+                     for t, parts in rows], ["rank"] + names, num_cols=range(1, len(names) + 1))
+    return (f"<h3>Where the step went, per rank (% of the step, summing to 100)</h3>{table}<p>Idle GPU time is "
+            "charged along the critical path to what the host thread that launched the next GPU work was doing "
+            "(docs/concepts/attribution.md).</p>")
+
+
 def wait_matrix_html(m: dict | None) -> str:
     """Who waits for whom: a row per rank that waits, a column per late rank, ms per step, shaded by size."""
     if not m or not m.get("late"):
@@ -141,9 +177,9 @@ def across_html(r: dict) -> str:
 def trace_section(result: dict) -> tuple[str, list[tuple[str, str | None]]]:
     """The per-rank tables and the charts of a diagnosis over traces: (tables HTML, [(chart name, svg)])."""
     traces = result.get("traces") or []
-    drawn = [("trace_breakdown", chart_breakdown(traces)), ("trace_temporal", chart_temporal(traces)),
-             ("trace_ranks", chart_ranks(result.get("ranks") or {}))]
-    return rank_table(traces) + across_html(result.get("ranks") or {}), drawn
+    drawn = [("trace_step", chart_step(result)), ("trace_breakdown", chart_breakdown(traces)),
+             ("trace_temporal", chart_temporal(traces)), ("trace_ranks", chart_ranks(result.get("ranks") or {}))]
+    return step_table(result) + rank_table(traces) + across_html(result.get("ranks") or {}), drawn
 
 
 def default_out(path: Path) -> Path:

@@ -97,11 +97,23 @@ class Estimate:
     microbatches: int
     memory: dict = field(default_factory=dict)   # bytes, per GPU, by component
     time: dict = field(default_factory=dict)     # seconds per step, by component
+    composition_inputs: tuple = field(default=(), repr=False, compare=False)
+    """What :attr:`composition` is computed from, on first use (a search times thousands of layouts and shows a few)."""
+    _composition: dict | None = field(default=None, init=False, repr=False, compare=False)
     step_time_s: float = 0.0
     model_flops: float = 0.0                     # per step, all GPUs
     peak_flops: float = 0.0                      # dense, per GPU
     gpu_memory_bytes: float = 0.0
     layers_per_stage: int = 0
+
+    @property
+    def composition(self) -> dict:
+        """Seconds per step by what they are made of (:data:`COMPOSITION`), summing to the step time: ``time`` with its
+        compute split by kind and the vocabulary-parallel heads' all-reduces counted with the tensor-parallel ones
+        (what the interval's width follows: :mod:`trainperf.planner.composition`)."""
+        if self._composition is None:
+            self._composition = _composition(*self.composition_inputs) if self.composition_inputs else {}
+        return self._composition
 
     @property
     def memory_bytes(self) -> float:
@@ -142,6 +154,7 @@ class Estimate:
             memory_headroom_gib=round((self.gpu_memory_bytes - self.memory_bytes) / GIB, 2),
             memory_gib={k: round(v / GIB, 2) for k, v in self.memory.items()},
             time_s={k: round(v, 4) for k, v in self.time.items()},
+            composition_s={k: round(v, 4) for k, v in self.composition.items()},
         )
         return d
 
@@ -164,10 +177,12 @@ def layer_cost(model: TransformerSpec, gpu: GPUSpec, c: Constants, tp: int, b: i
     decomposed = stack.async_tp and tp > 1 and stack.tp_overlap == "decomposed"
     fwd = bwd = 0.0
     q = model.q_dim
+    gemm_rate = 0.0
     for m_, n_, k_ in ((M, (q + 2 * model.kv_dim) / tp, h), (M, h, q / tp), (M, model.ffn_in / tp, h), (M, h, f / tp)):
         tf, tb = k.gemm_fwd_bwd(m_, n_, k_, fp8=fp8, fused=stack.fused, weight_cached=cached)
         fwd += tf
         bwd += tb
+        gemm_rate += 6.0 * m_ * n_ * k_ / (k.rate8 if fp8 else k.rate)
     gemm_fwd, gemm_bwd = fwd, bwd
     heads = model.heads / tp
     # Megatron 2022 (eager attention) trains with dropout; FlashAttention stacks without.
@@ -217,6 +232,10 @@ def layer_cost(model: TransformerSpec, gpu: GPUSpec, c: Constants, tp: int, b: i
     kind = {"none": "none", "selective": "attention", "full": "full"}[recompute]
     return {
         "compute": fwd + bwd + re_compute,
+        # the compute by kind (summing to it): GEMMs (and of them, their FLOPs at the GEMM rate), the attention core,
+        # memory-bound elementwise work, recompute
+        "gemm": gemm_fwd + gemm_bwd, "gemm_at_rate": gemm_rate, "attention": core_fwd + core_bwd,
+        "elementwise": 3 * elem + 2 * rope, "recompute": re_compute,
         "fwd": fwd,
         "bwd": bwd + re_compute,
         "tp_comm": tp_comm,
@@ -240,7 +259,8 @@ def _head_cost(model: TransformerSpec, gpu: GPUSpec, c: Constants, tp: int, b: i
     comm = 0.0
     if tp > 1:
         comm = k.all_reduce_group(2 * X, tp, 1) * 2  # vocab-parallel embedding, logits grad
-    return {"first": embed + comm, "last": tf + tb + loss + comm}
+    return {"first": embed + comm, "last": tf + tb + loss + comm, "gemm": tf + tb, "comm": comm,
+            "gemm_at_rate": 6.0 * M * V / tp * h / k.rate, "first_elementwise": embed, "last_elementwise": loss}
 
 
 # ---------------------------------------------------------------------------------- memory
@@ -318,6 +338,30 @@ def _gemm_weights(model: TransformerSpec) -> float:
     """Elements of one layer's four GEMM weights (QKV, output, MLP in, MLP out)."""
     h, q, kv = model.hidden, model.q_dim, model.kv_dim
     return h * (q + 2 * kv) + q * h + h * model.ffn_in + model.ffn * h
+
+
+COMPOSITION = ("gemm", "gemm_shape", "attention", "elementwise", "recompute", "tp_comm", "cp_comm", "fsdp_comm",
+               "pp_bubble", "pp_p2p", "dp_comm", "optimizer")
+"""What a step is made of (:attr:`Estimate.composition`): ``gemm``, the GEMMs' FLOPs at the GEMM rate (the published
+ceiling: parts.py); ``gemm_shape``, what the GEMMs take beyond that (wave quantization, the memory roofline, launches,
+FP8 casts); ``attention``, the attention core; ``elementwise``, memory-bound work (norms, activations, residuals,
+rotary, the loss, the embedding, FP8 weight casts); ``recompute``, the recomputed forward; then :attr:`Estimate.time`'s
+exposed communication, pipeline bubble and point-to-point, and the optimizer step."""
+
+
+def _composition(time: dict, lc: dict, hc: dict, layer_runs: int, m: int, p: int, fp8_cast: float) -> dict:
+    """``time`` with its compute split by kind (:data:`COMPOSITION`): ``layer_runs`` layers run per step on the busiest
+    stage, and the heads of that stage ``m`` times (both heads on one stage when ``p`` is 1)."""
+    first = p == 1 or hc["first"] > hc["last"]
+    last = p == 1 or not first
+    out = {k: layer_runs * lc[k] for k in ("gemm", "attention", "elementwise", "recompute")}
+    at_rate = layer_runs * lc["gemm_at_rate"] + m * hc["gemm_at_rate"] * last
+    out["gemm_shape"] = out["gemm"] + m * hc["gemm"] * last - at_rate
+    out["gemm"] = at_rate
+    out["elementwise"] += m * (hc["first_elementwise"] * first + hc["last_elementwise"] * last) + fp8_cast
+    out.update({k: time[k] for k in COMPOSITION if k in time})
+    out["tp_comm"] += m * hc["comm"] * (first + last)  # the vocabulary-parallel heads' all-reduces
+    return {k: out[k] for k in COMPOSITION}
 
 
 def estimate(model: TransformerSpec, gpu: GPUSpec, layout: Layout, global_batch: int, c: Constants = DEFAULTS,
@@ -438,6 +482,7 @@ def estimate(model: TransformerSpec, gpu: GPUSpec, layout: Layout, global_batch:
     }
     return Estimate(
         layout=L, microbatches=m, memory=memory, time=time, step_time_s=step,
+        composition_inputs=(time, lc, hc, m * layers_dev, m, p, fp8_cast),
         model_flops=model.model_flops_per_token() * model.seq * global_batch,
         peak_flops=k.peak, gpu_memory_bytes=gpu.hbm_bytes, layers_per_stage=layers_dev,
     )

@@ -1,25 +1,29 @@
 """80% prediction intervals of the planner's step time (no torch).
 
-The interval is empirical and carries the uncertainty of the **stack itself**, not only the scatter
-inside one table. For every source of the development set the model is fitted without it and predicts
-it (leave-one-source-out); the log ratios ``r = log(published / predicted)`` of those held-out
-predictions are split into two variance components (a one-way random-effects model, the meta-analyst's
-DerSimonian-Laird estimate): each source's **level** (its mean, the stack and cluster it ran on) varies
-around the model's average bias ``mu`` with the **between-source** variance ``tau^2``, and its rows
-scatter around its level (the **within-source** deviations, each scaled by ``sqrt(n / (n - 1))`` for the
-level estimated from the same rows). A run of a source the model has never seen (which a user's own
-cluster and stack are) is one level drawn from the first and one deviation from the second: its
-predictive distribution is the within-source deviations (each source weighing the square root of its
-rows: a 78-row table tells more than a 1-row one, but its rows share one stack and cluster) each spread
-by a normal of variance ``tau^2 + Var(mu)``, and ``low`` / ``high`` are its 10th and 90th percentiles.
-A prediction ``t`` carries ``[t * exp(low), t * exp(high)]``.
+Every interval is empirical: for every source of the development set the model is fitted without it and
+predicts it (leave-one-source-out), and the log ratios ``r = log(published / predicted)`` of those held-out
+predictions set the interval.
 
-A query far from every development source (another GPU generation, parallel degrees or a sequence
-length more than a factor of 4 from every development run: :mod:`trainperf.planner.distance`) draws
-its level from a wider population than the development sources span: the interval counts the
-between-source variance once more for each such respect (``far``: ``tau^2 x (1 + k)`` for ``k``
-respects), and the plan says so. That factor is a rule, not a fit: the development set holds two
-generations, too few to measure how much a third differs.
+**The shipped interval** (:data:`ACROSS`) carries the uncertainty of the **stack itself** and follows what
+the predicted step is made of: :mod:`trainperf.planner.composition` (a between-source level ``tau`` plus
+one relative uncertainty per term of the step, GEMM compute, memory-bound work, attention, communication
+and bubbles, fitted by REML on the held-out errors). A query far from every development source (another
+GPU generation, parallel degrees or a sequence length more than a factor of 4 from every development run:
+:mod:`trainperf.planner.distance`) draws its level from a wider population than the development sources
+span: its variance counts ``tau^2`` once more for each such respect, and the plan says so. That factor is a
+rule, not a fit: the development set holds two generations, too few to measure how much a third differs.
+
+**The single-width interval** (:class:`Spread` across sources, :func:`spread_from`) is the one issue 39
+shipped, kept to be judged beside it (``python -m trainperf.planner.loso``'s ``interval_single``): the
+held-out errors split into two variance components (a one-way random-effects model, the meta-analyst's
+DerSimonian-Laird estimate): each source's **level** varies around the model's average bias ``mu`` with the
+**between-source** variance ``tau^2``, and its rows scatter around its level (the **within-source**
+deviations, each scaled by ``sqrt(n / (n - 1))``). A run of a source never seen is one level drawn from the
+first and one deviation from the second: its predictive distribution is the within-source deviations (each
+source weighing the square root of its rows) each spread by a normal of variance ``tau^2 + Var(mu)``;
+``low`` / ``high`` are its 10th and 90th percentiles, their log bounds scaled by ``1 + k x`` the step's
+non-compute share (``k`` fitted by the interval score), and far from the development set ``tau^2`` counts
+once more per respect. One width for every step of the same non-compute share.
 
 After ``--measured`` / ``--calibrate`` the user's own run tells the stack's level, but with the
 scatter of one run: rows of one source differ among themselves (other model sizes, sequences,
@@ -34,14 +38,16 @@ is the weight whose 80% spread of those is narrowest (:func:`calibration_weight`
 carries the calibration run's own scatter, and is narrower than the one across sources. (Matching
 the measurement exactly, ``w = 1``, is wider on the development set than not calibrating at all.)
 
-The shipped percentiles below are set by the data (``python -m trainperf.planner.loso`` prints
-them as ``interval``; ``tests/unit/test_planner_interval.py`` checks they match a fresh fit).
+The shipped figures below are set by the data (``python -m trainperf.planner.loso`` prints them as
+``interval`` and ``interval_calibrated``; ``tests/unit/test_planner_devset.py`` checks they match a fresh fit).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+
+from trainperf.planner.composition import TermSpread, weighted_quantile
 
 LEVEL = 0.8
 QUANTILES = (0.1, 0.9)
@@ -90,6 +96,27 @@ class Spread:
         lo, hi = self.bounds(1.0, noncompute, far)
         return hi - lo
 
+    @property
+    def widens_far(self) -> bool:
+        return bool(self.far)
+
+    def width_for(self, est, far: int = 0) -> float:
+        """Width of ``est``'s interval as a fraction of its step time."""
+        return self.relative_width(noncompute_share(est), far)
+
+    def made_of(self, est, far: int = 0) -> dict:
+        """What sets the width of ``est``'s interval: the step's non-compute share."""
+        return {"noncompute_share": round(noncompute_share(est), 4), "relative_width": round(self.width_for(est, far), 4)}
+
+    def describe(self) -> str:
+        """The plan's sentence for this interval."""
+        return (f"{100 * (math.exp(self.low) - 1):+.0f}% / {100 * (math.exp(self.high) - 1):+.0f}% of an estimate spent "
+                f"in compute, from {self.basis}"
+                + (f" (sources' levels {100 * self.between_sd:.1f}% apart, sd, and their runs {100 * self.within_sd:.1f}% "
+                   "around them)" if self.between_sd is not None and self.within_sd is not None else "")
+                + (f"; wider by {self.noncompute_scale:g} x the share of the step in communication, bubbles and the "
+                   "optimizer, where the model is less sure." if self.noncompute_scale else "."))
+
     def as_dict(self) -> dict:
         r = lambda x: None if x is None else round(x, 4)  # noqa: E731
         return {"level": LEVEL, "log_ratio_low": round(self.low, 4), "log_ratio_high": round(self.high, 4),
@@ -109,11 +136,11 @@ def noncompute_share(est) -> float:
 
 # FITTED by python -m trainperf.planner.loso (the "interval", "calibration_weight" and "interval_calibrated"
 # blocks of its output; all sources).
-ACROSS = Spread(-0.0668, 0.0795, "the leave-one-source-out errors of the development set, split into the spread "
-                                   "of the sources' levels and of their runs around them (10th / 90th percentile of a run "
-                                   "of a source never seen)",
-                noncompute_scale=1.0, far=((-0.0729, 0.0875), (-0.0787, 0.0944), (-0.0841, 0.1005)),
-                between_sd=0.0237, within_sd=0.0633, center=0.0086)
+ACROSS = TermSpread(center=0.0059, center_var=0.0133 ** 2, between_sd=0.0342,
+                    term_sd={"compute": 0.0991, "memory": 0.1169, "attention": 0.0753, "communication": 0.1412},
+                    q_low=-0.8307, q_high=1.0566,
+                    basis="the leave-one-source-out errors of the development set, a between-source level and one "
+                          "uncertainty per term of the step (trainperf.planner.composition)")
 VALIDATED_PARTS = ("NVIDIA A100-SXM4-40GB", "NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3")
 """The parts (catalog ``name``) the development set's runs used: the intervals above are the model's
 held-out error on these only (``tests/unit/test_gpu_generations.py`` checks it against the rows)."""
@@ -146,26 +173,6 @@ CALIBRATED = Spread(-0.0447, 0.0619, "pairs of held-out errors of the same sourc
                                        "(partially pooled by CALIBRATION_WEIGHT) as a measured run does, the other "
                                        "predicted",
                     noncompute_scale=1.0)
-
-
-def weighted_quantile(values: list[float], weights: list[float], q: float) -> float:
-    """The q-quantile of values with weights (linear between the weighted mid-points)."""
-    pairs = sorted(zip(values, weights))
-    total = sum(w for _, w in pairs)
-    if not pairs or total <= 0:
-        raise ValueError("no values")
-    cum, mids = 0.0, []
-    for v, w in pairs:
-        mids.append(((cum + w / 2) / total, v))
-        cum += w
-    if q <= mids[0][0]:
-        return mids[0][1]
-    if q >= mids[-1][0]:
-        return mids[-1][1]
-    for (p0, v0), (p1, v1) in zip(mids, mids[1:]):
-        if p0 <= q <= p1:
-            return v0 + (v1 - v0) * (q - p0) / (p1 - p0) if p1 > p0 else v1
-    return mids[-1][1]
 
 
 FAR_RESPECTS = 3

@@ -9,24 +9,31 @@ Per held-out source S:
 * the model's error: constants fitted on the other sources (:func:`trainperf.planner.fit.fit_constants`);
 * the constant baseline's error: one efficiency E fitted on the other sources, and E = 0.5 fixed
   (the peer the issue compares against);
-* interval coverage and width: the 80% interval of each of S's rows comes from the held-out
-  errors of the *other* sources only (nested: each of those errors from a fit without S and
+* interval coverage, width and interval score: the 80% interval of each of S's rows comes from the
+  held-out errors of the *other* sources only (nested: each of those errors from a fit without S and
   without that source; ``--fast`` reuses the outer folds' errors instead, which lets S into the
-  constants behind them), so S never sets its own interval;
+  constants behind them), so S never sets its own interval. Two intervals are judged on the same errors:
+  the shipped one, whose width follows the step's composition (:mod:`trainperf.planner.composition`), and
+  issue 39's single width (``interval_single``: :func:`~trainperf.planner.interval.spread_from`). Each fold
+  keeps the errors its intervals were fitted on (``folds[S]["inner"]``) for
+  ``python -m trainperf.planner.interval_variants``;
 * calibrated coverage: S's first, middle and last rows in turn play the user's measured run
   (``--measured``: ``stack_efficiency`` fitted to it), the other rows of S are predicted with the
   narrower calibrated interval (within-source spread of the other sources).
+
+The text report (markdown tables) and the plot are :mod:`trainperf.planner.loso_report`'s.
 """
 
 from __future__ import annotations
 
 import math
-from trainperf.planner import devset
+
+from trainperf.planner import composition, devset
 from trainperf.planner.constants import DEFAULTS, Constants
 from trainperf.planner.distance import far_from, point_of_row
 from trainperf.planner.fit import FITTED, baseline_errors, fit_baseline, fit_constants
-from trainperf.planner.interval import (Spread, calibration_weight, fit_noncompute_scale, log_ratio, noncompute_share,
-                                        shrink_cap, shrunk_target, spread_from)
+from trainperf.planner.interval import (Spread, calibration_weight, fit_noncompute_scale, interval_score, log_ratio,
+                                        noncompute_share, shrink_cap, shrunk_target, spread_from)
 
 FIXED_BASELINE = 0.5
 """The issue's peer: one constant efficiency of 0.5 of the dense peak, nothing fitted."""
@@ -47,6 +54,7 @@ def criteria(summary: dict) -> dict:
     checks = [{"criterion": "pooled mean abs error <= 5.5%", "value": pooled["model_mean_abs_error"],
                "pass": pooled["model_mean_abs_error"] <= TARGETS["pooled_error"]},
               {"criterion": "pooled 80% coverage in 75-90%", "value": pooled["coverage"],
+               "count": f"{pooled.get('inside', '-')} of {pooled['rows']}",
                "pass": pooled["coverage"] is not None and lo <= pooled["coverage"] <= hi},
               {"criterion": "pooled mean width <= 30%", "value": pooled["mean_relative_width"],
                "pass": pooled["mean_relative_width"] is not None and pooled["mean_relative_width"] <= TARGETS["width"]}]
@@ -57,12 +65,26 @@ def criteria(summary: dict) -> dict:
                     "baseline": v["baseline_mean_abs_error"],
                     "pass": v["model_mean_abs_error"] < v["baseline_mean_abs_error"]},
                    {"criterion": f"{s}: 80% coverage in 75-90%", "value": v["coverage"],
+                    "count": f"{v.get('inside', '-')} of {v['rows']}",
                     "pass": v["coverage"] is not None and lo <= v["coverage"] <= hi},
                    {"criterion": f"{s}: mean width <= 30%", "value": v["mean_relative_width"],
                     "pass": v["mean_relative_width"] is not None and v["mean_relative_width"] <= TARGETS["width"]}]
     small = {s: v["rows"] for s, v in summary.items() if s != "pooled" and v["rows"] < JUDGED_ROWS}
-    return {"judged_sources": sorted(judged), "small_sources": small, "checks": checks,
-            "passed": sum(c["pass"] for c in checks), "total": len(checks), "all_pass": all(c["pass"] for c in checks)}
+    sizes = {s: v["rows"] for s, v in judged.items()}
+    return {"judged_sources": sorted(judged), "small_sources": small, "checks": checks, "judged_rows": JUDGED_ROWS,
+            "band": TARGETS["coverage"],
+            "passed": sum(c["pass"] for c in checks), "total": len(checks), "all_pass": all(c["pass"] for c in checks),
+            "chance_if_calibrated": {"per_source": {s: round(chance_in_band(n), 4) for s, n in sizes.items()},
+                                     "all": round(math.prod(chance_in_band(n) for n in sizes.values()), 4)}}
+
+
+def chance_in_band(n: int, level: float = 0.8, band: tuple = TARGETS["coverage"]) -> float:
+    """The probability that a source of ``n`` runs has its coverage inside ``band`` when the interval is exactly
+    calibrated (each run inside with probability ``level``, independently: binomial). Runs of one source share its
+    level, which spreads their coverage further: this is an upper bound on a calibrated interval's chance."""
+    lo, hi = band
+    eps = 1e-9
+    return sum(math.comb(n, k) * level ** k * (1 - level) ** (n - k) for k in range(n + 1) if lo - eps <= k / n <= hi + eps)
 
 
 SCALES = (0.6, 0.8, 1.0, 1.2, 1.4)
@@ -86,40 +108,22 @@ def coverage_by_scale(res: dict, scales=SCALES) -> dict:
     return out
 
 
-def render_scales(table: dict) -> str:
-    sources = list(next(iter(table.values())))
-    lines = ["| interval width x | " + " | ".join(sources) + " |", "|---" * (len(sources) + 1) + "|"]
-    lo, hi = TARGETS["coverage"]
-    for f, cov in table.items():
-        cells = [("-" if v is None else f"{100 * v:.0f}%" + ("" if lo <= v <= hi else " (out)")) for v in cov.values()]
-        lines.append(f"| {f} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def render_criteria(crit: dict) -> str:
-    lines = [f"Issue 39's Done-when, on this run: {crit['passed']} of {crit['total']} checks pass "
-             f"(sources of >= {JUDGED_ROWS} runs judged: {', '.join(crit['judged_sources'])})", "",
-             "| criterion | value | pass |", "|---|---|---|"]
-    for c in crit["checks"]:
-        v = c["value"]
-        val = "-" if v is None else f"{100 * v:.1f}%"
-        if "baseline" in c:
-            val += f" vs {100 * c['baseline']:.1f}%"
-        lines.append(f"| {c['criterion']} | {val} | {'yes' if c['pass'] else '**no**'} |")
-    if crit["small_sources"]:
-        lines += ["", "Reported without a pass mark (fewer than %d runs): " % JUDGED_ROWS
-                  + ", ".join(f"{s} ({n} run{'s' if n > 1 else ''})" for s, n in crit["small_sources"].items())]
-    return "\n".join(lines)
-
-
-def _residuals(rows, c: Constants) -> tuple[list[float | None], list[float]]:
-    """Log ratios published / predicted (None: predicted not to fit) and each prediction's non-compute share."""
-    res, shares = [], []
+def _residuals(rows, c: Constants) -> tuple[list[float | None], list[float], list[dict]]:
+    """Log ratios published / predicted (None: predicted not to fit), each prediction's non-compute share (the
+    single-width interval's) and the shares of its step's composition (``Estimate.composition``, whose terms the
+    composition interval groups)."""
+    res, shares, comp = [], [], []
     for r in rows:
         est = devset.predict(r, c)
         res.append(None if est is None else log_ratio(r.published_s, est.step_time_s))
         shares.append(0.0 if est is None else noncompute_share(est))
-    return res, shares
+        total = est.step_time_s if est is not None else 0.0
+        comp.append({k: round(v / total, 6) if total > 0 else 0.0 for k, v in (est.composition if est else {}).items()})
+    return res, shares, comp
+
+
+def _terms(comp: dict[str, list[dict]]) -> dict[str, list[dict]]:
+    return {s: [composition.grouped(x) for x in xs] for s, xs in comp.items()}
 
 
 def _model_key(row) -> tuple:
@@ -173,10 +177,11 @@ def loso(rows, base: Constants = DEFAULTS, *, nested: bool = True, progress=None
     outer: dict[str, Constants] = {}
     residuals: dict[str, list] = {}
     shares: dict[str, list] = {}
+    comps: dict[str, list] = {}
     groups = {s: [_model_key(r) for r in by[s]] for s in sources}
     for s in sources:
         outer[s] = fit_constants([r for r in rows if r.source != s], base)
-        residuals[s], shares[s] = _residuals(by[s], outer[s])
+        residuals[s], shares[s], comps[s] = _residuals(by[s], outer[s])
         if progress:
             progress(f"fold {s}")
     per_row, folds = [], {}
@@ -185,16 +190,18 @@ def loso(rows, base: Constants = DEFAULTS, *, nested: bool = True, progress=None
         train = [r for r in rows if r.source != s]
         others = [t for t in sources if t != s]
         if nested:  # each other source held out of a fit that also leaves S out
-            inner, inner_x = {}, {}
+            inner, inner_x, inner_c = {}, {}, {}
             for t in others:
                 ct = fit_constants([r for r in train if r.source != t], base)
-                inner[t], inner_x[t] = _residuals(by[t], ct)
+                inner[t], inner_x[t], inner_c[t] = _residuals(by[t], ct)
                 if progress:
                     progress(f"fold {s} / inner {t}")
         else:
             inner, inner_x = {t: residuals[t] for t in others}, {t: shares[t] for t in others}
+            inner_c = {t: comps[t] for t in others}
+        spread = composition.fit(inner, _terms(inner_c))  # the interval, its width following the step's composition
         scale = fit_noncompute_scale(inner, inner_x)
-        spread = spread_from(inner, shares_by_source=inner_x, scale=scale)
+        single = spread_from(inner, shares_by_source=inner_x, scale=scale)  # issue 39's: one width, non-compute scale
         weight = calibration_weight(inner, inner_x, scale, groups)
         spread_cal = spread_from(inner, within=True, weight=weight, shares_by_source=inner_x, scale=scale,
                                  groups_by_source=groups)
@@ -204,23 +211,28 @@ def loso(rows, base: Constants = DEFAULTS, *, nested: bool = True, progress=None
         berrs_half = baseline_errors(by[s], FIXED_BASELINE)
         cal_cov, cal_width = _calibrated_coverage(by[s], c, spread_cal, weight)
         folds[s] = {"constants": {k: getattr(c, k) for k in FITTED}, "baseline_efficiency": e_base,
-                    "interval": spread.as_dict(), "interval_calibrated": spread_cal.as_dict(),
+                    "interval": spread.as_dict(), "interval_single": single.as_dict(),
+                    "interval_calibrated": spread_cal.as_dict(),
                     "calibration_weight": weight,
                     "calibrated_coverage": None if cal_cov is None else round(cal_cov, 4),
-                    "calibrated_width": None if cal_width is None else round(cal_width, 4)}
-        for r, res, be, bh in zip(by[s], residuals[s], berrs, berrs_half):
+                    "calibrated_width": None if cal_width is None else round(cal_width, 4),
+                    # what the fold's intervals were fitted on (python -m trainperf.planner.interval_variants refits
+                    # other forms of the interval on them)
+                    "inner": {t: {"log_ratio": [None if x is None else round(x, 6) for x in inner[t]],
+                                  "composition_shares": inner_c[t]} for t in others}}
+        for r, res, comp, be, bh in zip(by[s], residuals[s], comps[s], berrs, berrs_half):
             est = devset.predict(r, c)
             pred = None if est is None else est.step_time_s
             far = far_from(point_of_row(r), points)  # judged against the other sources' rows
-            lo, hi = spread.bounds_for(est, len(far)) if pred else (None, None)
             per_row.append({
                 "source": s, "row": r.label, "published_s": round(r.published_s, 4), "approximate": r.approximate,
                 "predicted_s": None if pred is None else round(pred, 4),
-                "interval_s": None if pred is None else [round(lo, 4), round(hi, 4)],
-                "inside": None if pred is None else bool(lo <= r.published_s <= hi),
+                **_judge(spread, est, len(far), r.published_s), **_judge(single, est, len(far), r.published_s, "_single"),
+                "interval_made_of": None if pred is None else spread.made_of(est, len(far)),
                 "layout": None if est is None else est.layout.short(), "fits": est is not None,
                 "far_from_development": sorted(far) or None,
                 "error": None if res is None else round(math.exp(-res) - 1, 4),
+                "log_ratio": None if res is None else round(res, 6), "composition_shares": comp,
                 "baseline_s": round(r.published_s * (1 + be), 4), "baseline_error": round(be, 4),
                 "baseline_half_error": round(bh, 4),
             })
@@ -231,6 +243,10 @@ def loso(rows, base: Constants = DEFAULTS, *, nested: bool = True, progress=None
         base_ = [abs(x["baseline_error"]) for x in rs]
         ins = [x["inside"] for x in rs if x["inside"] is not None]
         widths = [(x["interval_s"][1] - x["interval_s"][0]) / x["predicted_s"] for x in rs if x["interval_s"]]
+        ins1 = [x["inside_single"] for x in rs if x["inside_single"] is not None]
+        widths1 = [(x["interval_single_s"][1] - x["interval_single_s"][0]) / x["predicted_s"] for x in rs
+                   if x["interval_single_s"]]
+        score = {k: [x[k] for x in rs if x[k] is not None] for k in ("interval_score", "interval_score_single")}
         summary[s] = {"rows": len(rs), "model_mean_abs_error": round(sum(model) / len(model), 4),
                       "model_max_abs_error": round(max(model), 4),
                       "model_mean_signed_error": round(sum(x["error"] for x in rs if x["error"] is not None)
@@ -239,6 +255,10 @@ def loso(rows, base: Constants = DEFAULTS, *, nested: bool = True, progress=None
                       "baseline_half_mean_abs_error": round(sum(abs(x["baseline_half_error"]) for x in rs) / len(rs), 4),
                       "coverage": round(sum(ins) / len(ins), 4) if ins else None,
                       "mean_relative_width": round(sum(widths) / len(widths), 4) if widths else None,
+                      "inside": sum(ins), "inside_single": sum(ins1),
+                      "coverage_single": round(sum(ins1) / len(ins1), 4) if ins1 else None,
+                      "mean_relative_width_single": round(sum(widths1) / len(widths1), 4) if widths1 else None,
+                      **{f"mean_{k}": round(sum(v) / len(v), 4) if v else None for k, v in score.items()},
                       "calibrated_coverage": folds[s]["calibrated_coverage"] if s in folds else None,
                       "calibrated_width": folds[s]["calibrated_width"] if s in folds else None,
                       "not_fitting": sum(1 for x in rs if not x["fits"]),
@@ -248,7 +268,8 @@ def loso(rows, base: Constants = DEFAULTS, *, nested: bool = True, progress=None
     w_all = calibration_weight(residuals, shares, k_all, groups)
     return {"folds": folds, "rows": per_row, "summary": summary, "nested": nested,
             "fit_all": {k: getattr(all_c, k) for k in FITTED}, "baseline_all": fit_baseline(rows),
-            "interval": spread_from(residuals, shares_by_source=shares, scale=k_all).as_dict(),
+            "interval": composition.fit(residuals, _terms(comps)).as_dict(),
+            "interval_single": spread_from(residuals, shares_by_source=shares, scale=k_all).as_dict(),
             "calibration_weight": w_all,
             "interval_calibrated": spread_from(residuals, within=True, weight=w_all, shares_by_source=shares,
                                                scale=k_all, groups_by_source=groups).as_dict()}
@@ -257,18 +278,41 @@ def loso(rows, base: Constants = DEFAULTS, *, nested: bool = True, progress=None
 def _summarize(rs: list[dict]) -> dict:
     errs = [x["error"] for x in rs if x["error"] is not None]
     ins = [x["inside"] for x in rs if x["inside"] is not None]
+    single = [x["inside_single"] for x in rs if x.get("inside_single") is not None]
     return {"rows": len(rs), "model_mean_abs_error": round(sum(map(abs, errs)) / len(errs), 4) if errs else None,
             "model_max_abs_error": round(max(map(abs, errs)), 4) if errs else None,
             "model_mean_signed_error": round(sum(errs) / len(errs), 4) if errs else None,
             "baseline_mean_abs_error": round(sum(abs(x["baseline_error"]) for x in rs) / len(rs), 4) if rs else None,
-            "coverage": round(sum(ins) / len(ins), 4) if ins else None, "not_fitting": len(rs) - len(errs)}
+            "coverage": round(sum(ins) / len(ins), 4) if ins else None, "not_fitting": len(rs) - len(errs),
+            "coverage_single": round(sum(single) / len(single), 4) if single else None}
 
 
-def generation_check(rows=None, c: Constants = DEFAULTS, baseline_efficiency: float | None = None) -> dict:
+def _judge(spread, est, far: int, published: float, suffix: str = "") -> dict:
+    """A row's interval under ``spread``, whether it holds the published step time, and its interval score (in log;
+    :func:`~trainperf.planner.interval.interval_score`); None for a row predicted not to fit."""
+    if est is None:
+        return {f"interval{suffix}_s": None, f"inside{suffix}": None, f"interval_score{suffix}": None}
+    lo, hi = spread.bounds_for(est, far)
+    p = est.step_time_s
+    score = interval_score(math.log(lo / p), math.log(hi / p), math.log(published / p))
+    return {f"interval{suffix}_s": [round(lo, 4), round(hi, 4)], f"inside{suffix}": bool(lo <= published <= hi),
+            f"interval_score{suffix}": round(score, 4)}
+
+
+def spread_of(d: dict) -> Spread:
+    """A single-width :class:`Spread` from its ``as_dict`` (the ``interval_single`` of a LOSO result)."""
+    return Spread(d["log_ratio_low"], d["log_ratio_high"], d["basis"], noncompute_scale=d["noncompute_scale"],
+                  far=tuple((f["log_ratio_low"], f["log_ratio_high"]) for f in d["far"]),
+                  between_sd=d["between_source_sd"], within_sd=d["within_source_sd"], center=d["center"])
+
+
+def generation_check(rows=None, c: Constants = DEFAULTS, baseline_efficiency: float | None = None,
+                     single: Spread | None = None) -> dict:
     """The held-out check of GPU generations no development row is on (:func:`devset.generation_rows`): each
     row predicted by ``c`` (the shipped constants: fitted on every development source, none of these rows) with
     the shipped 80% interval, and by the constant-efficiency baseline fitted on the development set. Summarized
-    over all rows and split by tensor parallelism (TP = 1 / TP > 1)."""
+    over all rows and split by tensor parallelism (TP = 1 / TP > 1). ``single``: a single-width interval judged
+    beside the shipped one (``loso``'s ``interval_single``: the interval before its width followed the step)."""
     from trainperf.planner.interval import ACROSS
 
     from trainperf.planner.distance import development_points
@@ -281,12 +325,11 @@ def generation_check(rows=None, c: Constants = DEFAULTS, baseline_efficiency: fl
         est = devset.predict(r, c)
         pred = None if est is None else est.step_time_s
         far = far_from(point_of_row(r), dev)  # a V100: another generation than every development run
-        lo, hi = ACROSS.bounds_for(est, len(far)) if pred else (None, None)
         per_row.append({"source": r.source, "row": r.label, "gpu": r.gpu, "tp": r.fixed[0],
                         "published_s": round(r.published_s, 4), "approximate": r.approximate,
                         "predicted_s": None if pred is None else round(pred, 4),
-                        "interval_s": None if pred is None else [round(lo, 4), round(hi, 4)],
-                        "inside": None if pred is None else bool(lo <= r.published_s <= hi),
+                        **_judge(ACROSS, est, len(far), r.published_s),
+                        **(_judge(single, est, len(far), r.published_s, "_single") if single else {}),
                         "layout": None if est is None else est.layout.short(),
                         "far_from_development": sorted(far) or None,
                         "error": None if pred is None else round(pred / r.published_s - 1, 4),
@@ -305,109 +348,6 @@ def generation_check(rows=None, c: Constants = DEFAULTS, baseline_efficiency: fl
         summary[k]["calibrated_coverage"] = None if cov is None else round(cov, 4)
         summary[k]["calibrated_width"] = None if width is None else round(width, 4)
     return {"rows": per_row, "baseline_efficiency": e, "summary": summary}
-
-
-def render_generation_check(g: dict) -> str:
-    lines = ["| V100 rows (held out, never fitted) | rows | model mean abs error | model max | mean signed "
-             "| constant-E baseline | 80% interval coverage | calibrated coverage (width) |", "|---|---|---|---|---|---|---|---|"]
-    for k, v in g["summary"].items():
-        cov = "-" if v["coverage"] is None else f"{100 * v['coverage']:.0f}%"
-        cal = ("-" if v.get("calibrated_coverage") is None
-               else f"{100 * v['calibrated_coverage']:.0f}% ({100 * v['calibrated_width']:.0f}%)")
-        lines.append(f"| {k} | {v['rows']} | {100 * v['model_mean_abs_error']:.1f}% | {100 * v['model_max_abs_error']:.1f}% "
-                     f"| {100 * v['model_mean_signed_error']:+.1f}% | {100 * v['baseline_mean_abs_error']:.1f}% | {cov} | {cal} |")
-    lines += ["", "| row | GPU | published s | predicted s | error | 80% interval s | layout | baseline error |",
-              "|---|---|---|---|---|---|---|---|"]
-    for x in g["rows"]:
-        err = "no fit" if x["error"] is None else f"{100 * x['error']:+.1f}%"
-        mark = " (approx.)" if x["approximate"] else ""
-        iv = "-" if not x["interval_s"] else f"{x['interval_s'][0]:.3g}-{x['interval_s'][1]:.3g}{'' if x['inside'] else ' (out)'}"
-        lines.append(f"| {x['row']}{mark} | {x['gpu']} | {x['published_s']:.3f} | {x['predicted_s'] or '-'} | {err} | {iv} "
-                     f"| {x['layout'] or '-'} | {100 * x['baseline_error']:+.1f}% |")
-    return "\n".join(lines)
-
-
-def render_markdown(res: dict) -> str:
-    lines = ["| held-out source | rows | model mean abs error | model max | mean signed | constant-E baseline "
-             "| E = 0.5 baseline | 80% interval coverage | mean width | calibrated coverage (width) | not fitting |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for s, v in res["summary"].items():
-        cov = "-" if v["coverage"] is None else f"{100 * v['coverage']:.0f}%"
-        wid = "-" if v["mean_relative_width"] is None else f"{100 * v['mean_relative_width']:.0f}%"
-        cal = ("-" if v.get("calibrated_coverage") is None
-               else f"{100 * v['calibrated_coverage']:.0f}% ({100 * v['calibrated_width']:.0f}%)")
-        approx = f" ({v['approximate_rows']} approx.)" if v["approximate_rows"] else ""
-        lines.append(f"| {s} | {v['rows']}{approx} | {100 * v['model_mean_abs_error']:.1f}% | "
-                     f"{100 * v['model_max_abs_error']:.1f}% | {100 * v['model_mean_signed_error']:+.1f}% | "
-                     f"{100 * v['baseline_mean_abs_error']:.1f}% | {100 * v['baseline_half_mean_abs_error']:.1f}% | "
-                     f"{cov} | {wid} | {cal} | {v['not_fitting']} |")
-    lines += ["", "| held-out source | " + " | ".join(FITTED) + " | baseline E | interval (log ratio, all compute) "
-              "| non-compute scale |", "|---" * (len(FITTED) + 4) + "|"]
-    for s, f in res["folds"].items():
-        iv = f["interval"]
-        lines.append(f"| {s} | " + " | ".join(f"{f['constants'][k]:.3f}" for k in FITTED)
-                     + f" | {f['baseline_efficiency']:.3f} | [{iv['log_ratio_low']:+.3f}, {iv['log_ratio_high']:+.3f}] "
-                       f"| {iv['noncompute_scale']:g} |")
-    iv = res["interval"]
-    lines.append("| (all sources) | " + " | ".join(f"{res['fit_all'][k]:.3f}" for k in FITTED)
-                 + f" | {res['baseline_all']:.3f} | [{iv['log_ratio_low']:+.3f}, {iv['log_ratio_high']:+.3f}] "
-                   f"| {iv['noncompute_scale']:g} |")
-    ic = res["interval_calibrated"]
-    lines.append(f"\ncalibrated spread, all sources: [{ic['log_ratio_low']:+.4f}, {ic['log_ratio_high']:+.4f}] with "
-                 f"calibration weight {res['calibration_weight']:g} (a measured run moves the model that far, in log)")
-    lines += ["", "| source | row | published s | predicted s | error | 80% interval s | layout | baseline error |",
-              "|---|---|---|---|---|---|---|---|"]
-    for x in res["rows"]:
-        err = "no fit" if x["error"] is None else f"{100 * x['error']:+.1f}%"
-        mark = " (approx.)" if x["approximate"] else ""
-        iv = "-" if not x["interval_s"] else f"{x['interval_s'][0]:.3g}-{x['interval_s'][1]:.3g}{'' if x['inside'] else ' (out)'}"
-        if x.get("far_from_development"):
-            iv += f" (far: {', '.join(x['far_from_development'])})"
-        lines.append(f"| {x['source']}{mark} | {x['row']} | {x['published_s']:.3f} | {x['predicted_s'] or '-'} | {err} "
-                     f"| {iv} | {x['layout'] or '-'} | {100 * x['baseline_error']:+.1f}% |")
-    return "\n".join(lines)
-
-
-def plot(result: dict, path: str) -> str:
-    try:
-        import matplotlib
-    except ImportError:
-        from trainperf.errors import UserError
-
-        raise UserError(f"--plot {path}: the plot needs matplotlib, which is not installed; "
-                        "pip install matplotlib (or trainperf[plots]), or leave out --plot") from None
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7.0, 6.4))
-    marks = "so^DvP*Xh<>"
-    for i, s in enumerate(result["summary"]):
-        if s == "pooled":
-            continue
-        rs = [x for x in result["rows"] if x["source"] == s and x["predicted_s"]]
-        if not rs:
-            continue
-        xs = [x["published_s"] for x in rs]
-        ys = [x["predicted_s"] for x in rs]
-        # the interval at the published value's abscissa: inside when the bar crosses the diagonal
-        yerr = [[y - x["interval_s"][0] for x, y in zip(rs, ys)], [x["interval_s"][1] - y for x, y in zip(rs, ys)]]
-        ax.errorbar(xs, ys, yerr=yerr, fmt=marks[i % len(marks)], ms=4, lw=0.5, capsize=0,
-                    label=f"{s} ({100 * result['summary'][s]['model_mean_abs_error']:.1f}%, "
-                          f"cov {100 * (result['summary'][s]['coverage'] or 0):.0f}%)")
-    allx = [x["published_s"] for x in result["rows"]]
-    lo, hi = min(allx) * 0.5, max(allx) * 2.0
-    ax.plot([lo, hi], [lo, hi], "k-", lw=0.8)
-    for f in (0.92, 1.08):
-        ax.plot([lo, hi], [lo * f, hi * f], "k:", lw=0.6)
-    ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi), xlabel="published step time (s)",
-           ylabel="predicted step time (s), source held out",
-           title="trainperf plan: leave-one-source-out predictions with their 80% interval\n"
-                 "(a bar that crosses the diagonal holds the published value)")
-    ax.legend(fontsize=6.5, loc="upper left")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    return path
 
 
 def main(argv=None) -> None:
@@ -436,6 +376,8 @@ def main(argv=None) -> None:
 def report(data_dir=None, *, as_json=False, plot_path=None, nested=True, json_dumps=None) -> str:
     import sys
 
+    from trainperf.planner.loso_report import plot, render_text
+
     rows = devset.load(data_dir)
     try:
         from tqdm import tqdm
@@ -447,7 +389,8 @@ def report(data_dir=None, *, as_json=False, plot_path=None, nested=True, json_du
     res = loso(rows, nested=nested, progress=progress)
     if bar is not None:
         bar.close()
-    res["generation_check"] = generation_check(baseline_efficiency=res["baseline_all"])
+    res["generation_check"] = generation_check(baseline_efficiency=res["baseline_all"],
+                                               single=spread_of(res["interval_single"]))
     res["criteria"] = criteria(res["summary"])
     res["coverage_by_scale"] = coverage_by_scale(res)
     if plot_path:
@@ -456,10 +399,7 @@ def report(data_dir=None, *, as_json=False, plot_path=None, nested=True, json_du
         from trainperf.runio import dumps_strict
 
         return dumps_strict(res)
-    return (render_criteria(res["criteria"]) + "\n\nCoverage if every interval were scaled (the judged sources' levels "
-            "differ more than any one width can absorb):\n\n" + render_scales(res["coverage_by_scale"]) + "\n\n"
-            + render_markdown(res)
-            + "\n\n## Held-out check: another GPU generation (V100)\n\n" + render_generation_check(res["generation_check"]))
+    return render_text(res)
 
 
 if __name__ == "__main__":

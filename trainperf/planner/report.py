@@ -40,16 +40,29 @@ def breakdown(e: Estimate) -> str:
             f"binding term: {e.binding.replace('_', ' ')}")
 
 
-def far_note(far: dict, spread) -> str:
+def far_note(far: dict, spread, est) -> str:
     """The plan's words for a query far from every development source (empty when it is near)."""
-    if not far or not spread.far:
+    if not far or not spread.widens_far:
         return ""
     what = "; ".join(f"{k}: {v}" for k, v in sorted(far.items()))
     n = len(far)
     return (f"far from every development source in {n} respect{'s' if n > 1 else ''} ({what}): the interval counts "
             f"the between-source variance {n + 1} times instead of once, so it is wider than near the development set "
-            f"({100 * spread.relative_width(0.0, n):.0f}% against {100 * spread.relative_width():.0f}% of a compute-bound "
-            "estimate); measure one step (--measured) before trusting the plan")
+            f"({100 * spread.width_for(est, n):.0f}% against {100 * spread.width_for(est):.0f}% of this estimate); "
+            "measure one step (--measured) before trusting the plan")
+
+
+def made_of_note(spread, est, far: int = 0) -> str:
+    """What the best layout's interval is made of: the step's largest term and its share, each part's share of the
+    interval's variance (the composition interval), or the step's non-compute share (the calibrated one)."""
+    m = spread.made_of(est, far)
+    if "largest_term" not in m:
+        return (f"  interval: {100 * m['relative_width']:.0f}% wide, the step {100 * m['noncompute_share']:.0f}% "
+                "outside compute")
+    parts = ", ".join(f"{k.replace('_', ' ')} {100 * v:.0f}%" for k, v in m["variance_shares"].items() if v >= 0.005)
+    return (f"  interval: {100 * m['relative_width']:.0f}% wide; the step is {100 * m['largest_share']:.0f}% "
+            f"{m['largest_term']} (its largest term; " + ", ".join(f"{k} {100 * v:.0f}%" for k, v in m["shares"].items())
+            + f"); the interval's variance: {parts}")
 
 
 def render(plan: Plan, *, batch_note: str, top: int, baseline, calibration, elapsed: float, emitted,
@@ -86,24 +99,20 @@ def render(plan: Plan, *, batch_note: str, top: int, baseline, calibration, elap
         "",
         f"TFLOP/s/GPU and MFU count {flop_convention}; MFU is against the dense {g.half_dtype.upper()} peak of {g.key} "
         f"({g.half_tflops:g} TFLOP/s). v: interleaved stages per GPU; m: micro-batches per pipeline per step.",
-        f"80% interval: {100 * (2.718281828459045 ** spread.low - 1):+.0f}% / "
-        f"{100 * (2.718281828459045 ** spread.high - 1):+.0f}% of an estimate spent in compute, from {spread.basis}"
-        + (f" (sources' levels {100 * spread.between_sd:.1f}% apart, sd, and their runs {100 * spread.within_sd:.1f}% "
-           "around them)" if spread.between_sd is not None and spread.within_sd is not None else "")
-        + (f"; wider by {spread.noncompute_scale:g} x the share of the step in communication, bubbles and the "
-           "optimizer, where the model is less sure." if spread.noncompute_scale else "."),
+        "80% interval: " + spread.describe(),
         "",
         f"best: {plan.best.layout.short()}: {plan.best.step_time_s:.2f} s/step "
         f"(80% interval {spread.bounds_for(plan.best, len(far(plan.best)))[0]:.2f}-"
         f"{spread.bounds_for(plan.best, len(far(plan.best)))[1]:.2f} s), "
         f"{plan.global_batch * model.seq / plan.best.step_time_s:,.0f} tokens/s",
         "  " + breakdown(plan.best),
+        made_of_note(spread, plan.best, len(far(plan.best))),
     ]
     if explained:
         lines += ["", *explained]
     unvalidated = None if calibration else unvalidated_part(g)
     at = next(i for i, line in enumerate(lines) if line.startswith("80% interval:")) + 1
-    wide = far_note(far(plan.best), spread)
+    wide = far_note(far(plan.best), spread, plan.best)
     if wide:
         lines.insert(at, f"note: the best layout is {wide}.")
     if unvalidated:
