@@ -162,6 +162,9 @@ def test_straggler_across_ranks_by_compute_with_waits_and_gain():
     # the waits are not exposed communication of their own: comm_bound does not double count them
     assert "comm_bound" not in ids(r)
     assert "across 4 ranks" in format_traces(r)
+    # no attribution in these traces: the late rank's causes are unmeasured, not its untraced host time
+    late = r["ranks"]["late_arrivals"][0]
+    assert late["rank"] == 2 and late["causes_measured"] is False and "not measured" in late["summary"]
 
 
 def test_the_json_contract_and_private_keys_stripped():

@@ -199,7 +199,8 @@ def straggler_by_trace(ev: Evidence) -> dict | None:
         return None
     r = st["rank"]
     late = next((x for x in tr.get("late_arrivals") or [] if x.get("rank") == r), None)
-    if late and late.get("cause") not in (None, "compute") and (late.get("cause_share") or 0.0) >= 0.5:
+    if (late and late.get("causes_measured", True) and late.get("cause") not in (None, "compute")
+            and (late.get("cause_share") or 0.0) >= 0.5):
         return None  # what made it late is named (its host, its loader...): the late_rank finding speaks
     step = ev.step_s
     waits = st.get("others_wait_us_per_step")

@@ -96,6 +96,7 @@ class Ledger:
         self.steps: dict[int, dict[int, float]] = {}  # late rank -> {step: us of wait it caused there}
         self.taken_part: dict[int, int] = {}  # rank -> collectives it took part in (matched)
         self.late_total = 0
+        self.blind: set[int] = set()  # late ranks charged somewhere without per-collective causes (all untraced)
 
     def add_sequence(self, ranks: list[int], arrival: np.ndarray, wait: np.ndarray, causes: np.ndarray | None,
                      steps: np.ndarray, threshold: float) -> None:
@@ -130,6 +131,8 @@ class Ledger:
                 comp = np.zeros((n, k))
                 comp[:, untraced] = 1.0
             r = ranks[li]
+            if causes is None:
+                self.blind.add(r)
             acc = self.by_cause.setdefault(r, np.zeros(k))
             row = self.matrix.setdefault(r, np.zeros(len(self.ranks)))
             w = wait[:, cols].copy()
@@ -166,12 +169,15 @@ class Ledger:
                 "rank": r, "last_at": self.last_at.get(r, 0), "collectives": self.taken_part.get(r, 0),
                 "steps_last": steps_last, "steps": nsteps, "cause": cause,
                 "cause_share": (causes[cause] * nsteps / total) if cause and total > 0 else None,
+                "causes_measured": r not in self.blind,
                 "causes_us_per_step": dict(sorted(causes.items(), key=lambda x: -x[1])),
                 "wait_caused_us_per_step": total / nsteps, "delay_us_per_step": self.delay.get(r, 0.0) / nsteps,
                 "summary": (f"rank {r} last{among} in {steps_last} of {nsteps} step(s) (at {self.last_at.get(r, 0)} "
                             f"of {self.taken_part.get(r, 0)} collectives); the job waits "
                             f"{self.delay.get(r, 0.0) / nsteps / 1000:.2f} ms per step for it"
-                            + (f", {100 * causes[cause] * nsteps / total:.0f}% of it charged to its "
+                            + (", what made it late is not measured in these traces (no attribution of its step)"
+                               if r in self.blind else
+                               f", {100 * causes[cause] * nsteps / total:.0f}% of it charged to its "
                                f"{LABELS.get(cause, cause)}" if cause and total else ""))})
         out.sort(key=lambda x: -x["delay_us_per_step"])
         return out
