@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 import threading
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -123,6 +124,19 @@ def _thread_hook(prev):
     return hook
 
 
+def _sys_hook(prev):
+    """The same for ``sys.excepthook``, which multiprocessing's resource sharer calls from its own thread (not
+    through ``threading.excepthook``) when the connection it was serving is reset by the stopping. Only in a
+    thread other than the main one: the main thread's errors are the command's own."""
+    def hook(exc_type, exc, tb):
+        if (received() is not None and issubclass(exc_type, _STOPPING_ERRORS)
+                and threading.current_thread() is not threading.main_thread()):
+            return
+        prev(exc_type, exc, tb)
+    hook.trainperf = True
+    return hook
+
+
 def install() -> dict:
     """The command's handlers for SIGINT and SIGTERM (main thread only; a signal the caller set to be
     ignored, e.g. ``nohup`` or a background job, stays ignored). Returns the handlers replaced."""
@@ -136,6 +150,9 @@ def install() -> dict:
     if not getattr(threading.excepthook, "trainperf", False):
         old["excepthook"] = threading.excepthook
         threading.excepthook = _thread_hook(threading.excepthook)
+    if not getattr(sys.excepthook, "trainperf", False):
+        old["sys_excepthook"] = sys.excepthook
+        sys.excepthook = _sys_hook(sys.excepthook)
     return old
 
 
@@ -144,6 +161,8 @@ def restore(old: dict) -> None:
     for sig, handler in old.items():
         if sig == "excepthook":
             threading.excepthook = handler
+        elif sig == "sys_excepthook":
+            sys.excepthook = handler
         else:
             signal.signal(sig, handler)
     reset()

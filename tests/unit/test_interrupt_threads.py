@@ -36,3 +36,33 @@ def test_install_wraps_the_thread_hook_once_and_restore_puts_it_back():
     finally:
         interrupt.restore(old)
     assert threading.excepthook is before
+
+
+def test_the_resource_sharers_sys_excepthook_is_quiet_after_a_signal_in_its_thread_only():
+    """multiprocessing's resource sharer reports its thread's error through ``sys.excepthook`` (as its
+    ``_serve`` does): quiet after a signal in that thread; the main thread's errors are printed as ever."""
+    import sys
+
+    seen = []
+    hook = interrupt._sys_hook(lambda *a: seen.append((threading.current_thread().name, a[0])))
+    reset = (ConnectionResetError, ConnectionResetError(104, "reset"), None)
+    try:
+        interrupt._state["first"] = 15
+        t = threading.Thread(target=hook, args=reset, name="sharer")
+        t.start()
+        t.join()
+        assert seen == []
+        hook(*reset)  # the main thread: its own error
+        t = threading.Thread(target=hook, args=(ValueError, ValueError("x"), None), name="sharer")
+        t.start()
+        t.join()
+        assert seen == [("MainThread", ConnectionResetError), ("sharer", ValueError)]
+    finally:
+        interrupt.reset()
+    before = sys.excepthook
+    old = interrupt.install()
+    try:
+        assert getattr(sys.excepthook, "trainperf", False)
+    finally:
+        interrupt.restore(old)
+    assert sys.excepthook is before

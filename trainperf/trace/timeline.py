@@ -448,11 +448,15 @@ def _drop_duplicates(t: Timeline, gk: list[str]) -> None:
     keyed = np.flatnonzero(t.g_corr >= 0)
     if keyed.size < 2:
         return
-    rec = np.rec.fromarrays([t.g_corr[keyed], t.g_ts[keyed], t.g_dur[keyed], t.g_name[keyed],
-                             t.g_stream[keyed], t.g_kind[keyed]])
-    _, first = np.unique(rec, return_index=True)
-    if first.size == keyed.size:
+    cols = [t.g_corr[keyed], t.g_ts[keyed], t.g_dur[keyed], t.g_name[keyed], t.g_stream[keyed], t.g_kind[keyed]]
+    order = np.lexsort(cols[::-1])  # stable: the first of equal events keeps its place (np.unique's first index)
+    same = np.ones(order.size - 1, dtype=bool)
+    for c in cols:
+        s = c[order]
+        same &= s[1:] == s[:-1]
+    if not same.any():
         return
+    first = order[np.concatenate(([True], ~same))]
     ok = np.ones(n, dtype=bool)
     ok[keyed] = False
     ok[keyed[first]] = True
