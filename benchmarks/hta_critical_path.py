@@ -4,7 +4,7 @@ attribution (docs/benchmarks/traces.md, "Who made the GPU wait").
     python benchmarks/hta_critical_path.py TRACE [--annotation ProfilerStep] [--instances all|N|A-B]
 
 Runs HolisticTraceAnalysis 0.5.0 (not a trainperf dependency; run it under the interpreter that has it, e.g.
-/work/peers/venv/bin/python): ``TraceAnalysis`` on the trace's directory (a copy holding only that file), then
+PEERS_VENV/bin/python): ``TraceAnalysis`` on the trace's directory (a copy holding only that file), then
 ``critical_path_analysis(rank, annotation, instance_id)`` over the profiler steps and its ``summary()``; prints
 the seconds of each part and the summary. HTA 0.5.0's critical path needs pandas < 3 (with pandas 3 its
 ``drop(axis=1, columns=...)`` raises): put a pandas 2 first on PYTHONPATH when the interpreter has pandas 3.

@@ -1,7 +1,7 @@
 """HTA's critical path on its own test traces: the oracle that trainperf's attribution of idle time is checked
 against (tests/unit/test_attribution_hta.py, docs/concepts/attribution.md).
 
-    PYTHONPATH=<pandas 2> /work/peers/venv/bin/python scripts/critical_path_oracles.py \
+    PYTHONPATH=<pandas 2> PEERS_VENV/bin/python scripts/critical_path_oracles.py \
         --root tests/data/real --out tests/data/trace_oracles/critical_path.json
 
 Runs HolisticTraceAnalysis 0.5.0 (not a trainperf dependency) on each trace of ``CASES`` (paths relative to

@@ -1,4 +1,4 @@
-"""Fixes for the data items of the fuzzing report (/tmp/fuzz/train_data.md items 1, 5, 6, 10, 11, 12)."""
+"""Fixes for the data items of the fuzzing report (the fuzzing report on training data, items 1, 5, 6, 10, 11, 12)."""
 
 from __future__ import annotations
 
