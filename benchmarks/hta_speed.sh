@@ -24,4 +24,17 @@ for f in $D/hta-data/tests/data/nccl_parser_config/nccl_data.json.gz \
     --vs "sh -c 'PYTHONPATH=$PANDAS2 exec $HTA_PYTHON benchmarks/hta_critical_path.py $f >/dev/null 2>&1'" \
     -- sh -c "exec $PY -m trainperf diagnose $f --json >/dev/null"
 done
+# HTA's own critical-path test traces, with the annotation and instance its tests use (as the oracle file has them)
+CP=$D/hta-data/tests/data/critical_path
+for spec in "alexnet/benchmark_result_2869224_1695835535_trace.json.gz|[param|pytorch.model.alex_net|0|0|0|measure|forward]|1" \
+            "simple_add/benchmark_result_493459_1694039959_trace.json.gz|[param|pytorch.model.alex_net|0|0|0|measure|forward]|1" \
+            "cuda_event_sync/event_sync_trace.json.gz|ProfilerStep|0" \
+            "cuda_event_sync_multi_stream/event_sync_trace.json.gz||none"; do
+  f=$CP/${spec%%|*}; rest=${spec#*|}; inst=${rest##*|}; ann=${rest%|*}
+  echo "=== $f ($ann, $inst)"; date -u; uptime
+  "$PY" -m trainperf bench traces "$f" --hta-python "$HTA_PYTHON" --repeat 3
+  farm-bench -n 5 --timeout 900 \
+    --vs "sh -c 'PYTHONPATH=$PANDAS2 exec $HTA_PYTHON benchmarks/hta_critical_path.py $f --annotation \"$ann\" --instances $inst >/dev/null 2>&1'" \
+    -- sh -c "exec $PY -m trainperf diagnose $f --json >/dev/null"
+done
 date -u; uptime
