@@ -79,10 +79,7 @@ def prepare_command(args) -> int:
 
 
 def export_command(args) -> int:
-    import numpy as np
-
-    from trainperf.data.prepare import _atomic_write_bytes, read_meta
-    from trainperf.data.tokens import TokenWindows
+    from trainperf.data.prepare import read_meta
     from trainperf.errors import DataError
 
     meta = read_meta(args.src)

@@ -35,7 +35,6 @@ def _resume_after_restart(resume: str, cfg) -> str:
     """Under torchrun's elastic restarts (``--max-restarts``; TORCHELASTIC_RESTART_COUNT > 0) every restart
     continues from the newest complete checkpoint: ``--resume never`` meant the first attempt, and a
     ``--resume PATH`` yields to the run's own newer checkpoints once there are some."""
-    import os
 
     try:
         attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
@@ -55,7 +54,6 @@ def _resume_after_restart(resume: str, cfg) -> str:
 
 
 def _launched_rank() -> int:
-    import os
 
     try:
         return int(os.environ.get("RANK", "0")) if int(os.environ.get("WORLD_SIZE", "1")) > 1 else 0
@@ -98,7 +96,6 @@ def _remove_if_empty(dirs: list[Path]) -> None:
 
 
 def _train(args) -> int:
-    import os
 
     from trainperf.config import load_config
     from trainperf.train.resolve import resolve
