@@ -46,3 +46,14 @@ def test_busy_straggler_needs_pinned_ranks(capsys):
     """--busy puts a busy process on the slow rank's CPU: without pinning there is no such CPU."""
     assert main(["bench", "balance", "--busy", "--no-pin"]) == 2
     assert "--busy needs the ranks pinned" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["--hog-step", "120"], "--hog-step 120 must be inside the run"),
+    (["--last", "100"], "--last 100 must be > 0 and at most the steps after the hog starts (90)"),
+    (["--global-batch", "1"], "--global-batch 1 must be >= --ranks 2"),
+    (["--config", "/nonexistent.yaml"], "--config /nonexistent.yaml: no such file"),
+])
+def test_mid_run_bad_arguments(argv, msg, capsys):
+    assert main(["bench", "balance", "--mid-run", *argv]) == 2
+    assert msg in capsys.readouterr().err

@@ -24,7 +24,8 @@ def register(subparsers) -> None:
                    help="with --rounds: count the rounds whose balanced / unbalanced step time is at or below this")
     p.add_argument("--steps", type=int, default=60, help="measured steps per arrangement (unbalanced, balanced)")
     p.add_argument("--block", type=int, default=5, help="steps per block when alternating the two arrangements")
-    p.add_argument("--global-batch", type=int, default=64, help="samples per step over all ranks")
+    p.add_argument("--global-batch", type=int, default=None,
+                   help="samples per step over all ranks (default 64; with --mid-run 32)")
     p.add_argument("--micro-steps", type=whole(1, 1024), default=2, help="micro-steps per rank per step (uneven sizes)")
     p.add_argument("--seq", type=whole(1, 2**20), default=256,
                    help="tokens per sample (the default makes a step ~0.2 s, like a real training step, so the "
@@ -52,13 +53,32 @@ def register(subparsers) -> None:
     p.add_argument("--pin", action=argparse.BooleanOptionalAction, default=True,
                    help="pin each rank to its own CPU when there are at least --ranks usable CPUs (default; each "
                         "rank's speed is then its own and steadier)")
+    mid = p.add_argument_group("mid-run straggler in the real trainer (--mid-run)")
+    mid.add_argument("--mid-run", action="store_true",
+                     help="per round, two `trainperf train` runs of gpt-tiny (balanced, unbalanced) with a busy process "
+                          "on the slow rank's CPU from --hog-step: the median step of the last --last steps compared")
+    mid.add_argument("--hog-step", type=whole(1), default=30, help="the step after which the busy process starts")
+    mid.add_argument("--run-steps", type=whole(2), default=120, help="steps of each training run")
+    mid.add_argument("--last", type=whole(1), default=40, help="the run's figure: median step time of its last N steps")
+    mid.add_argument("--config", default=None,
+                     help="train this config's model instead of gpt-tiny (the bench sets steps, layout, logging)")
+    mid.add_argument("--keep", default=None, metavar="DIR",
+                     help="keep the run directories under DIR (each can be read with `trainperf diagnose`)")
     add_json_flag(p)
     p.set_defaults(func=balance_command)
 
 
 def balance_command(args) -> int:
+    if args.mid_run:
+        from trainperf.bench.balance_midrun import measure_midrun, print_midrun
+
+        args.global_batch = 32 if args.global_batch is None else args.global_batch
+        res = measure_midrun(args)
+        print_json(res) if args.json else print_midrun(res)
+        return 0
     from trainperf.bench.balance import measure
 
+    args.global_batch = 64 if args.global_batch is None else args.global_batch
     res = measure(args)
     if args.json:
         print_json(res)

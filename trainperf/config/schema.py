@@ -405,6 +405,14 @@ class BalanceConfig(Section):
     backoff_steps: int = Field(100, ge=0)
     """After a reverted move: steps before the balancer may try another, doubled after each consecutive
     revert (at most 64x), reset by a kept move."""
+    change_steps: int = Field(6, ge=3, le=1000)
+    """Mid-run changes (a straggler appears, grows, moves or goes away): a rank's time relative to the others,
+    at equal shares, that moved beyond change_threshold in all but one of the newest change_steps steps (and
+    beyond the noise of the steps before) is a change: what was measured before it is dropped, a move being
+    tried is left, the back-off ends, and the balancer re-measures (trainperf.distributed.balance_change)."""
+    change_threshold: float = Field(0.15, gt=0, le=10)
+    """The fraction by which a rank's relative time must move to be a change (0.15: with two ranks, one
+    becoming about 1.35x slower)."""
 
 
 class ParallelismConfig(Section):

@@ -130,6 +130,8 @@ class Evidence:
     trace_ranks: dict | None = None
     """the figures across the ranks of profiler traces (straggler by GPU compute, waits)"""
     balance_enabled: bool = False
+    balance_log: list[str] | None = None
+    """the load balancer's mid-run changes, moves and verdicts in order (metrics.jsonl balance/*), where it ran"""
 
     # --- host
     cpu_cores_got: float | None = None

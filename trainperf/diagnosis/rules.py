@@ -87,6 +87,12 @@ RULES: list[Rule] = [
          "one rank is slower (throttled clocks, a shared or slower device, a busy host) and every collective "
          "waits for it", "parallelism.balance.enabled=true; inspect that rank's clocks and host", RT.straggler,
          scope="job"),
+    Rule("balancer", "the load balancer moved work between the ranks",
+         "a run with parallelism.balance.enabled=true whose step records hold balance/* (a change of the ranks' "
+         "speeds seen mid-run, a move tried, a verdict): listed in order, as information",
+         "the ranks' speeds differ, or changed during the run (a straggler appeared, grew, moved or went away)",
+         "nothing to do: the straggler rule judges what the balancer left; parallelism.balance.* tunes it",
+         RT.balancer, scope="job"),
     Rule("late_rank", "the other ranks wait for one rank at their collectives",
          f"traces of two or more ranks: the rank that arrives last at the collectives (clock offsets corrected; "
          f"each collective split into the wait for the last arrival and the transfer) costs the job >= "

@@ -178,6 +178,16 @@ def oom_recovered(ev: Evidence) -> dict | None:
                         f"{first.get('reason')}"}
 
 
+def balancer(ev: Evidence) -> dict | None:
+    """What the load balancer did (parallelism.balance): the changes of the ranks' speeds it saw, the moves it
+    tried and their verdicts, in order (information: the straggler rule judges what is left)."""
+    log = ev.balance_log or []
+    if not log:
+        return None
+    shown = log if len(log) <= 8 else [*log[:3], f"... {len(log) - 6} more ...", *log[-3:]]
+    return {"severity": "info", "balance_log": log, "evidence": "; ".join(shown)}
+
+
 LATE_WARN, LATE_CRIT = 0.05, 0.20  # the wait a late rank costs the job, share of the step
 
 
@@ -226,4 +236,4 @@ def late_rank(ev: Evidence) -> dict | None:
             "gain": step_gain(step_s, delay_s, f"rank {r} arrived with the others")}
 
 
-__all__ = ["compile_time", "host_contention", "late_rank", "oom_recovered", "straggler"]
+__all__ = ["balancer", "compile_time", "host_contention", "late_rank", "oom_recovered", "straggler"]

@@ -130,6 +130,31 @@ def rank_compute_windows(recs: list[dict]) -> dict | None:
     return {"clock": clock, "windows": rows, "n_windows": n_windows, "cpu_windows": cpu_rows}
 
 
+def _shares(v: Any) -> str:
+    return "/".join(str(x) for x in v) if isinstance(v, list) else str(v)
+
+
+def balance_log(recs: list[dict]) -> list[str]:
+    """The balancer's history from the step records (``balance/*``, trainperf.distributed.balance): each change of
+    the ranks' speeds it saw, each move it tried and each verdict, as one line with its step."""
+    out = []
+    for r in recs:
+        step = r.get("step")
+        if r.get("balance/change"):
+            out.append(f"step {step}: {r['balance/change']}")
+        if "balance/new_shares" in r:
+            gain = _num(r.get("balance/predicted_gain"))
+            out.append(f"step {step}: shares {_shares(r.get('balance/old_shares'))} -> "
+                       f"{_shares(r['balance/new_shares'])} tried ({r.get('balance/trigger', 'threshold')}"
+                       + (f"; predicted {gain:.0%} faster" if gain is not None else "") + ")")
+        if r.get("balance/verdict"):
+            gain, se = _num(r.get("balance/verdict_measured_gain")), _num(r.get("balance/verdict_gain_se"))
+            measured = f"measured {gain:+.0%} +- {se:.0%}" if gain is not None and se is not None else "measured"
+            out.append(f"step {step}: {r['balance/verdict']} ({measured}); shares "
+                       f"{_shares(r.get('balance/verdict_shares'))}")
+    return out
+
+
 def compute_summary(run: dict) -> dict[str, Any]:
     """Figures the rules look at (over the steady steps). The ``compile`` phase (first-step
     compilation, booked apart by the trainer) is never part of the steady-state fractions: its
@@ -141,6 +166,7 @@ def compute_summary(run: dict) -> dict[str, Any]:
     s["steps_recorded"] = len(ranks.get(0, []))
     s["steps_used"] = len(main)
     s["balance_enabled"] = _cfg(run, "parallelism.balance.enabled") is True  # the straggler's fix depends on it
+    s["balance_log"] = balance_log(recs0) if s["balance_enabled"] else None
     phase_tot: dict[str, float] = {}
     cpu_tot: dict[str, float] = {}
     for r in main:
@@ -310,6 +336,7 @@ def run_evidence(s: dict) -> Evidence:
         gpu=GpuUse(busy_pct=s["gpu_kernel_busy_pct"], sm_active_pct=s["gpu_sm_active_pct"],
                    mem_copy_util_pct=s["gpu_mem_copy_util_pct"]),
         ranks=s["ranks"], rank_compute=s["rank_compute"], balance_enabled=s["balance_enabled"],
+        balance_log=s.get("balance_log"),
         cpu_cores_got=s["cpu_cores_got"], cpu_share=_cpu_share(s), threads=s["threads"], cpu_pct=s["cpu_pct"],
         proc_cpu_pct=s["proc_cpu_pct"], loss=s["loss"], mfu=s["mfu"], peak_source=s["peak_source"],
         mem_peak_bytes=s["mem_peak_bytes"], mem_capacity_bytes=s["mem_capacity_bytes"], oom_events=s["oom_events"],

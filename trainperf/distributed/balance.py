@@ -69,6 +69,7 @@ import numpy as np
 from trainperf.distributed.balance_shares import (  # noqa: F401 - re-exported: the balancer's one import path
     check_balance_args, check_balance_config, coefficient_of_variation, equal_shares, local_loss_scale,
     micro_batch_sizes, micro_loss_scale, proportional_shares, proportional_targets, round_shares, share_bounds)
+from trainperf.distributed.balance_change import BalanceChange, ChangeDetector
 from trainperf.distributed.balance_trial import BalanceVerdict, Trial
 from trainperf.distributed.clocks import ComputeClock, ThreadCpuClock  # noqa: F401 - re-exported
 from trainperf.errors import ConfigError
@@ -117,9 +118,11 @@ class BalancePolicy:
     def __init__(self, global_batch: int, world: int, *, window: int = 100, threshold: float = 0.2,
                  min_share: float = 0.0, max_share: float = 1.0, min_gain: float = 0.02, min_steps: int = 10,
                  micro_steps: int = 1, shares: Sequence[int] | None = None, trigger_gain: float = 0.15,
-                 verify: bool = True, verify_steps: int = 20, verify_block: int = 5, backoff_steps: int = 100):
+                 verify: bool = True, verify_steps: int = 20, verify_block: int = 5, backoff_steps: int = 100,
+                 change_steps: int = 6, change_threshold: float = 0.15):
         check_balance_args(window=window, threshold=threshold, min_gain=min_gain, min_steps=min_steps)
         check_verify_args(verify_steps=verify_steps, verify_block=verify_block, backoff_steps=backoff_steps)
+        check_change_args(change_steps=change_steps, change_threshold=change_threshold)
         if world < 1 or global_batch < world * micro_steps:
             raise ConfigError(
                 f"train.global_batch={global_batch} cannot give each of {world} data-parallel ranks "
@@ -150,6 +153,12 @@ class BalancePolicy:
         self._reverts = 0  # consecutive reverted moves (the back-off doubles with each)
         self.decisions: list[BalanceDecision] = []
         self.verdicts: list[BalanceVerdict] = []
+        self.changes: list[BalanceChange] = []
+        # mid-run changes of the ranks' relative speeds (balance_change.py): seen within change_steps steps
+        self.detector = ChangeDetector(global_batch, world, steps=change_steps, threshold=change_threshold,
+                                       window=window)
+        self._after_change = False  # the first judgement after a change acts on min_gain alone (trigger "change")
+        self._seen = 0  # steps observed (numbers the detector's rows when no step is given)
 
     @property
     def measurements(self) -> int:
@@ -176,12 +185,14 @@ class BalancePolicy:
 
     # -- measurements ---------------------------------------------------------------------------
     def observe(self, compute_times: Sequence[float], fixed_times: Sequence[float] | None = None,
-                wall_times: Sequence[float] | None = None) -> None:
+                wall_times: Sequence[float] | None = None, step: int | None = None) -> None:
         """Record one step run under the current shares (call :meth:`decide` once a batch of these is in)."""
         if len(compute_times) != self.world:
             raise ValueError(f"expected {self.world} compute times, got {len(compute_times)}")
         compute = np.maximum(np.asarray(compute_times, dtype=np.float64), 1e-12)
         fixed = np.zeros(self.world) if fixed_times is None else np.maximum(np.asarray(fixed_times, float), 0.0)
+        self._seen += 1
+        self.detector.push(self._seen if step is None else step, self.shares, compute.tolist(), fixed.tolist())
         if self.trial is not None:
             walls = None if wall_times is None else [float(w) for w in wall_times]
             known = walls is not None and all(w >= 0 for w in walls)  # a rank without a wall clock sends -1
@@ -203,13 +214,17 @@ class BalancePolicy:
     def update(self, step: int, compute_times: Sequence[float], fixed_times: Sequence[float] | None = None,
                wall_times: Sequence[float] | None = None):
         """:meth:`observe` one step, then :meth:`decide` (a policy fed step by step)."""
-        self.observe(compute_times, fixed_times, wall_times)
+        self.observe(compute_times, fixed_times, wall_times, step=step)
         return self.decide(step)
 
     # -- decisions ------------------------------------------------------------------------------
-    def decide(self, step: int) -> BalanceDecision | BalanceVerdict | None:
-        """After the steps up to ``step`` are observed: the move started (a decision), the verdict on the
-        move being tried, or None. A trial's switches between its arms change :attr:`shares` silently."""
+    def decide(self, step: int) -> BalanceDecision | BalanceVerdict | BalanceChange | None:
+        """After the steps up to ``step`` are observed: a change of the ranks' speeds (what was measured
+        before it is dropped), the move started (a decision), the verdict on the move being tried, or None.
+        A trial's switches between its arms change :attr:`shares` silently."""
+        change = self._check_change(step)
+        if change is not None:
+            return change
         if self.trial is not None:
             return self._advance_trial(step)
         if self._count < self.min_steps or step < self._hold_until:
@@ -262,8 +277,48 @@ class BalancePolicy:
         self.verdicts.append(v)
         return v
 
+    def _check_change(self, step: int) -> BalanceChange | None:
+        """A change of the ranks' relative speeds in the newest steps (:mod:`.balance_change`): the move being
+        tried is left (its arms straddle the change), the back-off and the learned cost model are dropped, and
+        the window restarts from the newest steps; the shares stay, unless equal shares are predicted faster
+        from the newest steps (a straggler that moved to the rank the old shares loaded)."""
+        got = self.detector.check()
+        if got is None:
+            return None
+        rank, factor, factors, since = got
+        old = list(self.shares)
+        aborted = self.trial is not None
+        base = list(self.trial.old) if aborted else old
+        newest = self.detector.newest()
+        shares = self._faster_of(base, equal_shares(self.global_batch, self.world), newest)
+        self.trial = self._pending = None
+        self.engaged, self._model, self._previous, self._gain_streak = False, None, None, 0
+        self._hold_until, self._reverts = -1, 0
+        rows = [(c, f) for s, c, f in newest if s == shares]  # re-measured: the newest steps under these shares
+        self._restart_window([c for c, _ in rows], [f for _, f in rows])
+        self.detector.restart(keep=self.detector.steps)
+        self.shares = shares
+        self._after_change = True
+        change = BalanceChange(step=step, rank=rank, factor=factor, factors=factors, since_step=since,
+                               shares=list(shares), old_shares=old, aborted_trial=aborted)
+        self.changes.append(change)
+        return change
+
+    def _faster_of(self, base: list[int], equal: list[int], rows: list[tuple]) -> list[int]:
+        """``base`` or ``equal`` shares, whichever the newest steps' per-sample and fixed times predict faster
+        (``max_r fixed_r + share_r x per_sample_r``); ``base`` on a tie."""
+        if base == equal:
+            return base
+        per = np.median([[c / max(s, 1) for s, c in zip(sh, comp)] for sh, comp, _ in rows], axis=0)
+        fixed = np.median([f for _, _, f in rows], axis=0)
+
+        def predicted(shares):
+            return float(np.max(fixed + np.asarray(shares) * per))
+        return list(equal) if predicted(equal) < predicted(base) else list(base)
+
     def _propose(self, step: int) -> BalanceDecision | None:
         """The move rules 1-4 allow now, or None (see the module docstring)."""
+        after_change, self._after_change = self._after_change, False
         cv = coefficient_of_variation([c + f for c, f in zip(self.medians(), self.medians(fixed=True))])
         # The trigger uses the whole window (robust to blips); the speeds its newer half (at least
         # min_steps), so a change that has just outweighed the older half is not averaged with it.
@@ -282,7 +337,8 @@ class BalancePolicy:
             return None
         predicted = [o + n * p for o, n, p in zip(offsets, new, per_sample)]
         gain = 1.0 - max(predicted) / max(f + t for f, t in zip(fixed, times))
-        trigger = "refinement" if self.engaged else ("threshold" if cv > self.threshold else "gain")
+        trigger = "refinement" if self.engaged else ("threshold" if cv > self.threshold else
+                                                     "change" if after_change else "gain")
         if trigger == "gain":
             # below the CV threshold, a move must be worth trigger_gain by the newer half and the whole window
             # alike, for min_steps evaluations in a row: a noisy excursion does not start a move
@@ -333,6 +389,17 @@ class BalancePolicy:
         self.shares = list(state["shares"])
         self._count = self._next = 0
         self._previous, self.engaged, self.trial, self._pending, self._model = None, False, None, None, None
+        self.detector.restart()
+        self._after_change = False
+
+
+def check_change_args(*, change_steps: int, change_threshold: float) -> None:
+    if change_steps < 3:
+        raise ConfigError(f"parallelism.balance.change_steps={change_steps} must be >= 3 (a change must hold over "
+                          "all but one of them); use e.g. 6")
+    if not change_threshold > 0:
+        raise ConfigError(f"parallelism.balance.change_threshold={change_threshold} must be > 0 (a fraction of a "
+                          "rank's time relative to the others); use e.g. 0.15")
 
 
 def check_verify_args(*, verify_steps: int, verify_block: int, backoff_steps: int) -> None:
@@ -377,7 +444,8 @@ class DynamicBalancer:
         return cls(global_batch, group=group, device=device, sync_every=b.sync_every, window=b.window,
                    threshold=b.threshold, min_share=b.min_share, max_share=b.max_share, min_gain=b.min_gain,
                    min_steps=b.min_steps, micro_steps=micro_steps, trigger_gain=b.trigger_gain, verify=b.verify,
-                   verify_steps=b.verify_steps, verify_block=b.verify_block, backoff_steps=b.backoff_steps, **kwargs)
+                   verify_steps=b.verify_steps, verify_block=b.verify_block, backoff_steps=b.backoff_steps,
+                   change_steps=b.change_steps, change_threshold=b.change_threshold, **kwargs)
 
     @property
     def shares(self) -> list[int]:
@@ -394,6 +462,10 @@ class DynamicBalancer:
     @property
     def verdicts(self) -> list[BalanceVerdict]:
         return self.policy.verdicts
+
+    @property
+    def changes(self) -> list[BalanceChange]:
+        return self.policy.changes
 
     def micro_batches(self) -> list[int]:
         return micro_batch_sizes(self.local_share, self.policy.micro_steps)
@@ -412,23 +484,25 @@ class DynamicBalancer:
         return [o.tolist() for o in out]  # host sync (every sync_every steps)
 
     def step(self, step: int, compute_s: float, fixed_s: float = 0.0,
-             wall_s: float | None = None) -> BalanceDecision | BalanceVerdict | None:
+             wall_s: float | None = None) -> BalanceDecision | BalanceVerdict | BalanceChange | None:
         """Record this rank's compute time of ``step``, its fixed time (data, optimizer) and the step's wall
         time so far; every ``sync_every`` steps exchange and decide.
 
         Collective: every rank of the group must call it at the same steps. Returns the decision when a
         move starts (its shares apply from the next step on), the verdict when a tried move is kept or
-        reverted, else None. :attr:`shares` may also change between a trial's blocks.
+        reverted, the change when the ranks' relative speeds changed (what was measured before is dropped),
+        else None. :attr:`shares` may also change between a trial's blocks.
         """
         self._pending += [float(compute_s), float(fixed_s), -1.0 if wall_s is None else float(wall_s)]
         if len(self._pending) < 3 * self.sync_every:
             return None
         rows = self._gather(self._pending)
         self._pending = []
-        for j in range(len(rows[0]) // 3):  # every buffered step ran with the current shares
+        n = len(rows[0]) // 3
+        for j in range(n):  # every buffered step ran with the current shares
             self.policy.observe([rows[r][3 * j] for r in range(self.world)],
                                 [rows[r][3 * j + 1] for r in range(self.world)],
-                                [rows[r][3 * j + 2] for r in range(self.world)])
+                                [rows[r][3 * j + 2] for r in range(self.world)], step=step - (n - 1 - j))
         return self.policy.decide(step)
 
     def state_dict(self) -> dict:

@@ -10,6 +10,8 @@ starting or stopping, weighs on both arms alike), and the move is kept only if t
 - the objective is each step's wall time, the slowest rank's (start of the step to the exchange;
   without wall times, the model's ``max_r fixed_r + compute_r``), the first step of each block
   left out (a change of shares restarts prefetching and re-grows buffers);
+- after an ABBA round with at least half of ``steps`` per arm, a clear verdict (``Z_EARLY`` = 3 standard
+  errors either way) ends the trial early;
 - after each full ABBA round with at least ``steps`` measurements per arm, ``gain = 1 - median(new) /
   median(old)`` is judged against its noise, ``se`` (standard errors of the two medians from their
   median absolute deviations, combined): kept when ``gain >= z x se`` (``z`` = 2.5), reverted when ``gain <= 0`` or
@@ -39,6 +41,10 @@ MEDIAN_EFFICIENCY = 1.2533  # standard error of the median / standard error of t
 # them (Pocock's repeated-looks boundary for a one-sided 2.5% test is about 2.4 for 5 to 10 looks).
 Z = 2.5
 Z_FINAL = 2.0  # at the last look (the trial's longest): a one-sided 2.3% test
+# An early look, after an ABBA round with at least half the steps per arm: only a clear verdict ends the trial
+# there (kept 3 standard errors ahead, reverted 3 behind), so a move that pays a lot is kept within one round
+# (a straggler that appeared mid-run is balanced sooner) and one that clearly costs is left at once.
+Z_EARLY = 3.0
 
 
 def median_se(values: Sequence[float]) -> float:
@@ -160,7 +166,11 @@ class Trial:
             return None  # inside an ABBA round
         n = min(self.counts().values())
         if n < self.steps:
-            return None
+            if n < max(3, self.steps // 2):
+                return None
+            verdict, gain, se = judge(self.objective["old"], self.objective["new"], z=Z_EARLY)
+            clear = verdict == "kept" or gain <= -Z_EARLY * se
+            return verdict if clear else None
         verdict, _, _ = judge(self.objective["old"], self.objective["new"], z=self.z, final=n >= self.max_steps)
         return verdict
 

@@ -1,0 +1,218 @@
+"""``trainperf bench balance --mid-run``: the balancer in the real trainer when a straggler appears mid-run.
+
+A round is two whole ``trainperf train`` runs of the same job, one with ``parallelism.balance.enabled=true`` and
+one without (their order alternates from round to round, so a drift of the machine weighs on both alike):
+
+- the default model is gpt-tiny (``model.preset=tiny``, 4 layers, context 128; synthetic tokens so nothing is
+  prepared), trained through :func:`trainperf.train.build.train` (``fit`` -> ``Trainer.train_step``, the monitor,
+  the run directory) on ``--ranks`` gloo processes, one thread each, each pinned to its own CPU; ``--config``
+  trains your own config instead (its model and optimizer; the bench sets the steps, the layout and the logging);
+- after ``--hog-step`` steps (the bench reads the run's own metrics.jsonl, flushed every 0.2 s) a busy process
+  (``while True: pass``) starts on the CPU of rank ``--slow-rank`` and stays to the end of the run: another job
+  landing on the node;
+- the figure of a run is the median step time (rank 0's ``step_time_s``, the trainer's whole step) over its last
+  ``--last`` steps; the round's figure is balanced / unbalanced (below 1: balancing paid).
+
+Everything the balancer did is in the balanced run's metrics.jsonl (``balance/*``) and in its diagnosis (the
+``balancer`` finding); the bench reports the same lines per round. ``--keep DIR`` keeps the run directories.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from trainperf.errors import UserError
+
+FLUSH_S = 0.2  # monitor.flush_s of the bench's runs: the hog starts within this of the step it waits for
+
+
+def check_midrun_args(args) -> None:
+    if args.ranks < 2:
+        raise UserError(f"--ranks {args.ranks}: a balancer needs at least 2 ranks")
+    if not 0 <= args.slow_rank < args.ranks:
+        raise UserError(f"--slow-rank {args.slow_rank} is not a rank of 0..{args.ranks - 1}")
+    if not 0 < args.hog_step < args.run_steps:
+        raise UserError(f"--hog-step {args.hog_step} must be inside the run (0 < step < --run-steps {args.run_steps})")
+    if not 0 < args.last <= args.run_steps - args.hog_step:
+        raise UserError(f"--last {args.last} must be > 0 and at most the steps after the hog starts "
+                        f"({args.run_steps - args.hog_step}); raise --run-steps or lower --last")
+    if args.global_batch < args.ranks:
+        raise UserError(f"--global-batch {args.global_batch} must be >= --ranks {args.ranks} (a sample per rank)")
+    if args.rounds < 1:
+        raise UserError(f"--rounds {args.rounds} must be >= 1")
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if len(cpus) < args.ranks:
+        raise UserError(f"--mid-run pins each rank to its own CPU and the busy process to rank {args.slow_rank}'s: "
+                        f"it needs at least --ranks {args.ranks} usable CPUs; this process may use {len(cpus)}")
+    if args.config and not Path(args.config).is_file():
+        raise UserError(f"--config {args.config}: no such file; give a trainperf YAML config (e.g. configs/gpt-tiny.yaml)")
+
+
+def run_sets(args, run_dir: Path, balanced: bool) -> list[str]:
+    """The ``--set`` overrides of one run: the bench's layout, length and logging on the model's config."""
+    sets = [] if args.config else ["model.preset=tiny", "model.dropout=0.0", "data.source=synthetic",
+                                   "optimizer.type=adamw", "optimizer.lr=0.002"]
+    gb = args.global_batch
+    return sets + [
+        f"run.dir={run_dir}", f"run.steps={args.run_steps}", "run.log_every=10", "run.eval_every=0",
+        "run.sample_tokens=0", "run.progress=false", "run.threads=1", "run.device=cpu", "checkpoint.every=0",
+        "checkpoint.at_end=false", "monitor.mfu=false", f"monitor.flush_s={FLUSH_S}", f"parallelism.data={args.ranks}",
+        "parallelism.tensor=1", "parallelism.pipeline=1", "parallelism.data_shard=1",
+        f"train.global_batch={gb}", f"train.micro_batch={max(1, gb // args.ranks)}",
+        f"parallelism.balance.enabled={'true' if balanced else 'false'}", f"distributed.timeout_s={args.timeout_s}"]
+
+
+def _worker(rank: int, world: int, init: str, config: str | None, sets: list[str], timeout_s: float) -> None:
+    from datetime import timedelta
+
+    from trainperf import interrupt
+
+    interrupt.worker_signals()  # Ctrl-C is the parent's: run_processes stops the ranks
+    cpus = sorted(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {cpus[rank]})  # one CPU per rank: the busy process then slows one rank only
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
+                      OMP_NUM_THREADS="1")
+    import torch.distributed as dist
+
+    # all ranks are local: they meet through a file store (no port to race for)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world,
+                            timeout=timedelta(seconds=timeout_s))
+    from trainperf.config.load import load_config
+    from trainperf.train.build import train
+    from trainperf.train.resolve import resolve
+
+    train(resolve(load_config(config, sets), world_size=world), resume="never", verbose=False)
+
+
+def _last_step(metrics: Path) -> int:
+    try:
+        lines = metrics.read_text().splitlines()
+    except OSError:
+        return 0
+    for line in reversed(lines):
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue  # a line being written
+        if "step_time_s" in rec:
+            return int(rec["step"])
+    return 0
+
+
+class _Hog:
+    """The busy process, started on ``cpu`` once the run's metrics show ``step``; always killed at the end."""
+
+    def __init__(self, metrics: Path, step: int, cpu: int):
+        self.metrics, self.step, self.cpu = metrics, step, cpu
+        self.proc = None
+        self.started_at_step: int | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def _watch(self) -> None:
+        from trainperf import interrupt
+
+        while not self._stop.wait(FLUSH_S / 4):
+            seen = _last_step(self.metrics)
+            if seen >= self.step:
+                cpu = self.cpu
+                with interrupt.starting():
+                    self.proc = subprocess.Popen([sys.executable, "-c", interrupt.HOG_CODE],
+                                                 preexec_fn=lambda: os.sched_setaffinity(0, {cpu}))
+                self.started_at_step = seen
+                return
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def run_arm(args, run_dir: Path, balanced: bool) -> dict:
+    """One whole training run (balanced or not) with the busy process from ``--hog-step``: its figures."""
+    from trainperf.diagnosis.run_evidence import balance_log
+    from trainperf.distributed.spawn import run_processes
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    cpus = sorted(os.sched_getaffinity(0))
+    init = f"file://{run_dir / '.store'}"
+    t0 = time.perf_counter()
+    with _Hog(run_dir / "metrics.jsonl", args.hog_step, cpus[args.slow_rank]) as hog:
+        run_processes(_worker, (args.ranks, init, args.config, run_sets(args, run_dir, balanced), args.timeout_s),
+                      args.ranks)
+    recs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    steps = sorted((r for r in recs if "step_time_s" in r), key=lambda r: r["step"])
+    times = [r["step_time_s"] for r in steps]
+    last = times[-args.last:]
+    shares = [r.get("balance/shares") for r in steps if "balance/shares" in r]
+    return {"balanced": balanced, "last_median_s": statistics.median(last), "last_mean_s": statistics.mean(last),
+            "before_hog_median_s": statistics.median(times[:args.hog_step][-20:]),
+            "hog_started_at_step": hog.started_at_step, "steps": len(times), "wall_s": time.perf_counter() - t0,
+            "final_shares": shares[-1] if shares else None, "balance_log": balance_log(steps) if balanced else [],
+            "run_dir": str(run_dir)}
+
+
+def measure_midrun(args) -> dict:
+    """``--rounds`` rounds of (balanced, unbalanced) runs; per round balanced / unbalanced; the summary."""
+    from tqdm import tqdm
+
+    from trainperf.bench.balance_rounds import summarize_rounds
+
+    check_midrun_args(args)
+    os.environ["OMP_NUM_THREADS"] = "1"  # inherited by the ranks
+    keep = Path(args.keep) if args.keep else None
+    rounds = []
+    bar = tqdm(total=2 * args.rounds, desc="balance mid-run (busy process from step "
+               f"{args.hog_step})", unit="run", file=sys.stderr, disable=None if not args.json else True)
+    with tempfile.TemporaryDirectory() as tmp:
+        base = keep or Path(tmp)
+        for i in range(args.rounds):
+            load0 = os.getloadavg()[0]
+            order = ("balanced", "unbalanced") if i % 2 == 0 else ("unbalanced", "balanced")
+            arms = {}
+            for name in order:
+                arms[name] = run_arm(args, base / f"round{i + 1}-{name}", name == "balanced")
+                bar.update()
+            b, u = arms["balanced"], arms["unbalanced"]
+            rounds.append({"round": i + 1, "ratio": b["last_median_s"] / u["last_median_s"],
+                           "mean_ratio": b["last_mean_s"] / u["last_mean_s"], "order": list(order),
+                           "balanced": b, "unbalanced": u, "load_1m_before": round(load0, 2),
+                           "load_1m_after": round(os.getloadavg()[0], 2)})
+    bar.close()
+    setup = {k: getattr(args, k) for k in ("ranks", "slow_rank", "hog_step", "run_steps", "last", "global_batch",
+                                           "rounds", "target_ratio", "config", "timeout_s")}
+    setup["model"] = args.config or "gpt-tiny (model.preset=tiny, synthetic tokens)"
+    return {"mode": "mid_run", "rounds": rounds, "setup": setup,
+            "summary": summarize_rounds([r["ratio"] for r in rounds], args.target_ratio),
+            "cpus": len(os.sched_getaffinity(0))}
+
+
+def print_midrun(res: dict) -> None:
+    s, st = res["summary"], res["setup"]
+    print(f"balance bench, mid-run straggler: {st['model']} on {st['ranks']} gloo ranks (one CPU each), "
+          f"{st['run_steps']} steps, global batch {st['global_batch']}; a busy process on rank {st['slow_rank']}'s CPU "
+          f"from step {st['hog_step']}; median step time of the last {st['last']} steps, balanced / unbalanced")
+    print(f"{'round':>5} {'ratio':>7} {'balanced ms':>12} {'unbalanced ms':>14} {'hog at':>7} {'shares':>9}  load")
+    for r in res["rounds"]:
+        b, u = r["balanced"], r["unbalanced"]
+        shares = "/".join(map(str, b["final_shares"])) if b["final_shares"] else "-"
+        print(f"{r['round']:>5} {r['ratio']:>7.3f} {1e3 * b['last_median_s']:>12.1f} {1e3 * u['last_median_s']:>14.1f} "
+              f"{str(b['hog_started_at_step']):>7} {shares:>9}  {r['load_1m_before']:.1f}-{r['load_1m_after']:.1f}")
+        for line in b["balance_log"]:
+            print(f"      {line}")
+    print(f"  <= {s['target_ratio']:.2f}: {s['at_or_below_target']} of {s['rounds']}; above 1.0: {s['above_1']}; "
+          f"median {s['median']:.3f}, worst {s['worst']:.3f}, best {s['best']:.3f}")
