@@ -45,3 +45,13 @@ def test_mid_run_bench_measures_both_runs_and_logs_the_balancer(tmp_path, capsys
     diag = json.loads(capsys.readouterr().out)
     ids = {f["id"] for f in diag["findings"]}
     assert ("balancer" in ids) == bool(r["balanced"]["balance_log"])
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="the bench pins each of 2 ranks to its own CPU")
+def test_mid_run_bench_on_the_benchs_own_model(capsys):
+    rc = main(["bench", "balance", "--mid-run", "--model", "mlp", "--seq", "16", "--dim", "32", "--run-steps", "30",
+               "--hog-step", "8", "--last", "10", "--global-batch", "16", "--json"])
+    assert rc == 0
+    (r,) = json.loads(capsys.readouterr().out)["rounds"]
+    assert r["balanced"]["steps"] == r["unbalanced"]["steps"] == 30
+    assert 8 <= r["balanced"]["hog_started_at_step"] <= 16 and sum(r["balanced"]["final_shares"]) == 16

@@ -53,6 +53,7 @@ def test_busy_straggler_needs_pinned_ranks(capsys):
     (["--last", "100"], "--last 100 must be > 0 and at most the steps after the hog starts (90)"),
     (["--global-batch", "1"], "--global-batch 1 must be >= --ranks 2"),
     (["--config", "/nonexistent.yaml"], "--config /nonexistent.yaml: no such file"),
+    (["--config", "x.yaml", "--model", "mlp"], "give one of them"),
 ])
 def test_mid_run_bad_arguments(argv, msg, capsys):
     assert main(["bench", "balance", "--mid-run", *argv]) == 2

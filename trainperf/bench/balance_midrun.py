@@ -7,6 +7,9 @@ one without (their order alternates from round to round, so a drift of the machi
   prepared), trained through :func:`trainperf.train.build.train` (``fit`` -> ``Trainer.train_step``, the monitor,
   the run directory) on ``--ranks`` gloo processes, one thread each, each pinned to its own CPU; ``--config``
   trains your own config instead (its model and optimizer; the bench sets the steps, the layout and the logging);
+  ``--model mlp`` the bench's own per-token MLP (:mod:`trainperf.bench.balance`, ``--seq``, ``--dim``) through the
+  same ``Trainer.train_step`` in a plain loop, rank 0 writing each step's record to the run's metrics.jsonl;
+- the balancer runs with the defaults of ``parallelism.balance`` (what a user gets with ``enabled=true``);
 - after ``--hog-step`` steps (the bench reads the run's own metrics.jsonl, flushed every 0.2 s) a busy process
   (``while True: pass``) starts on the CPU of rank ``--slow-rank`` and stays to the end of the run: another job
   landing on the node;
@@ -52,6 +55,8 @@ def check_midrun_args(args) -> None:
     if len(cpus) < args.ranks:
         raise UserError(f"--mid-run pins each rank to its own CPU and the busy process to rank {args.slow_rank}'s: "
                         f"it needs at least --ranks {args.ranks} usable CPUs; this process may use {len(cpus)}")
+    if args.config and args.model == "mlp":
+        raise UserError("--config trains your model; --model mlp the bench's own: give one of them")
     if args.config and not Path(args.config).is_file():
         raise UserError(f"--config {args.config}: no such file; give a trainperf YAML config (e.g. configs/gpt-tiny.yaml)")
 
@@ -90,6 +95,62 @@ def _worker(rank: int, world: int, init: str, config: str | None, sets: list[str
     from trainperf.train.resolve import resolve
 
     train(resolve(load_config(config, sets), world_size=world), resume="never", verbose=False)
+
+
+def _worker_mlp(rank: int, world: int, init: str, a: dict, balanced: bool, run_dir: str) -> None:
+    """``--model mlp``: the bench's own model and in-memory data through ``Trainer.train_step``; rank 0 writes
+    each step's record (step, step_time_s, the balancer's balance/*) to metrics.jsonl as it goes."""
+    from datetime import timedelta
+    from types import SimpleNamespace
+
+    from trainperf import interrupt
+
+    interrupt.worker_signals()
+    cpus = sorted(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {cpus[rank]})
+    import torch
+    import torch.distributed as dist
+
+    from trainperf.bench.balance import _Batches, _model, bench_config
+    from trainperf.config.schema import BalanceConfig
+    from trainperf.data.sampler import GlobalBatchSampler
+    from trainperf.distributed.init import destroy_distributed
+    from trainperf.distributed.parallel_dims import ParallelDims
+    from trainperf.hardware import hostmem
+    from trainperf.train.build import assemble
+
+    torch.set_num_threads(1)
+    if hostmem.supported()[0]:
+        hostmem.apply("retain")
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world,
+                            timeout=timedelta(seconds=a["timeout_s"]))
+    d = BalanceConfig()  # the user's defaults, not the steady bench's settings
+    cfg = bench_config({**a, "micro_steps": 1, "window": d.window, "min_steps": d.min_steps, "threshold": d.threshold,
+                        "min_gain": d.min_gain, "sync_every": d.sync_every, "verify": d.verify,
+                        "verify_steps": d.verify_steps, "verify_block": d.verify_block,
+                        "backoff_steps": d.backoff_steps}, world)
+    cfg.parallelism.balance.enabled = balanced
+    B = a["global_batch"]
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(4 * B, a["seq"], a["dim"], generator=g)
+    y = torch.randn(4 * B, a["seq"], a["dim"], generator=g)
+    data = SimpleNamespace(train=_Batches(x, y, GlobalBatchSampler(4 * B, B, rank=rank, world=world, seed=0)),
+                           val=None, seq_len=a["seq"], vocab_size=0, meta={})
+    trainer = assemble(cfg, ParallelDims.from_config(cfg, world), _model(a["dim"], 1.0), data, rank=rank)
+    out = open(Path(run_dir) / "metrics.jsonl", "w") if rank == 0 else None
+    try:
+        for _ in range(a["run_steps"]):
+            res = trainer.train_step()
+            if out is not None:
+                rec = {"step": trainer.step, "step_time_s": res.step_time,
+                       **{k: v for k, v in res.extras.items() if k.startswith("balance/")}}
+                out.write(json.dumps(rec) + "\n")
+                out.flush()
+    finally:
+        if out is not None:
+            out.close()
+    del trainer
+    destroy_distributed(barrier=True)
 
 
 def _last_step(metrics: Path) -> int:
@@ -152,8 +213,12 @@ def run_arm(args, run_dir: Path, balanced: bool) -> dict:
     init = f"file://{run_dir / '.store'}"
     t0 = time.perf_counter()
     with _Hog(run_dir / "metrics.jsonl", args.hog_step, cpus[args.slow_rank]) as hog:
-        run_processes(_worker, (args.ranks, init, args.config, run_sets(args, run_dir, balanced), args.timeout_s),
-                      args.ranks)
+        if args.model == "mlp":
+            a = {k: getattr(args, k) for k in ("global_batch", "seq", "dim", "run_steps", "timeout_s")}
+            run_processes(_worker_mlp, (args.ranks, init, a, balanced, str(run_dir)), args.ranks)
+        else:
+            run_processes(_worker, (args.ranks, init, args.config, run_sets(args, run_dir, balanced), args.timeout_s),
+                          args.ranks)
     recs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     steps = sorted((r for r in recs if "step_time_s" in r), key=lambda r: r["step"])
     times = [r["step_time_s"] for r in steps]
@@ -195,7 +260,8 @@ def measure_midrun(args) -> dict:
     bar.close()
     setup = {k: getattr(args, k) for k in ("ranks", "slow_rank", "hog_step", "run_steps", "last", "global_batch",
                                            "rounds", "target_ratio", "config", "timeout_s")}
-    setup["model"] = args.config or "gpt-tiny (model.preset=tiny, synthetic tokens)"
+    setup["model"] = (f"the bench's per-token MLP (dim {args.dim}, {args.seq} tokens per sample)" if args.model == "mlp"
+                      else args.config or "gpt-tiny (model.preset=tiny, synthetic tokens)")
     return {"mode": "mid_run", "rounds": rounds, "setup": setup,
             "summary": summarize_rounds([r["ratio"] for r in rounds], args.target_ratio),
             "cpus": len(os.sched_getaffinity(0))}

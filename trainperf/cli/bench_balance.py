@@ -60,6 +60,9 @@ def register(subparsers) -> None:
     mid.add_argument("--hog-step", type=whole(1), default=30, help="the step after which the busy process starts")
     mid.add_argument("--run-steps", type=whole(2), default=120, help="steps of each training run")
     mid.add_argument("--last", type=whole(1), default=40, help="the run's figure: median step time of its last N steps")
+    mid.add_argument("--model", choices=("gpt-tiny", "mlp"), default="gpt-tiny",
+                     help="gpt-tiny through `trainperf train` (default), or the bench's own MLP (--seq, --dim) "
+                          "through Trainer.train_step")
     mid.add_argument("--config", default=None,
                      help="train this config's model instead of gpt-tiny (the bench sets steps, layout, logging)")
     mid.add_argument("--keep", default=None, metavar="DIR",
@@ -72,7 +75,7 @@ def balance_command(args) -> int:
     if args.mid_run:
         from trainperf.bench.balance_midrun import measure_midrun, print_midrun
 
-        args.global_batch = 32 if args.global_batch is None else args.global_batch
+        args.global_batch = (64 if args.model == "mlp" else 32) if args.global_batch is None else args.global_batch
         res = measure_midrun(args)
         print_json(res) if args.json else print_midrun(res)
         return 0
