@@ -8,9 +8,8 @@ entries of :data:`trainperf.diagnosis.rules.RULES`.
 
 from __future__ import annotations
 
-import statistics
 
-from trainperf.diagnosis.evidence import Evidence
+from trainperf.diagnosis.evidence import Evidence, median
 from trainperf.diagnosis.gain import gain, step_gain
 from trainperf.diagnosis.run_evidence import COMPILE_PHASE
 from trainperf.diagnosis.rules_trace import straggler_by_trace
@@ -37,21 +36,21 @@ def _vs_others(row: list[float | None], rank: int) -> float | None:
     others = [v for i, v in enumerate(row) if i != rank and v is not None]
     if row[rank] is None or not others:
         return None
-    return row[rank] / statistics.median(others)
+    return row[rank] / median(others)
 
 
 def _straggler_by_clock(rc: dict) -> dict | None:
     windows = rc["windows"]
     n = max(len(w) for w in windows)
     ratios = {r: [x for x in (_vs_others(w, r) for w in windows if len(w) > r) if x is not None] for r in range(n)}
-    med = {r: statistics.median(v) for r, v in ratios.items() if v}
+    med = {r: median(v) for r, v in ratios.items() if v}
     if not med:
         return None
     worst = max(med, key=med.get)
     mine = [w[worst] for w in windows if len(w) > worst and w[worst] is not None]
-    others = [statistics.median([v for i, v in enumerate(w) if i != worst and v is not None])
+    others = [median([v for i, v in enumerate(w) if i != worst and v is not None])
               for w in windows if len(w) > worst and any(v is not None for i, v in enumerate(w) if i != worst)]
-    slow_s, base_s = statistics.median(mine), statistics.median(others)
+    slow_s, base_s = median(mine), median(others)
     ratio = med[worst]
     if ratio <= STRAGGLER_RATIO or slow_s - base_s < STRAGGLER_MIN_GAP_S:
         return None
@@ -73,7 +72,7 @@ def _cpu_evidence(rc: dict, rank: int, slow_s: float) -> str:
     cpu = [w[rank] for w in rc.get("cpu_windows") or [] if w and len(w) > rank and w[rank]]
     if not cpu or not slow_s:
         return ""
-    share = statistics.median(cpu) / slow_s
+    share = median(cpu) / slow_s
     if share >= 0.8:
         return f"; its CPU time is {pct(share)} of that: it computes slower (a slower or throttled device)"
     return (f"; its CPU time is only {pct(share)} of that: it waited for a core (another process shares its CPU: "
@@ -85,7 +84,7 @@ def _straggler_by_files(ev: Evidence) -> dict | None:
     if len(ranks) < 2:
         return None
     worst = max(ranks, key=lambda r: ranks[r]["compute_s"])
-    base = statistics.median(v["compute_s"] for r, v in ranks.items() if r != worst)
+    base = median(v["compute_s"] for r, v in ranks.items() if r != worst)
     slow = ranks[worst]["compute_s"]
     ratio = slow / base if base else 0.0
     if ratio <= STRAGGLER_RATIO or slow - base < STRAGGLER_MIN_GAP_S:

@@ -16,11 +16,10 @@ figures).
 from __future__ import annotations
 
 import math
-import statistics
 from pathlib import Path
 from typing import Any
 
-from trainperf.diagnosis.evidence import CommWait, DataWait, Evidence, GpuUse, num
+from trainperf.diagnosis.evidence import CommWait, DataWait, Evidence, GpuUse, median, num
 from trainperf.diagnosis.rundir import load_run
 from trainperf.diagnosis.screen import screen_run
 
@@ -187,17 +186,17 @@ def compute_summary(run: dict) -> dict[str, Any]:
     s["oom_events"] = [{k[4:]: v for k, v in r.items() if k.startswith("oom/")} for r in recs0 if "oom/new_micro_batch" in r]
     s["train_time_s"] = summ.get("train_time_s") or (sum(r["step_time_s"] for r in recs0) if recs0 else None)
     times = [r["step_time_s"] for r in main]
-    s["step_time_s"] = statistics.median(times) if times else None
+    s["step_time_s"] = median(times) if times else None
     s["step_time_p90_s"] = _percentile(times, 0.9) if times else None
     s["step_time_min_s"], s["step_time_max_s"] = (min(times), max(times)) if times else (None, None)
     tps = [r["tokens_per_s"] for r in main if _num(r.get("tokens_per_s"))]
-    s["tokens_per_s"] = statistics.median(tps) if tps else None
+    s["tokens_per_s"] = median(tps) if tps else None
     # MFU/HFU over the same steady steps as tokens/s (median of the per-step MFU, which is linear in
     # tokens/s); HFU keeps summary.json's HFU/MFU ratio (counted / formula FLOPs). Whole-run figures
     # (summary.json: every step, wall clock) are kept as mfu_run / hfu_run.
     s["mfu_run"], s["hfu_run"] = _num(summ.get("mfu")), _num(summ.get("hfu"))
     step_mfu = [m for m in (_num(r.get("mfu")) for r in main) if m is not None]
-    s["mfu"] = statistics.median(step_mfu) if step_mfu else s["mfu_run"]
+    s["mfu"] = median(step_mfu) if step_mfu else s["mfu_run"]
     s["hfu"] = s["hfu_run"]
     if step_mfu and s["mfu_run"] and s["hfu_run"]:
         s["hfu"] = s["mfu"] * s["hfu_run"] / s["mfu_run"]

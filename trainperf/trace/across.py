@@ -25,7 +25,6 @@ for the last arrival and the transfer, the late arrivals charged with the others
 
 from __future__ import annotations
 
-import statistics
 from typing import Any
 
 import numpy as np
@@ -34,6 +33,7 @@ from trainperf.trace.blame import DEFINITION as BLAME_DEFINITION
 from trainperf.trace.blame import LATE_MIN_US, Ledger
 from trainperf.trace.clocks import METHOD, estimate_offsets
 from trainperf.trace.collectives import CAUSES, compact, from_rows
+from trainperf.trace.columns import percentiles
 
 STRAGGLER_RATIO = 1.15  # as the run-directory straggler rule (monitor/rules_runtime.py)
 STRAGGLER_MIN_GAP_US = 1000.0
@@ -287,7 +287,7 @@ def straggler(per: list[dict]) -> dict | None:
     if len(comp) < 2:
         return None
     worst = max(comp, key=comp.get)
-    base = statistics.median(v for r, v in comp.items() if r != worst)
+    base = float(percentiles([v for r, v in comp.items() if r != worst], [50])[0])
     ratio = comp[worst] / base if base else None
     waits = {p["rank"]: p.get("comm_wait_us_per_step") for p in per}
     others_wait = [w for r, w in waits.items() if r != worst and w is not None]
@@ -295,7 +295,7 @@ def straggler(per: list[dict]) -> dict | None:
             "excess_us_per_step": comp[worst] - base,
             "slower": bool(ratio and ratio > STRAGGLER_RATIO and comp[worst] - base >= STRAGGLER_MIN_GAP_US),
             "threshold_ratio": STRAGGLER_RATIO, "its_wait_us_per_step": waits.get(worst),
-            "others_wait_us_per_step": statistics.median(others_wait) if others_wait else None}
+            "others_wait_us_per_step": float(percentiles(others_wait, [50])[0]) if others_wait else None}
 
 
 __all__ = ["COMPUTE_DEFINITION", "CPU_COMPUTE_DEFINITION", "CPU_WAIT_DEFINITION", "PARTIAL_NOTE", "STRAGGLER_RATIO",

@@ -11,7 +11,7 @@ import numpy as np
 
 from trainperf.errors import UserError
 from trainperf.trace import attribution, hta, tb
-from trainperf.trace.columns import release_freed_memory
+from trainperf.trace.columns import release_freed_memory, unique
 from trainperf.trace import figures as fg
 from trainperf.trace.collectives import collectives
 from trainperf.trace.patterns import load as load_patterns
@@ -87,7 +87,7 @@ def _pattern_notes(tl: Timeline, pats: Any, cls: dict) -> list[str]:
         return []
     kern = tl.g_kind == 0
     was_compute = np.zeros(max(len(tl.names), 1), dtype=bool)
-    for i in np.unique(tl.g_name).tolist():
+    for i in unique(tl.g_name).tolist():
         d = DEFAULT.describe(tl.names[i])
         was_compute[i] = d[0] == "compute" and d[3]
     caught = kern & (cls["kind"] == 1) & was_compute[tl.g_name]
@@ -107,7 +107,7 @@ def analyze_timeline(tl: Timeline, *, path: str = "", rank: int | None = None, p
     cls = fg.classify(tl, pats)
     notes = _pattern_notes(tl, pats, cls)
     tc_names = np.zeros(max(len(tl.names), 1), dtype=bool)
-    for i in np.unique(tl.g_name).tolist():  # the GPU events' names (the table also names every CPU event)
+    for i in unique(tl.g_name).tolist():  # the GPU events' names (the table also names every CPU event)
         tc_names[i] = tb_tensor_core(tl.names[i])
     tc_tb = tc_names[tl.g_name]
     tc_tb &= tl.g_kind == 0

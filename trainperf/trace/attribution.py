@@ -64,6 +64,8 @@ from typing import Any
 
 import numpy as np
 
+from trainperf.trace.columns import unique
+
 from trainperf.trace import charge as chg
 from trainperf.trace import intervals as iv
 from trainperf.trace import whatif
@@ -159,7 +161,7 @@ def _attribute(tl: Timeline, spans: list, host_spans: list, ch: Charges) -> dict
         m = (ch.cause == code) & (inside > 0)
         row = {"cause": name, "detail": None, "names": _top(ch.detail[m], inside[m], names, n),
                "us_per_step": us, "pct": 100.0 * us / step_us if step_us > 0 else None,
-               "calls_per_step": float(np.unique(ch.src[m]).size) / n,
+               "calls_per_step": float(unique(ch.src[m]).size) / n,
                "callers": _top(ch.caller[m], inside[m], names, n) if name in _CALLER_CAUSES else []}
         row["detail"] = row["names"][0][0] if row["names"] else None
         row["whatif_step_us"] = row["gain_us"] = None

@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from trainperf.trace.columns import unique
+
 LATE_MIN_US = 20.0
 LABELS = {"compute": "compute", "communication": "other collectives", "memcpy": "copies", "memset": "fills",
           "allocator": "allocator calls (cudaMalloc/cudaFree)", "sync": "host syncs", "launch": "runtime calls (launches)",
@@ -121,7 +123,7 @@ class Ledger:
         big = h >= EXACT_BELOW
         arr_med = np.median(arrival, axis=0) if big else None
         cause_med = np.median(causes, axis=0) if (big and causes is not None) else None
-        for li in np.unique(last[late]):
+        for li in unique(last[late]):
             cols = np.flatnonzero(late & (last == li))
             if causes is not None:
                 lag = arrival[li] - others_median(arrival, li, arr_med)

@@ -32,6 +32,8 @@ from typing import Any
 
 import numpy as np
 
+from trainperf.trace.columns import unique
+
 from trainperf.trace import figures as fg
 from trainperf.trace import hostmap
 from trainperf.trace import intervals as iv
@@ -109,7 +111,7 @@ def _busy(tl: Timeline, kind: np.ndarray, gpu: np.ndarray) -> list:
     end = tl.g_ts + tl.g_dur
     names = tl.names
     setname = np.zeros(max(len(names), 1), dtype=bool)
-    for i in np.unique(tl.g_name[gpu]).tolist():
+    for i in unique(tl.g_name[gpu]).tolist():
         setname[i] = str(names[i]).lower().startswith("memset")
     kern = tl.g_kind == GPU_KERNEL
     is_set = gpu & ((tl.g_kind == GPU_MEMSET) | (kern & (kind == 2) & setname[tl.g_name]))
@@ -172,7 +174,7 @@ def charge(tl: Timeline, patterns: Any = None, kind: np.ndarray | None = None,
     # the launching threads; the main one: the most launches of the device's GPU work
     has = gpu & (launch >= 0)
     l_tid = tl.r_tid[launch[has]] if has.any() else np.zeros(0, dtype=np.int64)
-    threads = np.unique(l_tid[l_tid >= 0])
+    threads = unique(l_tid[l_tid >= 0])
     if threads.size:
         th, cnt = np.unique(l_tid[l_tid >= 0], return_counts=True)
         main = int(th[int(np.argmax(cnt))])
@@ -208,8 +210,8 @@ def charge(tl: Timeline, patterns: Any = None, kind: np.ndarray | None = None,
     tail = has_l & (t_hi > np.maximum(g0, l_ts))
     # the host map: the threads' runs, and their segments where the charges look (the heads, the launches)
     hm = hostmap.build(tl, threads, iv.union(g0[head], h_hi[head]),
-                       {t: l_ts[tail & (t_of == t)] for t in np.unique(t_of[tail]).tolist()})
-    for tid in np.unique(t_of[head]).tolist():
+                       {t: l_ts[tail & (t_of == t)] for t in unique(t_of[tail]).tolist()})
+    for tid in unique(t_of[head]).tolist():
         m = head & (t_of == tid)
         a, b, seg, gp = _pieces_on_thread(hm, tid, g0[m], h_hi[m], gap_id[m])
         traced = seg >= 0
@@ -221,7 +223,7 @@ def charge(tl: Timeline, patterns: Any = None, kind: np.ndarray | None = None,
     if tail.any():
         idx = np.flatnonzero(tail)
         seg = np.full(idx.size, -1, dtype=np.int64)
-        for tid in np.unique(t_of[idx]).tolist():
+        for tid in unique(t_of[idx]).tolist():
             m = t_of[idx] == tid
             seg[m] = hm.lookup(tid, l_ts[idx][m])
         traced = seg >= 0
@@ -253,7 +255,7 @@ def windows(ch: Charges, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     out = np.zeros((lo.size, len(CAUSES)))
     for k, s in enumerate(ch.busy):
         out[:, k] = iv.within(s, lo, hi)
-    for code in np.unique(ch.cause).tolist():
+    for code in unique(ch.cause).tolist():
         m = ch.cause == code
         out[:, code] += iv.within((ch.lo[m], ch.hi[m]), lo, hi)
     out[:, CODE["untraced"]] += np.maximum((hi - lo) - out.sum(axis=1), 0.0)

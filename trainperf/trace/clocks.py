@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from trainperf.trace.columns import percentiles
+
 TOLERANCE_US = 0.01
 MAX_ROUNDS = 50
 METHOD = ("each collective ends at the same true time on every rank that takes part; each rank's clock offset is "
@@ -99,7 +101,7 @@ def estimate_offsets(rank: np.ndarray, coll: np.ndarray, end: np.ndarray, n_rank
     top = np.full(n_ranks, np.nan)
     np.fmax.at(top, rank, res)
     return {"offset_us": np.where(used, off, np.nan), "residual_median_us": med, "residual_max_us": top,
-            "residual_us": float(np.median(res)), "residual_p95_us": float(np.percentile(res, 95)),
+            "residual_us": float(percentiles(res, [50])[0]), "residual_p95_us": float(percentiles(res, [95])[0]),
             "rounds": rounds, "reference": ref}
 
 

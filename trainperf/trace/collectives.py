@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from trainperf.trace.columns import unique
+
 from trainperf.trace import intervals as iv
 from trainperf.trace.figures import HOST_SYNC_CALLS, step_of
 from trainperf.trace.timeline import GPU_KERNEL, GPU_MEMCPY, GPU_MEMSET, Timeline
@@ -150,7 +152,7 @@ def sequences(streams: np.ndarray, pgs: list) -> tuple[np.ndarray, list[list]]:
 def windows(ts: np.ndarray, seq: np.ndarray, first_lo: np.ndarray) -> np.ndarray:
     """Each collective's window start: the previous start in its sequence; the first: ``first_lo``."""
     lo = first_lo.astype(np.float64).copy()
-    for s in np.unique(seq):
+    for s in unique(seq):
         idx = np.flatnonzero(seq == s)
         lo[idx[1:]] = ts[idx[:-1]]
     return np.minimum(lo, ts)

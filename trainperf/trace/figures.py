@@ -10,6 +10,8 @@ from typing import Any
 
 import numpy as np
 
+from trainperf.trace.columns import unique
+
 from trainperf.trace import intervals as iv
 from trainperf.trace.patterns import COMMUNICATION, COMPUTE, MEMORY, Patterns
 from trainperf.trace.timeline import GPU_KERNEL, GPU_MEMCPY, Timeline
@@ -31,7 +33,7 @@ def classify(tl: Timeline, pats: Patterns) -> dict[str, np.ndarray]:
     """Per GPU event: kind code (0 compute, 1 communication, 2 memory) and the name flags."""
     n = len(tl.names)
     table = np.zeros((max(n, 1), 5), dtype=np.int8)
-    for i in np.unique(tl.g_name).tolist():  # the GPU events' names only (the table also names every CPU event)
+    for i in unique(tl.g_name).tolist():  # the GPU events' names only (the table also names every CPU event)
         kind, tc, fp32, gemm, ws = pats.describe(tl.names[i])
         table[i] = (KIND_CODE[kind], tc, fp32, gemm, ws)
     row = table[tl.g_name] if tl.g_name.size else np.zeros((0, 5), dtype=np.int8)
@@ -147,7 +149,7 @@ def memcpy(tl: Timeline, lo: np.ndarray, hi: np.ndarray) -> dict[str, Any]:
     pageable_us = pinned_us = 0.0
     pageable_n = 0
     names = tl.names
-    for nid in np.unique(tl.g_name[idx]):
+    for nid in unique(tl.g_name[idx]):
         sel = idx[tl.g_name[idx] == nid]
         name = names[nid]
         mm = _DIR_RE.search(name)
@@ -220,7 +222,7 @@ def tensor_cores(tl: Timeline, cls: dict, lo: np.ndarray, hi: np.ndarray, tc_tb:
     gemm = kern & cls["gemm"]
     g_us = float(dur[gemm].sum())
     top: dict[str, float] = {}
-    for nid in np.unique(tl.g_name[fp32]):
+    for nid in unique(tl.g_name[fp32]):
         top[tl.names[nid]] = float(dur[fp32 & (tl.g_name == nid)].sum())
     return {"kernel_pct": 100 * tc_us / k_us if k_us > 0 else None,
             "tb_list_pct": 100 * float(dur[kern & tc_tb].sum()) / k_us if k_us > 0 else None,
@@ -309,7 +311,7 @@ def device(tl: Timeline, dev_id: int | None) -> dict[str, Any] | None:
     kern = tl.g_kind == GPU_KERNEL
     if not kern.any():
         return None
-    text = "\n".join(tl.names[i] for i in np.unique(tl.g_name[kern]))
+    text = "\n".join(tl.names[i] for i in unique(tl.g_name[kern]))
     for pat, cc in _ARCH:
         if re.search(pat, text, re.M):
             return {"id": dev_id, "name": None, "compute_capability": cc, "num_sms": None, "memory_bytes": None,

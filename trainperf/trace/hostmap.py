@@ -30,7 +30,7 @@ from __future__ import annotations
 import numpy as np
 
 from trainperf.trace import intervals as iv
-from trainperf.trace.columns import reserved
+from trainperf.trace.columns import reserved, unique
 from trainperf.trace.patterns import host_kind
 from trainperf.trace.timeline import C_OP, Timeline
 
@@ -235,7 +235,7 @@ class HostMap:
         out = np.full(idx.size, -1, dtype=np.int32)
         at = 0.5 * (self.lo[idx] + self.hi[idx]) if at is None else np.asarray(at, dtype=np.float64)
         k = np.searchsorted(self.offsets, idx, side="right") - 1
-        for j in np.unique(k).tolist():
+        for j in unique(k).tolist():
             m = k == j
             t = slice(int(self.t_offsets[j]), int(self.t_offsets[j + 1]))
             s, e, names = self.t_lo[t], self.t_hi[t], self.t_name[t]
@@ -463,7 +463,7 @@ def build(tl: Timeline, threads, want: iv.Set | None = None, points: dict | None
     over ``want`` (a disjoint sorted set of times; None: everywhere) and at the instants ``points[tid]`` (the
     named causes' everywhere)."""
     classes = name_classes(tl)
-    ths = np.unique(np.asarray(list(threads), dtype=np.int64))
+    ths = unique(np.asarray(list(threads), dtype=np.int64))
     ths = ths[ths >= 0]
     n = int(tl.r_ts.size + tl.c_ts.size)
     out = ([reserved(np.float64), reserved(np.float64), reserved(np.int8), reserved(np.int64)],

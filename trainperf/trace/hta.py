@@ -33,6 +33,8 @@ from typing import Any
 
 import numpy as np
 
+from trainperf.trace.columns import percentiles, unique
+
 from trainperf.trace import intervals as iv
 from trainperf.trace.timeline import Timeline
 
@@ -93,7 +95,7 @@ def idle_breakdown(ts, end, stream, launch_ts) -> dict[str, Any] | None:
     by: dict[str, dict[str, float]] = {}
     s_next = stream[1:]
     for name, mask in (("host_wait", host), ("kernel_wait", kern), ("other", other)):
-        for s in np.unique(s_next[mask]):
+        for s in unique(s_next[mask]):
             by.setdefault(str(int(s)), {"host_wait": 0.0, "kernel_wait": 0.0, "other": 0.0})[name] = \
                 float(np.sum(gap[mask & (s_next == s)]))
     us = {k: float(np.sum(gap[m])) for k, m in (("host_wait", host), ("kernel_wait", kern), ("other", other))}
@@ -133,7 +135,7 @@ def kernel_types(ts, end, comm, compute, memory) -> dict[str, Any]:
         del d
         dur = np.diff(t)
         del t
-        for state in np.unique(run[run > 0]):
+        for state in unique(run[run > 0]):
             name = "_overlapping_".join(k for i, k in enumerate(TYPE_KEYS) if int(state) & (1 << i))
             v = float(np.sum(dur[run == state]))
             if v > 1e-3:  # below a nanosecond: float noise where two edges nearly meet
@@ -167,7 +169,7 @@ def launch_stats(tl: Timeline, mask: np.ndarray, launch: np.ndarray) -> dict[str
     short = gpu < cpu
 
     def q(a, p):
-        return float(np.percentile(a, p))
+        return float(percentiles(a, [p])[0])
 
     return {"kernels": int(idx.size), "cpu_launch_us_median": q(cpu, 50), "cpu_launch_us_p90": q(cpu, 90),
             "gpu_us_median": q(gpu, 50), "gpu_us_p90": q(gpu, 90), "launch_delay_us_median": q(delay, 50),

@@ -35,6 +35,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from trainperf.trace.columns import percentiles, unique
+
 from trainperf.trace import intervals as iv
 from trainperf.trace.hostmap import HOST_CAUSES
 from trainperf.trace.hta import KERNEL_WAIT_US
@@ -91,7 +93,7 @@ def wait_calls(tl: Timeline, classes: np.ndarray) -> np.ndarray:
     if tl.r_ts.size == 0:
         return np.zeros(0, dtype=np.int64)
     waits = classes == HOST_CAUSES.index("sync")
-    for i in np.unique(tl.r_name).tolist():
+    for i in unique(tl.r_name).tolist():
         waits[i] |= bool(DEVICE_WIDE.match(str(tl.names[i])))
     return np.flatnonzero(waits[tl.r_name])
 
@@ -133,7 +135,7 @@ def build(tl: Timeline, launch: np.ndarray, wait_calls: np.ndarray) -> Graph:
     typical = DEFAULT_LATENCY_US
     lb = (start - l_ts)[has & ~queued & (start > pred_end + _EPS) & (dep < 0)]  # launch-bound, no dependency
     if lb.size:
-        typical = float(max(np.median(lb), 0.0))
+        typical = float(max(percentiles(lb, [50])[0], 0.0))
     del lb
     lat = np.where(has, np.minimum(start - l_ts, typical), 0.0)
     gap = start - pred_end  # the stream gap, kept only where the GPU itself left it (below)
@@ -232,7 +234,7 @@ def _waits(tl, calls, launch, o, stream, end, l_ts, key, has, ns):
     lt = lt[np.argsort(l_ts[lt], kind="stable")]
     l_tid = tl.r_tid[launch[o[lt]]] if lt.size else np.zeros(0, dtype=np.int64)
     open_ = np.flatnonzero(~wide & ~ended_inside.any(axis=1))
-    for t in np.unique(tid[open_]).tolist():
+    for t in unique(tid[open_]).tolist():
         i = open_[tid[open_] == t]
         mine = lt[l_tid == t] if t >= 0 else lt
         j = np.searchsorted(l_ts[mine], s[i], side="right") - 1

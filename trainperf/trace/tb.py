@@ -34,6 +34,8 @@ from typing import Any
 
 import numpy as np
 
+from trainperf.trace.columns import unique
+
 from trainperf.trace import intervals as iv
 from trainperf.trace.timeline import GPU_KERNEL, GPU_MEMCPY, GPU_MEMSET, Timeline
 
@@ -209,7 +211,7 @@ def gpu_metrics(tl: Timeline, spans: list, launch: np.ndarray, tc_tb: np.ndarray
     lo, hi = spans[0][0], spans[-1][1]
     end = tl.g_ts + tl.g_dur
     best, best_t = None, -1.0
-    for dev in np.unique(tl.g_device[kern]):
+    for dev in unique(tl.g_device[kern]):
         m = kern & (tl.g_device == dev)
         d: dict[str, Any] = {}
         u = iv.clip(iv.union(tl.g_ts[m], end[m]), lo, hi)

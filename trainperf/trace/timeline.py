@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from trainperf.trace.columns import _Column, _floats, _ints, _stream_num, _Threads, _tid_stream, _tids, thread_id
+from trainperf.trace.columns import _Column, _floats, _ints, _stream_num, _Threads, _tid_stream, _tids, thread_id, unique, percentiles
 from trainperf.trace.intervals import Accumulator, Set
 from trainperf.trace.reader import Args, Event
 
@@ -240,7 +240,7 @@ class Collector:
         if self.base is None:  # one of the first chunk's own times (its median: a corrupt first event's is not)
             b = _floats([e.ts for group in (gpu, rt, cpu, syncs) for e in group])
             b = b[np.isfinite(b)]
-            self.base = float(np.percentile(b, 50, method="lower")) if b.size else 0.0
+            self.base = float(np.partition(b, (b.size - 1) // 2)[(b.size - 1) // 2]) if b.size else 0.0  # lower median
             t.base_us = self.base
         if gpu:
             self._gpu(gpu, gk)
@@ -352,7 +352,7 @@ class Collector:
             # ProfilerStep, not DataParallel.forward / DistributedDataParallel.forward, not Optimizer.*)
             A = [evs[i].args or NOARGS for i in idx[tc_of[g_name]].tolist()]
             ext = _ints([a.ext if a.ext is not None else a.ext18 for a in A])
-            self.op_ext.add(np.unique(ext[ext > 0]))
+            self.op_ext.add(unique(ext[ext > 0]))
             end = g_ts + g_dur
             plain = role == _R_OP
             if plain.any():
@@ -393,7 +393,7 @@ class Collector:
             if not ok.all():
                 for k in keys:
                     setattr(t, prefix + k, getattr(t, prefix + k)[ok])
-        t.op_ext = np.unique(self.op_ext.array())
+        t.op_ext = unique(self.op_ext.array())
         gk, rk = list(self.g), list(self.r)
         self.g, self.r, self.sy, self.c, self.op_ext = {}, {}, {}, {}, None
         _drop_far(t, gk, rk)
@@ -423,7 +423,7 @@ def _drop_far(t: Timeline, gk: list[str], rk: list[str]) -> None:
     starts = np.concatenate([t.g_ts, t.r_ts])
     if starts.size == 0:
         return
-    q25, q50, q75 = np.percentile(starts, [25, 50, 75])
+    q25, q50, q75 = percentiles(starts, [25, 50, 75])
     reach = _FAR * max(float(q75 - q25), 1e6)
     lo, hi = q50 - reach, q50 + reach
     for prefix, keys in (("g_", gk), ("r_", rk)):

@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from trainperf.trace.columns import unique
+
 from trainperf.trace import charge as chg
 from trainperf.trace import intervals as iv
 from trainperf.trace import replay
@@ -55,7 +57,7 @@ def _critical_threads(tl: Timeline, ch: Charges) -> list[tuple[int, iv.Set]]:
     lo = np.concatenate([[ch.span[0]], at])
     hi = np.concatenate([at, [ch.span[1]]])
     who = who[new]
-    ch.critical = [(int(t), iv.union(lo[who == t], hi[who == t])) for t in np.unique(who).tolist()]
+    ch.critical = [(int(t), iv.union(lo[who == t], hi[who == t])) for t in unique(who).tolist()]
     return ch.critical
 
 

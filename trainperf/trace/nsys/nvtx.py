@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from trainperf.trace.columns import unique
+
 from trainperf.errors import UserError
 from trainperf.trace.intervals import Accumulator
 from trainperf.trace.nsys.schema import NVTX, Export
@@ -168,7 +170,7 @@ def _top_level(c: dict, idx: np.ndarray) -> np.ndarray:
     idx = idx[o]
     ts, end, tid = c["ts"][idx], c["ts"][idx] + c["dur"][idx], c["tid"][idx]
     keep = np.ones(idx.size, dtype=bool)
-    for t in np.unique(tid):
+    for t in unique(tid):
         sel = np.flatnonzero(tid == t)
         reach = np.maximum.accumulate(end[sel])
         keep[sel[1:]] = ts[sel[1:]] >= reach[:-1]

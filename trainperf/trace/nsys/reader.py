@@ -33,6 +33,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from trainperf.trace.columns import unique
+
 from trainperf.trace.nsys import nvtx as nv
 from trainperf.trace.nsys import occupancy
 from trainperf.trace.nsys.columns import column
@@ -94,7 +96,7 @@ class _Builder:
 
     def _intern_ids(self, ids: np.ndarray, rename: Callable[[str], str] | None = None) -> np.ndarray:
         """StringIds ids -> names indices (the strings fetched once per new id)."""
-        uniq = np.unique(ids)
+        uniq = unique(ids)
         new = [int(i) for i in uniq if int(i) not in self.string_ids]
         if new:
             got = self.exp.strings(new)
@@ -206,7 +208,7 @@ class _Builder:
         call whose correlation id is another rank's GPU event goes there; calls linked to no GPU event go to
         the process's main rank."""
         e = self.exp
-        mine = np.unique(self.g["corr"].array())
+        mine = unique(self.g["corr"].array())
         other = self._other_corrs() if self.spec.others else None
         for table in (RUNTIME, DRIVER):
             if not e.has(table, "nameId"):
@@ -232,7 +234,7 @@ class _Builder:
                 r["dur"].add(np.maximum(a[:, 1] - a[:, 0], 0) / 1000.0)
                 r["corr"].add(a[:, 2])
                 r["name"].add(ids)
-                uniq = np.unique(ids)
+                uniq = unique(ids)
                 flag = np.array([self.names.names[i].startswith("cu") and not self.names.names[i].startswith("cuda")
                                  for i in uniq], dtype=bool)
                 r["driver"].add(flag[np.searchsorted(uniq, ids)] | (a[:, 5] == 1) | (table == DRIVER))
@@ -254,7 +256,7 @@ class _Builder:
                 args += (self.spec.pid,)
             for chunk in e.rows(f"SELECT correlationId FROM {table} WHERE {where}", args):
                 out.append(np.array([c for (c,) in chunk if c is not None], dtype=np.int64))
-        return np.unique(np.concatenate(out)) if out else np.zeros(0, dtype=np.int64)
+        return unique(np.concatenate(out)) if out else np.zeros(0, dtype=np.int64)
 
 
 def _is_text(e: Export, table: str, col: str) -> bool:
