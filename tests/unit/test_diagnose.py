@@ -347,7 +347,7 @@ def test_straggler_under_tensor_and_pipeline_parallelism_names_the_group_and_the
     tp = run(tmp_path / "tp", ParallelDims(dp_replicate=2, dp_shard=1, tp=2, pp=1, world_size=4))
     assert tp["rank"] == 3 and tp["tensor_group"] == [2, 3] and "stage" not in tp
     assert "rank 3 is in tensor-parallel group [2, 3]" in tp["evidence"] and "[2, 3]" in tp["cause"]
-    assert "parallelism.balance.enabled=true" in tp["fix"]  # two data ranks: moving batch shares helps
+    assert "parallelism.balance.enabled=true (moves micro-batches off the data-parallel rank of rank 3" in tp["fix"]
     pp = run(tmp_path / "pp", ParallelDims(dp_replicate=2, dp_shard=1, tp=1, pp=2, world_size=4))
     assert pp["rank"] == 3 and pp["stage"] == 1 and pp["stage_ranks"] == [2, 3] and "tensor_group" not in pp
     assert "rank 3 is pipeline stage 1, ranks [2, 3]" in pp["evidence"] and "bubble" in pp["evidence"]

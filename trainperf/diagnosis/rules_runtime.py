@@ -148,9 +148,10 @@ def straggler(ev: Evidence) -> dict | None:
         got["evidence"] += "; " + "; ".join(said)
         got["cause"] = "; ".join(why)
     if "stage" in got and dp == 1:
-        got["fix"] = (f"check rank {r}'s host load, clocks and temperature (samples.jsonl); where "
-                      f"pipeline stage {got['stage']} holds more of the model by design (the embedding, the output "
-                      "head), split the layers so that it holds less")
+        got["fix"] = (f"check rank {r}'s host load, clocks and temperature (samples.jsonl): the stages are split "
+                      f"by estimated FLOPs, so pipeline stage {got['stage']} computing slower on equal devices points at "
+                      "its host or device (parallelism.balance moves batch shares between data-parallel ranks, and "
+                      "this layout has one)")
     elif dp == 1:  # no data-parallel ranks: no batch share to move
         got["fix"] = (f"check rank {r}'s host load, clocks and temperature (samples.jsonl); every rank of its "
                       "tensor-parallel group runs at its pace (parallelism.balance moves batch shares between "
@@ -160,7 +161,8 @@ def straggler(ev: Evidence) -> dict | None:
                       f"rank {r}'s host load, clocks and temperature (samples.jsonl); a lower "
                       "parallelism.balance.min_share lets it move more of the batch off that rank")
     else:
-        got["fix"] = (f"parallelism.balance.enabled=true (moves micro-batches off rank {r}); check rank {r}'s host "
+        off = f"the data-parallel rank of rank {r} and its group" if said else f"rank {r}"
+        got["fix"] = (f"parallelism.balance.enabled=true (moves micro-batches off {off}); check rank {r}'s host "
                       "load, clocks and temperature (samples.jsonl)")
     return got
 
