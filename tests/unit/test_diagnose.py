@@ -329,6 +329,32 @@ def test_straggler_by_compute_clock_ignores_noise(tmp_path):
     assert f["rank"] == 2 and f["severity"] == "warning" and "CUDA events" in f["evidence"]
 
 
+def test_straggler_under_tensor_and_pipeline_parallelism_names_the_group_and_the_stage(tmp_path):
+    """4 ranks as data=2 x tensor=2 (tensor groups [0, 1], [2, 3]) and as pipeline=2 x data=2 (stage 0: ranks
+    0, 1; stage 1: ranks 2, 3): the trainer writes every global rank's clock with the groups; rank 3 is slow.
+    The data ranks' rows (the slowest of each tensor group) would blame data rank 1 alike for ranks 2 and 3."""
+    from trainperf.train.loop import rank_groups
+    from trainperf.distributed.parallel_dims import ParallelDims
+
+    def run(d, dims, virtual=1):
+        recs = [{"step": i, "loss": 3.0, "step_time_s": 0.3, "tokens_per_s": 100.0,
+                 "phases_s": {"forward": 0.1, "backward": 0.2}, "rank_clock": "thread_cpu",
+                 "rank_compute_s": [0.1, 0.2], "rank_compute_by_rank_s": [0.1, 0.1, 0.1, 0.2],
+                 "rank_cpu_by_rank_s": [0.1, 0.1, 0.1, 0.2], "rank_groups": rank_groups(dims, virtual)}
+                for i in range(1, 21)]
+        return {x["id"]: x for x in diagnose(write_run(d, {0: recs}))["findings"]}["straggler"]
+
+    tp = run(tmp_path / "tp", ParallelDims(dp_replicate=2, dp_shard=1, tp=2, pp=1, world_size=4))
+    assert tp["rank"] == 3 and tp["tensor_group"] == [2, 3] and "stage" not in tp
+    assert "rank 3 is in tensor-parallel group [2, 3]" in tp["evidence"] and "[2, 3]" in tp["cause"]
+    assert "parallelism.balance.enabled=true (moves micro-batches off the data-parallel rank of rank 3" in tp["fix"]
+    pp = run(tmp_path / "pp", ParallelDims(dp_replicate=2, dp_shard=1, tp=1, pp=2, world_size=4))
+    assert pp["rank"] == 3 and pp["stage"] == 1 and pp["stage_ranks"] == [2, 3] and "tensor_group" not in pp
+    assert "rank 3 is pipeline stage 1, ranks [2, 3]" in pp["evidence"] and "bubble" in pp["evidence"]
+    inter = run(tmp_path / "vpp", ParallelDims(dp_replicate=2, dp_shard=1, tp=1, pp=2, world_size=4), virtual=2)
+    assert inter["stages"] == [1, 3] and "pipeline rank 1 (stages 1, 3), ranks [2, 3]" in inter["evidence"]
+
+
 # ---------------------------------------------------------------------- compilation
 def test_compile_is_its_own_phase_and_not_in_steady_fractions(tmp_path, capsys):
     recs = steps(2)  # a short run: no warm-up step is dropped, so the compile step is in the steady set

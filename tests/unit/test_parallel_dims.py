@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -114,7 +115,7 @@ def test_failure_report_names_dead_and_hung_ranks():
     store = _Store()
     now = time.time()
     store.set("trainperf/heartbeat/1", f"3 {now - 1:.3f}")
-    store.set("trainperf/alive/1", f"{now - 10:.3f}")  # silent for 10 s: dead
+    store.set("trainperf/alive/1", f"{now - 10:.3f}")  # silent for 10 s, no process to look at: dead or frozen
     store.set("trainperf/heartbeat/2", f"3 {now - 30:.3f}")
     store.set("trainperf/alive/2", f"{now:.3f}")  # alive but 30 s in step 3: hung
     store.set("trainperf/heartbeat/3", f"2 {now:.3f}")
@@ -123,7 +124,7 @@ def test_failure_report_names_dead_and_hung_ranks():
     ff.step = 3
     text = ff.report("RuntimeError: boom")
     assert text.startswith("trainperf: rank 0 stopped at step 3: RuntimeError: boom.")
-    assert "rank 1 died (no sign of life for 10.0s; it was in step 3)" in text
+    assert "rank 1 died or froze (no sign of life for 10.0s; it was in step 3)" in text
     assert "rank 2 hung (alive, stuck in step 3 for 30.0s)" in text
     assert "rank 3 is behind (still in step 2)" in text
     assert "distributed.timeout_s=20" in text
@@ -144,8 +145,89 @@ def test_a_peer_killed_between_steps_is_reported_dead_not_behind(monkeypatch):
     ff.step = 3
     assert ff.suspects() == ["rank 1 is behind (still in step 2)"]
     text = ff.report("RuntimeError: Connection reset by peer")
-    assert "Cause: rank 1 died (no sign of life for" in text and "it was in step 2)" in text
+    assert "Cause: rank 1 died or froze (no sign of life for" in text and "it was in step 2)" in text
     assert "behind" not in text
+
+
+def test_a_silent_peer_on_this_host_is_named_dead_or_frozen_and_a_stopped_one_is_ended(monkeypatch):
+    """A peer's sign of life holds its pid and host: on this host its process says whether it died or is
+    frozen (stopped: it cannot act on the launcher's SIGTERM), and the failing rank SIGKILLs a stopped one."""
+    import io
+    import signal
+    import subprocess
+    import sys
+
+    from trainperf.distributed import failure
+
+    stopped = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    try:
+        os.kill(stopped.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 10
+        while failure.process_state(stopped.pid) != "T" and time.monotonic() < deadline:
+            time.sleep(0.02)
+        store, now, host = _Store(), time.time(), failure._HOST
+        for r, alive in ((1, f"{stopped.pid} {host}"), (2, f"{gone.pid} {host}"), (3, f"{stopped.pid} elsewhere")):
+            store.set(f"trainperf/heartbeat/{r}", f"3 {now - 12:.3f}")
+            store.set(f"trainperf/alive/{r}", f"{now - 10:.3f} {alive}")
+        out = io.StringIO()
+        ff = failure.FailFast(0, 4, timeout_s=10, store=store, watchdog=False, out=out)
+        ff.step = 3
+
+        def leave(code):
+            raise SystemExit(code)
+
+        monkeypatch.setattr(failure.os, "_exit", leave)
+        with pytest.raises(SystemExit) as ended:
+            ff.fail("RuntimeError: Timed out")
+        text = out.getvalue()
+        assert ended.value.code == failure.EXIT_CODE
+        assert (f"rank 1 frozen / stopped (its process {stopped.pid} is stopped: SIGSTOP, or traced by a debugger; "
+                "no sign of life for 10.0s; it was in step 3)") in text
+        assert "rank 2 died (no sign of life for 10.0s; it was in step 3)" in text
+        assert "rank 3 died or froze (no sign of life for 10.0s; it was in step 3)" in text  # another host's
+        assert f"rank 1's stopped process {stopped.pid} killed (SIGKILL)" in text
+        assert stopped.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        if stopped.poll() is None:
+            os.kill(stopped.pid, signal.SIGCONT)
+            stopped.kill()
+            stopped.wait()
+
+
+def test_the_watchdog_ends_a_rank_stalled_past_the_timeout_only_when_a_peer_is_silent(monkeypatch):
+    """Wherever a rank waits (a store call, a collective whose own timeout is longer), after timeout_s without a
+    step its watchdog ends it if a peer gives no sign of life; a peer that is alive (a slow step) leaves it be."""
+    import subprocess
+    import sys
+    import threading
+
+    from trainperf.distributed import failure
+
+    monkeypatch.setattr(failure, "_DEAD_AFTER_S", 0.3)
+    monkeypatch.setattr(failure, "_ALIVE_EVERY_S", 0.05)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    for silent in (False, True):
+        store, now = _Store(), time.time()
+        store.set("trainperf/heartbeat/1", f"1 {now:.3f}")
+        store.set("trainperf/alive/1", f"{now - (5 if silent else 0):.3f} {gone.pid} {failure._HOST}")
+        ff = failure.FailFast(0, 2, timeout_s=0.5, store=store, watchdog=False)
+        ff.step, ff.last_beat = 1, time.monotonic() - 1.0  # stalled past the timeout
+        calls: list[str] = []
+        monkeypatch.setattr(ff, "fail", lambda reason, code=failure.EXIT_CODE: (calls.append(reason), ff._done.set()))
+        if not silent:  # a live peer keeps refreshing its sign of life
+            monkeypatch.setattr(ff, "heartbeats", lambda: {1: {"step": 1, "step_age": 0.0, "alive_age": 0.0}})
+        watch = threading.Thread(target=ff._watch)
+        watch.start()
+        watch.join(0.6 if not silent else 5)
+        ff.close()
+        watch.join(5)
+        if silent:
+            assert calls and "a peer gives no sign of life (watchdog)" in calls[0], calls
+        else:
+            assert calls == [], calls
 
 
 def test_a_slow_peer_that_stays_alive_is_reported_behind(monkeypatch):

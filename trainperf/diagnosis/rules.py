@@ -82,8 +82,9 @@ RULES: list[Rule] = [
     Rule("straggler", "one rank is slower than the others",
          f"a rank's own compute (the trainer's rank_compute_s: thread CPU time on CPU, CUDA events on GPU) "
          f"> {RT.STRAGGLER_RATIO}x the median of the other ranks', median over the log windows (critical > "
-         f"{RT.STRAGGLER_CRIT}x); without rank_compute_s, each rank file's non-comm wall time; traces: each "
-         "rank's GPU time in non-communication kernels per step (never wall time)",
+         f"{RT.STRAGGLER_CRIT}x); under tensor / pipeline parallelism by global rank, naming the slow rank's "
+         "tensor-parallel group or pipeline stage; without rank_compute_s, each rank file's non-comm wall time; "
+         "traces: each rank's GPU time in non-communication kernels per step (never wall time)",
          "one rank is slower (throttled clocks, a shared or slower device, a busy host) and every collective "
          "waits for it", "parallelism.balance.enabled=true; inspect that rank's clocks and host", RT.straggler,
          scope="job"),

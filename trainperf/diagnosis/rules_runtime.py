@@ -56,12 +56,45 @@ def _straggler_by_clock(rc: dict) -> dict | None:
         return None
     above = sum(1 for x in ratios[worst] if x > STRAGGLER_RATIO)
     clock = rc.get("clock")
-    return {"severity": "critical" if ratio > STRAGGLER_CRIT else "warning", "rank": worst, "ratio": ratio,
-            "clock": clock, "_excess_s": slow_s - base_s,
-            "evidence": f"rank {worst} computes {slow_s * 1000:.0f} ms per step against {base_s * 1000:.0f} ms "
-                        f"for the median of the other ranks: {ratio:.2f}x (median over {rc['n_windows']} log windows, "
-                        f"above {STRAGGLER_RATIO}x in {pct(above / len(ratios[worst]))} of the steps they cover); "
-                        f"clock: {CLOCKS.get(clock, clock or '?')}" + _cpu_evidence(rc, worst, slow_s)}
+    got = {"severity": "critical" if ratio > STRAGGLER_CRIT else "warning", "rank": worst, "ratio": ratio,
+           "clock": clock, "_excess_s": slow_s - base_s,
+           "evidence": f"rank {worst} computes {slow_s * 1000:.0f} ms per step against {base_s * 1000:.0f} ms "
+                       f"for the median of the other ranks: {ratio:.2f}x (median over {rc['n_windows']} log windows, "
+                       f"above {STRAGGLER_RATIO}x in {pct(above / len(ratios[worst]))} of the steps they cover); "
+                       f"clock: {CLOCKS.get(clock, clock or '?')}" + _cpu_evidence(rc, worst, slow_s)}
+    got.update(_where(rc.get("groups"), worst, n))
+    return got
+
+
+def _where(groups: dict | None, rank: int, world: int) -> dict:
+    """Under tensor / pipeline parallelism: the group that waits for the slow rank (its tensor-parallel
+    group, its pipeline stage), as finding fields and the words the evidence, cause and fix add."""
+    if not groups:
+        return {}
+    tensor = next((g for g in groups.get("tensor") or [] if rank in g), None)
+    pipe = groups.get("pipeline") or []
+    stage = next((i for i, g in enumerate(pipe) if rank in g), None)
+    tp, pp = (len(tensor) if tensor else 1), (len(pipe) or 1)
+    out: dict = {"_dp": max(1, world // (tp * pp))}
+    said, why = [], []
+    if tensor and len(tensor) > 1:
+        out["tensor_group"] = tensor
+        said.append(f"rank {rank} is in tensor-parallel group {tensor}: the group's collectives inside every layer "
+                    f"make each of its ranks wait for rank {rank}, so by step time and collective waits its ranks "
+                    "look alike; only their own compute tells them apart")
+        why.append(f"tensor-parallel group {tensor} runs every layer's collectives at rank {rank}'s pace")
+    if stage is not None and pp > 1:
+        held = (groups.get("stages") or [])[stage] if stage < len(groups.get("stages") or []) else [stage]
+        name = f"pipeline stage {stage}" if held == [stage] else \
+            f"pipeline rank {stage} (stages {', '.join(map(str, held))})"
+        out.update(stage=stage, stages=held, stage_ranks=pipe[stage])
+        said.append(f"rank {rank} is {name}, ranks {pipe[stage]}: a slow stage sets the pace of the whole pipeline, "
+                    "and the other stages idle in a longer bubble (their sends and receives wait for it)")
+        why.append(f"{name} computes slower than the other stages: the schedule runs at the pace of its slowest "
+                   "stage, and the others idle in the bubble")
+    if said:
+        out["_said"], out["_why"] = said, why
+    return out
 
 
 def _cpu_evidence(rc: dict, rank: int, slow_s: float) -> str:
@@ -109,12 +142,26 @@ def straggler(ev: Evidence) -> dict | None:
     r = got["rank"]
     got["gain"] = step_gain(ev.step_time_s, got.pop("_excess_s", None),
                             f"rank {r} computed as fast as the median rank (every rank waits for it)")
-    if ev.balance_enabled:  # already on: suggesting it again was the fix users got
+    dp, said, why = got.pop("_dp", None), got.pop("_said", []), got.pop("_why", [])
+    if said:  # tensor / pipeline parallelism: the group or stage that waits for it
+        got["evidence"] += "; " + "; ".join(said)
+        got["cause"] = "; ".join(why)
+    if "stage" in got and dp == 1:
+        got["fix"] = (f"check rank {r}'s host load, clocks and temperature (samples.jsonl): the stages are split "
+                      f"by estimated FLOPs, so pipeline stage {got['stage']} computing slower on equal devices points at "
+                      "its host or device (parallelism.balance moves batch shares between data-parallel ranks, and "
+                      "this layout has one)")
+    elif dp == 1:  # no data-parallel ranks: no batch share to move
+        got["fix"] = (f"check rank {r}'s host load, clocks and temperature (samples.jsonl); every rank of its "
+                      "tensor-parallel group runs at its pace (parallelism.balance moves batch shares between "
+                      "data-parallel ranks, and this layout has one)")
+    elif ev.balance_enabled:  # already on: suggesting it again was the fix users got
         got["fix"] = (f"the balancer is on (parallelism.balance.enabled=true) and rank {r} is still slower: check "
                       f"rank {r}'s host load, clocks and temperature (samples.jsonl); a lower "
                       "parallelism.balance.min_share lets it move more of the batch off that rank")
     else:
-        got["fix"] = (f"parallelism.balance.enabled=true (moves micro-batches off rank {r}); check rank {r}'s host "
+        off = f"the data-parallel rank of rank {r} and its group" if said else f"rank {r}"
+        got["fix"] = (f"parallelism.balance.enabled=true (moves micro-batches off {off}); check rank {r}'s host "
                       "load, clocks and temperature (samples.jsonl)")
     return got
 

@@ -106,27 +106,49 @@ def _percentile(xs: list[float], q: float) -> float:
 def rank_compute_windows(recs: list[dict]) -> dict | None:
     """The trainer's per-rank compute clock: each log flush on rank 0 writes ``rank_compute_s``
     (mean compute seconds per step of every data-parallel rank over the window: forward+backward
-    without collective waits) and ``rank_clock`` ("thread_cpu" or "cuda_events"). Returns
+    without collective waits) and ``rank_clock`` ("thread_cpu", "cuda_events" or "wall_to_last_grad");
+    under tensor or pipeline parallelism also ``rank_compute_by_rank_s`` (every global rank) and
+    ``rank_groups`` (the tensor-parallel groups and pipeline ranks: who waits for whom). Returns
     {"clock", "windows": [[s per rank], ...] (one row per record that carries it: a window whose
-    every record carries its list weighs by its steps), "n_windows"}, the first 10% of the rows (at
-    least one of three or more) left out as warm-up; None when the run has no such records."""
+    every record carries its list weighs by its steps), "n_windows", "cpu_windows", "of" ("data rank",
+    or "rank" with the global ranks' rows, preferred where written), "groups" (or None)}, the first 10% of
+    the rows (at least one of three or more) left out as warm-up; None when the run has no such records."""
+    by_rank = any(isinstance(r.get("rank_compute_by_rank_s"), list) and len(r["rank_compute_by_rank_s"]) >= 2
+                  for r in recs)
+    key, cpu_key = ("rank_compute_by_rank_s", "rank_cpu_by_rank_s") if by_rank else ("rank_compute_s", "rank_cpu_s")
     rows: list[list[float | None]] = []
     cpu_rows: list[list[float | None] | None] = []
-    clock = None
+    clock = groups = None
     for r in recs:
-        v = r.get("rank_compute_s")
+        v = r.get(key)
         if isinstance(v, list) and len(v) >= 2:
             rows.append([x if (x or 0) > 0 else None for x in map(_num, v)])
-            c = r.get("rank_cpu_s")  # CPU seconds of the same work: far below the clock = waiting for a core
+            c = r.get(cpu_key)  # CPU seconds of the same work: far below the clock = waiting for a core
             cpu_rows.append([_num(x) for x in c] if isinstance(c, list) and len(c) == len(v) else None)
             clock = r.get("rank_clock", clock)
+            g = r.get("rank_groups")
+            groups = g if isinstance(g, dict) else groups
     if not rows:
         return None
     if len(rows) >= 3:
         skip = max(1, math.ceil(0.1 * len(rows)))
         rows, cpu_rows = rows[skip:], cpu_rows[skip:]
     n_windows = sum(1 for i, row in enumerate(rows) if i == 0 or row != rows[i - 1])
-    return {"clock": clock, "windows": rows, "n_windows": n_windows, "cpu_windows": cpu_rows}
+    return {"clock": clock, "windows": rows, "n_windows": n_windows, "cpu_windows": cpu_rows,
+            "of": "rank" if by_rank else "data rank", "groups": _groups(groups) if by_rank else None}
+
+
+def _groups(g: dict | None) -> dict | None:
+    """``rank_groups`` as written (lists of lists of ints), or None where it is not that."""
+    if not isinstance(g, dict):
+        return None
+    out = {}
+    for k in ("tensor", "pipeline", "stages"):
+        v = g.get(k) or []
+        if not (isinstance(v, list) and all(isinstance(x, list) and all(isinstance(i, int) for i in x) for x in v)):
+            return None
+        out[k] = v
+    return out
 
 
 def _shares(v: Any) -> str:

@@ -10,24 +10,34 @@ Three layers, from the bottom:
    the rank(s) whose heartbeat stopped (the dead or hung ones, with their last step), then exits
    with :data:`EXIT_CODE` without the clean-up that could hang.
 3. A watchdog thread ends the process if no progress is made for ``2 x timeout_s + 60`` s
-   (a hang outside any collective, e.g. in a data loader), with the same report.
+   (a hang outside any collective, e.g. in a data loader), with the same report; sooner, after
+   ``timeout_s``, when a peer gives no sign of life meanwhile (a frozen rank, wherever this rank waits).
+
+A frozen rank (SIGSTOP, a debugger) cannot run its own threads: its sign-of-life key stops advancing
+and the ranks that wait for it name it ("frozen"). A stopped process cannot act on SIGTERM either, and
+torchrun's agent waits 30 s after its SIGTERM before it sends SIGKILL: so the rank that reports a
+stopped peer on its own host (the key holds the peer's pid, host and pid namespace, and ``/proc`` says
+it is stopped) ends that process with SIGKILL before it exits, and the job ends within the timeout.
+A peer on another host is named "died or froze" (no process to look at there).
 
 Fault injection for tests: ``FailFast(..., fault=(kind, rank, step))`` (``Knobs.fault``; the CLI
-takes it from ``TRAINPERF_FAULT=exit|hang``, ``TRAINPERF_FAULT_RANK``, ``TRAINPERF_FAULT_STEP``) makes
-that rank exit (code 17) or sleep forever at that step.
+takes it from ``TRAINPERF_FAULT=exit|hang|stop|collective``, ``TRAINPERF_FAULT_RANK``,
+``TRAINPERF_FAULT_STEP``) makes that rank exit (code 17), sleep forever, stop itself (SIGSTOP: frozen) or
+wait in a receive no rank sends (stuck in a collective) at that step.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import sys
 import threading
 import time
 
 EXIT_CODE = 3
 _PREFIX = "trainperf/heartbeat/"  # "<step> <time the step began>"
-_ALIVE = "trainperf/alive/"  # "<time>", refreshed every second by the watchdog thread
+_ALIVE = "trainperf/alive/"  # "<time> <pid> <host#pid namespace>", refreshed every _ALIVE_EVERY_S by the watchdog thread
 _DEAD_AFTER_S = 2.0
 _ALIVE_EVERY_S = 0.5
 
@@ -44,7 +54,32 @@ def _store():
     return None
 
 
-_SETTLED = ("died", "hung", "never reported")
+_SETTLED = ("died", "hung", "never reported", "frozen", "froze")
+
+
+def _host() -> str:
+    """This host and its pid namespace: where a peer's pid names the same process as here."""
+    try:
+        ns = os.readlink("/proc/self/ns/pid").replace(" ", "")
+    except OSError:
+        ns = "?"
+    return f"{socket.gethostname()}#{ns}".replace(" ", "_")
+
+
+_HOST = _host()
+
+
+def process_state(pid: int) -> str | None:
+    """This host's process ``pid``: its /proc state letter ("R", "S", "D", "T" stopped, "t" traced, "Z"...),
+    "gone" when there is no such process, None where /proc cannot tell (not Linux)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read().decode(errors="replace")
+    except FileNotFoundError:
+        return "gone"
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[-1].split()[0]  # the name, in parentheses, may hold spaces
 
 
 def _settled(found: list[str]) -> bool:
@@ -65,6 +100,7 @@ class FailFast:
         self.last_beat = time.monotonic()
         self.out = out or sys.stderr
         self._done = threading.Event()
+        self._stopped: dict[int, int] = {}  # rank -> pid of a peer's process found stopped on this host
         self._failing = False
         self._lock = threading.Lock()
         self._thread = None
@@ -111,12 +147,15 @@ class FailFast:
             if beat is None:
                 continue
             out[r] = {"step": int(beat[0]), "step_age": now - float(beat[1]),
-                      "alive_age": now - float(alive[0]) if alive else float("inf")}
+                      "alive_age": now - float(alive[0]) if alive else float("inf"),
+                      "pid": int(alive[1]) if alive and len(alive) > 2 else None,
+                      "host": alive[2] if alive and len(alive) > 2 else None}
         return out
 
     def suspects(self) -> list[str]:
         beats = self.heartbeats()
-        found = []
+        found: list[str] = []
+        stopped: dict[int, int] = {}
         for r in range(self.world):
             if r == self.rank:
                 continue
@@ -124,12 +163,30 @@ class FailFast:
             if b is None:
                 found.append(f"rank {r} never reported a step")
             elif b["alive_age"] > _DEAD_AFTER_S:
-                found.append(f"rank {r} died (no sign of life for {b['alive_age']:.1f}s; it was in step {b['step']})")
+                found.append(self._silent(r, b, stopped))
             elif b["step"] < self.step:
                 found.append(f"rank {r} is behind (still in step {b['step']})")
             elif b["step_age"] > max(2.0, 0.5 * self.timeout_s):
                 found.append(f"rank {r} hung (alive, stuck in step {b['step']} for {b['step_age']:.1f}s)")
+        self._stopped = stopped
         return found
+
+    def _silent(self, r: int, b: dict, stopped: dict[int, int]) -> str:
+        """A peer with no sign of life: dead, or frozen (stopped, or stuck where its threads cannot run).
+        On this host its process says which; a stopped one goes into ``stopped`` (:meth:`fail` ends it)."""
+        age, step, pid = b["alive_age"], b["step"], b.get("pid")
+        state = process_state(pid) if (pid and b.get("host") == _HOST and pid != os.getpid()) else None
+        if state in ("gone", "Z", "X"):
+            return f"rank {r} died (no sign of life for {age:.1f}s; it was in step {step})"
+        if state in ("T", "t"):
+            if state == "T":  # job control's stop (SIGSTOP), not a debugger's (traced: left alone)
+                stopped[r] = pid
+            return (f"rank {r} frozen / stopped (its process {pid} is stopped: SIGSTOP, or traced by a debugger; "
+                    f"no sign of life for {age:.1f}s; it was in step {step})")
+        if state is not None:
+            return (f"rank {r} frozen / stuck (its process {pid} runs but its threads give no sign of life for "
+                    f"{age:.1f}s, e.g. native code holding the GIL; it was in step {step})")
+        return f"rank {r} died or froze (no sign of life for {age:.1f}s; it was in step {step})"
 
     def report(self, reason: str) -> str:
         try:
@@ -144,8 +201,21 @@ class FailFast:
             who = ("; ".join(found)) if found else "no other rank looks dead or hung (see the other ranks' reports)"
         except ConnectionError:
             who = "heartbeats unreadable (the store's host, the launcher or rank 0, is gone)"
+        ended = ""
+        if self._stopped:  # a stopped process cannot act on the launcher's SIGTERM (torchrun waits 30 s for it)
+            ended = "; " + ", ".join(f"rank {r}'s stopped process {pid}" for r, pid in sorted(self._stopped.items())) \
+                + " killed (SIGKILL), as it cannot end itself"
         return (f"trainperf: rank {self.rank} stopped at step {self.step}: {reason}. Cause: {who}. "
-                f"Ending the job (distributed.timeout_s={self.timeout_s:g}).")
+                f"Ending the job (distributed.timeout_s={self.timeout_s:g}{ended}).")
+
+    def _end_stopped_peers(self) -> None:
+        """SIGKILL the peers' processes this rank found stopped on its host (checked again just before)."""
+        for pid in self._stopped.values():
+            if process_state(pid) == "T":
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
 
     def fail(self, reason: str, code: int = EXIT_CODE) -> None:
         """Print the report and leave at once (no process-group clean-up: it could hang). A second trigger
@@ -158,6 +228,7 @@ class FailFast:
             text = self.report(reason)
             print(text, file=self.out, flush=True)
             self._record(reason, text)
+            self._end_stopped_peers()
         except Exception:  # noqa: BLE001
             pass
         finally:
@@ -195,7 +266,7 @@ class FailFast:
         deadline = time.monotonic() + _DEAD_AFTER_S + 2 * _ALIVE_EVERY_S  # a peer that just died still looks alive
         while True:
             try:
-                if any("died" in s or "never reported" in s for s in self.suspects()):  # not "hung": alive
+                if any(w in s for s in self.suspects() for w in ("died", "never reported", "frozen", "froze")):
                     return True
             except ConnectionError:
                 return True
@@ -206,16 +277,28 @@ class FailFast:
     def _watch(self) -> None:
         # Generous: collectives already fail after timeout_s; this catches a whole job stuck elsewhere.
         limit = 2 * self.timeout_s + 60.0
+        alive = f"{os.getpid()} {_HOST}"
         while True:
             if self.store is not None:
                 try:
-                    self.store.set(f"{_ALIVE}{self.rank}", f"{time.time():.3f}")
+                    self.store.set(f"{_ALIVE}{self.rank}", f"{time.time():.3f} {alive}")
                 except Exception:  # noqa: BLE001
                     pass
             if self._done.wait(_ALIVE_EVERY_S):
                 return
-            if self.step > 0 and time.monotonic() - self.last_beat > limit:
+            idle = time.monotonic() - self.last_beat
+            if self.step > 0 and idle > limit:
                 self.fail(f"no step finished for {limit:.0f}s (watchdog)")
+            if self.step > 0 and idle > self.timeout_s and self._peer_silent():
+                # wherever this rank waits (a collective's own timeout may be longer, a store call), a peer
+                # with no sign of life (dead or frozen) will not come back
+                self.fail(f"no step finished for {idle:.0f}s and a peer gives no sign of life (watchdog)")
+
+    def _peer_silent(self) -> bool:
+        try:
+            return any(w in s for s in self.suspects() for w in ("died", "frozen", "froze"))
+        except ConnectionError:
+            return False
 
     def guard(self):
         """Context manager around the training loop: a collective error becomes a report and exit."""
@@ -249,15 +332,27 @@ class _Guard:
         return False
 
 
+_STUCK_TAG = 7717  # no send ever uses it
+
+
 def inject_fault(fault: tuple[str, int, int], rank: int, step: int) -> None:
-    """``fault = (kind, rank, step)``: on that rank at that step, exit (kind "exit", code 17) or hang."""
+    """``fault = (kind, rank, step)``: on that rank at that step, exit (kind "exit", code 17), hang (sleep),
+    stop (SIGSTOP to itself: frozen, every thread, until a SIGCONT) or wait in a collective that never
+    completes ("collective": a receive from the next rank, which never sends it)."""
     kind, at_rank, at_step = fault
     if at_rank != rank or at_step != step:
         return
-    print(f"trainperf: injected fault {kind!r} on rank {rank} at step {step} (t={time.time():.3f})",
-          file=sys.stderr, flush=True)
+    print(f"trainperf: injected fault {kind!r} on rank {rank} at step {step} (t={time.time():.3f}) in process "
+          f"{os.getpid()}", file=sys.stderr, flush=True)
     if kind == "exit":
         os._exit(17)
     if kind == "hang":
         while True:
             time.sleep(3600)
+    if kind == "stop":
+        os.kill(os.getpid(), signal.SIGSTOP)
+    if kind == "collective":  # a receive its peer never sends: stuck in a collective until the group's timeout
+        import torch
+        import torch.distributed as dist
+
+        dist.recv(torch.zeros(1), src=(rank + 1) % dist.get_world_size(), tag=_STUCK_TAG)

@@ -9,7 +9,11 @@ each step, runs it forward and backward on its own share of the batch ``F - 1`` 
 (the fractional part on that fraction of the rows), in micro-batches of the trainer's size.
 That is real work proportional to the rank's samples, like a slower device; not a sleep.
 The trained model, its gradients, the collectives and the losses are untouched, so a slowed
-run gives the same losses as a plain one. Unset (the default): nothing is built and the step
+run gives the same losses as a plain one. Under FSDP2, tensor and pipeline parallelism the copy is
+still the whole model (not the rank's shard, tensor slice or stage), run on the thread that trains,
+so the rank's own compute grows by ``F - 1`` whole-model passes over its batch: more than ``F`` x its
+share of the model (measured on 2 gloo ranks at F = 3, thread CPU per step: tensor=2 53 vs 35 ms,
+pipeline=2 28 vs 7 ms, FSDP2 21 vs 12 ms), and its peers wait for it in their collectives. Unset (the default): nothing is built and the step
 does not look at it. It costs one extra model copy (and its activations) on rank R.
 """
 

@@ -5,7 +5,8 @@ construct one directly.
     slow_rank            (rank, factor): that global rank does ``factor`` x the model compute per
                          sample (:mod:`trainperf.distributed.slow`), a straggler for the balancer
                          and the diagnosis
-    fault                (kind, rank, step): that rank exits (code 17) or hangs at that step
+    fault                (kind, rank, step): that rank exits (code 17), hangs, stops (SIGSTOP) or waits in a
+                         receive no rank sends (stuck in a collective) at that step
                          (:mod:`trainperf.distributed.failure`)
     checkpoint_kill_step the process SIGKILLs itself midway through writing that step's checkpoint
                          (exact-resume tests)
@@ -23,7 +24,8 @@ from typing import Mapping
 from trainperf.errors import ConfigError
 
 SLOW_ENV = "TRAINPERF_SLOW_RANK"  # R:F
-FAULT_ENV = ("TRAINPERF_FAULT", "TRAINPERF_FAULT_RANK", "TRAINPERF_FAULT_STEP")  # exit|hang, rank, step
+FAULT_ENV = ("TRAINPERF_FAULT", "TRAINPERF_FAULT_RANK", "TRAINPERF_FAULT_STEP")  # kind, rank, step
+FAULT_KINDS = ("exit", "hang", "stop", "collective")
 CKPT_KILL_ENV = "TRAINPERF_FAULT_KILL_IN_CHECKPOINT"  # step
 OOM_ENV = "TRAINPERF_OOM_ABOVE"  # RANK:N (RANK -1: every rank)
 
@@ -69,8 +71,9 @@ def from_environ(environ: Mapping[str, str]) -> Knobs:
     fault = None
     kind = environ.get(FAULT_ENV[0])
     if kind:
-        if kind not in ("exit", "hang"):
-            raise ConfigError(f"{FAULT_ENV[0]}={kind!r} must be 'exit' or 'hang'")
+        if kind not in FAULT_KINDS:
+            raise ConfigError(f"{FAULT_ENV[0]}={kind!r} must be one of {', '.join(FAULT_KINDS)} (exit with code 17, "
+                              "sleep forever, SIGSTOP itself: a frozen rank, or wait in a receive no rank sends)")
         fault = (kind, _int(environ, FAULT_ENV[1]) or 0, _int(environ, FAULT_ENV[2]) or 0)
     oom = None
     if environ.get(OOM_ENV):

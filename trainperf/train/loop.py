@@ -101,7 +101,7 @@ class Trainer:
         self.balancer = self.clock = None
         self._fixed_clock = lambda: 0.0
         self._window: list = []  # this rank's (compute, cpu) seconds per step since the last exchange
-        if pm.dims.distributed and self.dp_world > 1:
+        if pm.dims.distributed:
             self._build_clock()
         self._oom_events: list[dict] = []
         if c.train.on_oom == "halve_micro_batch":
@@ -133,18 +133,21 @@ class Trainer:
 
     def _build_clock(self) -> None:
         """This rank's compute clock: forward+backward without waiting for the others (the balancer's
-        input and the straggler diagnosis's evidence)."""
+        input and the straggler diagnosis's evidence), on every rank of a distributed run."""
         from trainperf.distributed.balance import ComputeClock, DynamicBalancer, ThreadCpuClock
 
-        pm, c = self.pm, self.cfg
-        # FSDP2's all-gathers inside forward wait for slower ranks, which ComputeClock would count;
-        # on CPU this thread's CPU time leaves those waits out (gloo waits without spinning).
-        cpu_fsdp = pm.kind == "fsdp" and self.device.type == "cpu"
-        self.clock = ThreadCpuClock() if cpu_fsdp else ComputeClock(pm.modules[0], self.device.type)
-        self.clock_name = "thread_cpu" if cpu_fsdp else ("cuda_events" if self.device.type == "cuda" else "wall_to_last_grad")
+        pm, c, dims = self.pm, self.cfg, self.pm.dims
+        # FSDP2's all-gathers, tensor parallelism's all-reduces inside every layer and the pipeline's
+        # sends/receives wait for slower ranks inside forward/backward, which ComputeClock (wall time to the last
+        # gradient) would count; on CPU this thread's CPU time leaves those waits out (gloo waits without spinning).
+        cpu_thread = (pm.kind == "fsdp" or dims.tp_enabled or dims.pp_enabled) and self.device.type == "cpu"
+        self.clock = ThreadCpuClock() if cpu_thread else ComputeClock(pm.modules[0], self.device.type)
+        self.clock_name = "thread_cpu" if cpu_thread else ("cuda_events" if self.device.type == "cuda" else "wall_to_last_grad")
+        if self.dp_world < 2:
+            return  # no data-parallel peers: the clock is the straggler evidence only (no balancer, no fixed time)
         # the balancer's fixed time (data + optimizer, which a rank's share does not scale): the compute clock's
         # kind on CPU; on CUDA the optimizer's kernels run asynchronously (identical GPUs: nothing to model)
-        self._fixed_clock = (time.thread_time if cpu_fsdp else time.perf_counter) if self.device.type == "cpu" \
+        self._fixed_clock = (time.thread_time if cpu_thread else time.perf_counter) if self.device.type == "cpu" \
             else (lambda: 0.0)
         if c.parallelism.balance.enabled:  # parallelism.balance: per-rank shares of the global batch
             self.balancer = DynamicBalancer.from_config(
@@ -304,16 +307,31 @@ class Trainer:
 
     # ------------------------------------------------------------------ per-rank compute (straggler evidence)
     def rank_compute(self) -> dict | None:
-        """Each data rank's mean compute and CPU seconds per step since the last call. Collective
-        when distributed (every rank calls at the same steps); None in one process."""
+        """Each data rank's mean compute and CPU seconds per step since the last call (``rank_compute_s``,
+        ``rank_cpu_s``: the slowest of its tensor/pipeline ranks) and, under tensor or pipeline parallelism,
+        each global rank's (``rank_compute_by_rank_s``, ``rank_cpu_by_rank_s``) with the groups that wait
+        for each other (``rank_groups``: :func:`rank_groups`). Collective when distributed (one all-gather;
+        every rank calls at the same steps); None in one process."""
         if self.clock is None:
             return None
         n = max(1, len(self._window))
         mine = [sum(w[0]() for w in self._window) / n, sum(w[1] for w in self._window) / n]  # host sync on CUDA
         self._window = []
-        rows = dp_gather(self.pm.dims, self.device)(mine)
-        return {"rank_compute_s": [r[0] for r in rows], "rank_cpu_s": [r[1] for r in rows],
-                "rank_clock": self.clock_name}
+        dims = self.pm.dims
+        ranks = world_gather(self.device)(mine)
+        out: dict = {"rank_clock": self.clock_name}
+        if dims.dp > 1:
+            rows = dp_rows(dims, ranks)
+            out.update(rank_compute_s=[r[0] for r in rows], rank_cpu_s=[r[1] for r in rows])
+        if dims.tp_enabled or dims.pp_enabled:
+            out.update(rank_compute_by_rank_s=[r[0] for r in ranks], rank_cpu_by_rank_s=[r[1] for r in ranks],
+                       rank_groups=rank_groups(dims, self._virtual_stages()))
+        return out
+
+    def _virtual_stages(self) -> int:
+        """Pipeline stages each pipeline rank holds (interleaved schedules: parallelism.interleave)."""
+        p = self.cfg.parallelism
+        return p.interleave if (self.pm.dims.pp_enabled and p.pipeline_schedule == "interleaved_1f1b") else 1
 
     # ------------------------------------------------------------------ evaluation (collective when distributed)
     @torch.no_grad()
@@ -372,23 +390,49 @@ class Trainer:
         self.backend.after_load()
 
 
-def dp_gather(dims, device):
-    """An exchange over the whole world reduced to one row per data-parallel rank (the slowest of its
-    tensor/pipeline ranks), so every rank, whatever its data-parallel group, sees the same rows."""
+def world_gather(device):
+    """``gather(values) -> one row per global rank``: an all-gather of each rank's floats over the world."""
     import torch.distributed as dist
 
     def gather(values: list[float]) -> list[list[float]]:
-        world = dist.get_world_size()
         local = torch.tensor(values, dtype=torch.float64, device=device)
-        out = [torch.empty_like(local) for _ in range(world)]
+        out = [torch.empty_like(local) for _ in range(dist.get_world_size())]
         dist.all_gather(out, local)
-        rows: list = [None] * dims.dp
-        for r, t in enumerate(out):
-            row, d = t.tolist(), dims.dp_rank(r)
-            rows[d] = row if rows[d] is None else [max(a, b) for a, b in zip(rows[d], row)]
-        return rows
+        return [t.tolist() for t in out]
 
     return gather
+
+
+def dp_rows(dims, ranks: list[list[float]]) -> list[list[float]]:
+    """Rows per global rank reduced to one per data-parallel rank (the slowest of its tensor/pipeline ranks)."""
+    rows: list = [None] * dims.dp
+    for r, row in enumerate(ranks):
+        d = dims.dp_rank(r)
+        rows[d] = row if rows[d] is None else [max(a, b) for a, b in zip(rows[d], row)]
+    return rows
+
+
+def dp_gather(dims, device):
+    """An exchange over the whole world reduced to one row per data-parallel rank (the slowest of its
+    tensor/pipeline ranks), so every rank, whatever its data-parallel group, sees the same rows."""
+    gather = world_gather(device)
+    return lambda values: dp_rows(dims, gather(values))
+
+
+def rank_groups(dims, virtual_stages: int = 1) -> dict:
+    """The ranks that wait for each other inside a step, by global rank: ``tensor`` (each tensor-parallel
+    group: their collectives run inside every layer), ``pipeline`` (per pipeline rank, the ranks at that
+    place of the pipeline) and ``stages`` (per pipeline rank, the schedule's stage indices it holds)."""
+    tensor: dict[tuple, list[int]] = {}
+    pipeline: list[list[int]] = [[] for _ in range(dims.pp)]
+    for r in range(dims.world_size):
+        c = dims.coords(r)
+        tensor.setdefault((c["pp"], c["dp"]), []).append(r)
+        pipeline[c["pp"]].append(r)
+    return {"tensor": list(tensor.values()) if dims.tp_enabled else [],
+            "pipeline": pipeline if dims.pp_enabled else [],
+            "stages": [[p + k * dims.pp for k in range(virtual_stages)] for p in range(dims.pp)] if dims.pp_enabled
+            else []}
 
 
 def oom_agreement(device):
