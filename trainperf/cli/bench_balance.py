@@ -25,7 +25,7 @@ def register(subparsers) -> None:
     p.add_argument("--steps", type=int, default=60, help="measured steps per arrangement (unbalanced, balanced)")
     p.add_argument("--block", type=int, default=5, help="steps per block when alternating the two arrangements")
     p.add_argument("--global-batch", type=int, default=None,
-                   help="samples per step over all ranks (default 64; with --mid-run 32)")
+                   help="samples per step over all ranks (default 64; with --mid-run 16, gpt-tiny's own)")
     p.add_argument("--micro-steps", type=whole(1, 1024), default=2, help="micro-steps per rank per step (uneven sizes)")
     p.add_argument("--seq", type=whole(1, 2**20), default=256,
                    help="tokens per sample (the default makes a step ~0.2 s, like a real training step, so the "
@@ -75,7 +75,7 @@ def balance_command(args) -> int:
     if args.mid_run:
         from trainperf.bench.balance_midrun import measure_midrun, print_midrun
 
-        args.global_batch = (64 if args.model == "mlp" else 32) if args.global_batch is None else args.global_batch
+        args.global_batch = (64 if args.model == "mlp" else 16) if args.global_batch is None else args.global_batch
         res = measure_midrun(args)
         print_json(res) if args.json else print_midrun(res)
         return 0
