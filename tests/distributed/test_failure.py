@@ -75,3 +75,32 @@ def test_a_failed_job_tells_diagnose_which_rank_ended_it(tmp_path):
     assert lines and any('"rank": 0' in ln and "rank 1 died" in ln for ln in lines), lines
     notes = diagnose(tmp_path / "run")["run_notes"]
     assert any(n.startswith("failure: rank 0 stopped at step 3") and "rank 1 died" in n for n in notes), notes
+
+
+def test_a_rank_killed_inside_a_dcp_checkpoint_ends_the_job_with_a_named_report(tmp_path):
+    """TRAINPERF_FAULT_KILL_IN_CHECKPOINT reached only the one-process checkpointer: under sharded (DCP)
+    checkpoints the fault was dropped and the run finished. Rank 1 now SIGKILLs itself once its step-4 shards
+    are written; rank 0 names it in the fail-fast report, and the step-4 checkpoint is never marked complete."""
+    from trainperf.distributed.checkpoint import latest, list_checkpoints
+
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(CONFIG.replace("checkpoint: {every: 0, at_end: false}", "checkpoint: {every: 2, at_end: false}"))
+    env = dict(os.environ, OMP_NUM_THREADS="1", TRAINPERF_FAULT_KILL_IN_CHECKPOINT="4", TRAINPERF_FAULT_RANK="1")
+    env.pop("TRAINPERF_FAULT", None)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "trainperf", "train", str(cfg), "--resume", "never", "--set", f"run.dir={tmp_path / 'run'}",
+           "--set", f"distributed.timeout_s={TIMEOUT_S}"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    out = proc.stdout + proc.stderr
+    m = re.search(r"injected fault 'kill in checkpoint' on rank 1 at step 4 \(t=([\d.]+)\)", out)
+    assert m, out[-3000:]
+    elapsed = time.time() - float(m.group(1))
+    assert proc.returncode != 0
+    report = [ln for ln in out.splitlines() if ln.startswith("trainperf: rank 0 stopped at step")]
+    assert report, out[-3000:]
+    assert re.search(r"rank 1 died \(no sign of life for [\d.]+s; it was in step \d\)", report[0]), report[0]
+    assert elapsed < TIMEOUT_S + 15, elapsed
+    ckpts = tmp_path / "run" / "checkpoints"
+    assert [s for s, _ in list_checkpoints(ckpts)] == [2]  # step 4: shards, but no COMPLETE marker
+    assert (ckpts / "step-00000004").is_dir() and not (ckpts / "step-00000004" / "COMPLETE").exists()
+    assert latest(ckpts).name == "step-00000002"
