@@ -337,18 +337,23 @@ def _phase_sums(run_dir) -> tuple[dict, dict, int]:
 
 
 def _assert_sleep_is_not_contention(run_dir):
-    """The sleep is the "other" phase, not forward/backward/optimizer time; host_contention does not fire on it.
-    Counted inside the optimizer phase (before), the process read well under 0.75 cores per wall second."""
-    wall, cpu, n = _phase_sums(run_dir)
+    """The sleep is the "other" phase, not forward/backward/optimizer time, and host_contention does not fire on it:
+    the rule reads the timed phases' own CPU per wall second. Counted inside them (as the optimizer phase of a
+    callback did), the sleep alone would have read well under 0.75 cores."""
+    from trainperf.diagnosis.rules_runtime import HOST_MIN_CORES
+
+    wall, cpu, n = _phase_sums(run_dir)  # the steady steps the diagnosis reads (the first 10% left out)
     timed = ("forward", "backward", "optimizer")
     assert wall.get("other", 0.0) >= 0.9 * SLEEP_S * n, wall  # the sleep is there, outside the timed phases
-    assert wall["optimizer"] < 0.5 * SLEEP_S * n, wall
+    phases_only = sum(cpu[k] for k in timed) / sum(wall[k] for k in timed)
     with_sleep = sum(cpu[k] for k in timed) / (sum(wall[k] for k in timed) + wall["other"])
-    assert with_sleep < 0.75, (with_sleep, wall, cpu)  # what the sleep would have made of the figure
+    assert with_sleep < HOST_MIN_CORES, (with_sleep, wall, cpu)  # what the sleep would have made of the figure
     f = next((f for f in _diagnose(run_dir)["findings"] if f["id"] == "host_contention"), None)
-    # a machine loaded by other jobs may starve the compute itself (then it fires rightly, on the phases'
-    # own figure, well above the one the sleep would have given)
-    assert f is None or (f["cpu_cores_got"] or 0) > 1.5 * with_sleep, f
+    # On a quiet machine it does not fire. Beside other jobs it may, rightly, for a cause that is not the sleep:
+    # the timed phases themselves starved of CPU, or step times spread.
+    if f is not None:
+        assert f["cpu_cores_got"] == pytest.approx(phases_only, rel=1e-6), (f, phases_only, with_sleep)
+        assert f["cpu_cores_got"] < HOST_MIN_CORES or "spread" in f["evidence"], f
 
 
 def test_lightning_a_callback_that_sleeps_after_the_optimizer_step_is_not_host_contention(tmp_path):
