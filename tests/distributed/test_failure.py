@@ -27,9 +27,9 @@ monitor: {mfu: false}
 """
 
 
-def _run(tmp_path, fault: str):
+def _run(tmp_path, fault: str, config: str = CONFIG):
     cfg = tmp_path / "cfg.yaml"
-    cfg.write_text(CONFIG)
+    cfg.write_text(config)
     env = dict(os.environ, OMP_NUM_THREADS="1", TRAINPERF_FAULT=fault, TRAINPERF_FAULT_RANK="1",
                TRAINPERF_FAULT_STEP="3")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
@@ -104,3 +104,16 @@ def test_a_rank_killed_inside_a_dcp_checkpoint_ends_the_job_with_a_named_report(
     assert [s for s, _ in list_checkpoints(ckpts)] == [2]  # step 4: shards, but no COMPLETE marker
     assert (ckpts / "step-00000004").is_dir() and not (ckpts / "step-00000004" / "COMPLETE").exists()
     assert latest(ckpts).name == "step-00000002"
+
+
+def test_a_fault_under_dcp_checkpoints_ends_the_job_with_a_named_report(tmp_path):
+    """TRAINPERF_FAULT under sharded (DCP) checkpoints, saved every 2 steps: the fault fires at step 3 as without
+    checkpoints (the heartbeat injects it at every step's start, whichever checkpointer the run has)."""
+    from trainperf.distributed.checkpoint import list_checkpoints
+
+    proc, elapsed, out = _run(tmp_path, "exit", CONFIG.replace("checkpoint: {every: 0,", "checkpoint: {every: 2,"))
+    assert proc.returncode != 0
+    report = [ln for ln in out.splitlines() if ln.startswith("trainperf: rank 0 stopped at step 3")]
+    assert report and re.search(r"rank 1 died", report[0]), out[-3000:]
+    assert elapsed < TIMEOUT_S + 15, elapsed
+    assert [s for s, _ in list_checkpoints(tmp_path / "run" / "checkpoints")] == [2]
