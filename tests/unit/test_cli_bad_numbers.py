@@ -27,7 +27,7 @@ def _run(capsys, argv) -> tuple[int, str]:
     (["bench", "step", "configs/gpt-tiny.yaml", "--rounds", "0"], "argument --rounds: 0 is below 1"),
     (["bench", "step", "configs/gpt-tiny.yaml", "--steps", "0"], "argument --steps: 0 is below 1"),
     (["bench", "data", "--batch", "0"], "argument --batch: 0 is below 1"),
-    (["bench", "data", "--epochs", "0"], "argument --epochs: 0 is below 1"),
+    (["bench", "data", "--epochs", "1"], "argument --epochs: 1 is below 2"),  # a cold and a warm epoch
     (["bench", "data", "--latency-ms", "-1"], "argument --latency-ms: -1 must be a finite number >= 0"),
     (["bench", "data", "--latency-ms", "nan"], "argument --latency-ms: nan must be a finite number >= 0"),
     (["bench", "traces", TRACE, "--repeat", "0"], "argument --repeat: 0 is below 1"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 
 from trainperf.cli import main
 
@@ -65,6 +66,57 @@ def test_bench_data_quick_json(capsys):
     pf = hybrid["prefetch"]  # derived from what the loader measured (it only grows from the fixed start)
     assert pf["plan"]["measured_step"] and pf["plan"]["read_s"] > 0 and pf["io_threads"] >= 8 and pf["depth"] >= 4
     assert out["loaders"][3]["prefetch"]["io_threads"] == 8 and out["loaders"][3]["prefetch"]["depth"] == 4
+    for r in measured:  # the figure (median of the windows) beside the whole loop's and the per-step waits
+        assert len(r["data_wait_windows"]) == out["settings"]["wait_windows"] == 5
+        assert min(r["data_wait_windows"]) <= r["data_wait_fraction"] <= max(r["data_wait_windows"])
+        assert 0 <= r["data_wait_fraction_total"] <= 1 and r["loop_steps"] >= 5
+        assert 0 <= r["step_wait_p50_s"] <= r["step_wait_p95_s"] <= r["max_step_wait_s"]
+    s = out["settings"]
+    assert s["quick"] and s["quick_set"] == {"samples": 96, "batch": 16, "latency_ms": 2.0, "decode_ms": 0.2,
+                                             "item_kb": 4.0, "wait_loop_s": 0.3}
+
+
+def test_bench_data_quick_keeps_the_values_given_and_says_what_it_set(capsys):
+    """--quick took min(given, its own): `--quick --latency-ms 7` ran at 2 ms per read, silently."""
+    argv = ["bench", "data", "--quick", "--latency-ms", "7", "--batch", "8", "--only", "hybrid"]
+    assert main(argv + ["--json"]) == 0
+    s = json.loads(capsys.readouterr().out)["settings"]
+    assert s["latency_ms"] == 7.0 and s["batch"] == 8  # kept as given
+    assert s["quick_set"] == {"samples": 96, "decode_ms": 0.2, "item_kb": 4.0, "wait_loop_s": 0.3}
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert "7 ms per read" in text and "batch 8" in text
+    assert "--quick set: --samples 96, --decode-ms 0.2, --item-kb 4; wait loop 0.3 s (values you gave are kept)" in text
+
+
+def test_bench_data_epochs_below_2_is_refused_not_raised(capsys):
+    """--epochs 1 was raised to 2 behind the user's back; the bench needs a warm epoch: exit 2 naming the bound."""
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "data", "--quick", "--epochs", "1"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --epochs: 1 is below 2: give a whole number >= 2" in err, err
+    assert "Traceback" not in err
+
+
+def test_the_data_wait_figure_is_the_median_of_windows_not_moved_by_one_stall():
+    """The figure of a loop whose steps each wait 1 ms of 10 ms, with one 300 ms stall: the median of the windows
+    stays at 10%, the whole-loop fraction moves (the old figure), and p50 / p95 / max say what happened."""
+    from trainperf.bench.data import wait_figures
+
+    waits = [0.001] * 500
+    waits[37] = 0.3
+    starts, t = [], 0.0
+    for w in waits:
+        starts.append(t)
+        t += w + 0.009
+    f = wait_figures(waits, starts, t, windows=5)
+    assert f["data_wait_fraction"] == pytest.approx(0.1)
+    assert f["data_wait_fraction_total"] > 0.15  # one stall moves the total by 5+ points
+    assert f["step_wait_p50_s"] == pytest.approx(0.001) and f["step_wait_p95_s"] == pytest.approx(0.001)
+    assert f["max_step_wait_s"] == 0.3 and f["loop_steps"] == 500 and len(f["data_wait_windows"]) == 5
+    one = wait_figures([0.002], [0.0], 0.01)  # fewer steps than windows: one window per step
+    assert one["data_wait_fraction"] == pytest.approx(0.2) and one["data_wait_windows"] == [pytest.approx(0.2)]
 
 
 def test_prepare_src_that_is_a_file_or_holds_too_little_text_says_what_it_saw(tmp_path, capsys):

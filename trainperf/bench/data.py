@@ -23,8 +23,16 @@ following (warm) epochs; then a loop with a fixed compute time per step (a sleep
 GPU the host thread waits while the device computes, so the host CPU stays free for the
 loader): a warm-up of a quarter epoch (at least 4 steps; the throughput epochs left every
 queue empty, and a training loop refills them at its step rate: ``warmup_wait_s``), then
-an epoch of steps and at least 3 s of compute, over which the data wait is the fraction of the
-loop's time spent in ``next()`` (steady state; ``max_step_wait_s`` its longest single wait).
+at least ``WAIT_LOOP_S`` (10) seconds of steps, and at least an epoch of them (steady state). The loop
+is cut into ``WAIT_WINDOWS`` (5) windows of equal step counts; the data-wait figure
+(``data_wait_fraction``) is the median of the windows' fractions of time spent in ``next()``: a
+scheduler hiccup on a shared machine moves one window, not the figure. Beside it: the fraction over
+the whole loop (``data_wait_fraction_total``), each window's, and the median, p95 and longest of the
+per-step waits (``step_wait_p50_s``, ``step_wait_p95_s``, ``max_step_wait_s``).
+
+``--quick`` (the test suite's seconds-long smoke run) sets only the sizes the user did not give (a
+small epoch, short reads, a cheap decode) and a 0.3 s wait loop; ``settings.quick_set`` lists what it
+chose.
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -113,20 +122,39 @@ def _missing_peer(kind: str) -> str | None:
     return None
 
 
+DEFAULTS = {"samples": 1024, "batch": 32, "latency_ms": 5.0, "decode_ms": 0.5, "item_kb": 16.0}
+"""The sizes a run uses when the user gives none; ``--quick`` takes its own (``QUICK``) for those."""
+QUICK = {"samples": 96, "batch": 16, "latency_ms": 2.0, "decode_ms": 0.2, "item_kb": 4.0}
+WAIT_LOOP_S = 10.0  # seconds of steady-state steps in the data-wait loop (at least an epoch of them)
+QUICK_WAIT_LOOP_S = 0.3
+WAIT_WINDOWS = 5  # the loop's windows; the data-wait figure is the median of their fractions
+
+
 def _settings(args) -> dict:
+    """The run's settings. A size left unset (None) takes ``QUICK``'s value under ``--quick``, else ``DEFAULTS``';
+    a size the user gave is kept as given, ``--quick`` or not."""
+    from trainperf.errors import UserError
     from trainperf.hardware.cpu import loader_workers, usable_cpus
 
-    if args.quick:
-        args.samples, args.batch = min(args.samples, 96), min(args.batch, 16)
-        args.latency_ms, args.decode_ms, args.item_kb = min(args.latency_ms, 2.0), min(args.decode_ms, 0.2), 4.0
+    quick_set = {}
+    for k, default in DEFAULTS.items():
+        if getattr(args, k, None) is None:
+            value = QUICK[k] if args.quick else default
+            setattr(args, k, value)
+            if args.quick:
+                quick_set[k] = value
     if args.epochs < 2:
-        args.epochs = 2
+        raise UserError(f"--epochs {args.epochs}: the bench needs at least 2 (1 cold epoch + 1 warm); give --epochs 2 "
+                        "or more")
+    loop_s = QUICK_WAIT_LOOP_S if args.quick else WAIT_LOOP_S
+    if args.quick:
+        quick_set["wait_loop_s"] = loop_s
     workers = args.workers if args.workers is not None else max(1, loader_workers())
     compute = args.compute_ms if args.compute_ms is not None else max(5.0, 1.5 * args.batch * args.decode_ms / workers)
     return {"latency_ms": args.latency_ms, "bandwidth_mb_s": args.bandwidth_mb_s, "item_kb": args.item_kb,
             "decode_ms": args.decode_ms, "samples": args.samples, "batch": args.batch, "epochs": args.epochs,
             "workers": workers, "compute_ms": compute, "io_threads": args.io_threads, "usable_cpus": usable_cpus(),
-            "wait_loop_s": 0.3 if args.quick else WAIT_LOOP_S,
+            "wait_loop_s": loop_s, "wait_windows": WAIT_WINDOWS, "quick": bool(args.quick), "quick_set": quick_set,
             "load_avg_1m_at_start": round(os.getloadavg()[0], 2)}  # other processes competing for the CPUs
 
 
@@ -171,13 +199,34 @@ def _build(kind: str, src, decode, s: dict, cuda: bool, cache_dir: str):
     return {"loader": dl}
 
 
-WAIT_LOOP_S = 3.0
+def _percentile(xs: list[float], q: float) -> float:
+    """The ``q`` quantile of ``xs`` (linear between the nearest ranks; ``xs`` not empty)."""
+    v = sorted(xs)
+    pos = q * (len(v) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(v) - 1)
+    return v[lo] + (v[hi] - v[lo]) * (pos - lo)
 
 
-def wait_loop_steps(per_epoch: int, compute_s: float, loop_s: float = WAIT_LOOP_S) -> int:
-    """Steps the data-wait loop measures: an epoch, and at least ``loop_s`` seconds of compute (a
-    fraction of a half-second loop is a few waits' noise)."""
-    return max(per_epoch, math.ceil(loop_s / max(compute_s, 1e-4)))
+def wait_figures(waits: list[float], starts: list[float], end: float, windows: int = WAIT_WINDOWS) -> dict:
+    """The data-wait figures of a loop: ``waits[i]`` seconds in ``next()`` for the step that began at
+    ``starts[i]``, the loop ending at ``end``. The loop is cut into ``windows`` windows of equal step counts
+    (fewer when it has fewer steps); the figure is the median of their wait fractions (a stall of the machine
+    moves one window, not the median), with the whole loop's fraction and the per-step median / p95 / max."""
+    n = len(waits)
+    k = max(1, min(windows, n))
+    bounds = [round(i * n / k) for i in range(k + 1)]
+    edges = list(starts) + [end]
+    fracs = []
+    for a, b in zip(bounds, bounds[1:]):
+        span = edges[b] - edges[a]
+        fracs.append(sum(waits[a:b]) / span if span > 0 else 0.0)
+    total = end - starts[0]
+    return {"data_wait_fraction": statistics.median(fracs),
+            "data_wait_fraction_total": sum(waits) / total if total > 0 else 0.0,
+            "data_wait_windows": fracs, "step_wait_p50_s": statistics.median(waits),
+            "step_wait_p95_s": _percentile(waits, 0.95), "max_step_wait_s": max(waits), "loop_steps": n,
+            "loop_s": total}
 
 
 def _cpu_s() -> float:
@@ -219,31 +268,34 @@ def _measure(kind: str, src, decode, s: dict, cuda: bool, cache_dir: str, bar) -
                 cpu_warm += _cpu_s() - c
         # data-wait loop: fixed compute per step. The throughput epochs above drained every queue as fast as
         # the loader could fill it; a training loop consumes at its step rate, so the first steps refill the
-        # queues (warm-up, timed apart), then one epoch's worth of steps is measured (steady state; the
-        # iterators run on across the epoch boundary, as a training loop's do)
+        # queues (warm-up, timed apart), then at least wait_loop_s seconds and an epoch of steps are measured
+        # (steady state; the iterators run on across epoch boundaries, as a training loop's do)
         compute_s = s["compute_ms"] / 1000.0
         per_epoch = n_per_epoch // s["batch"]
-        steps = wait_loop_steps(per_epoch, compute_s, s["wait_loop_s"])
         warmup = max(4, per_epoch // 4)
-        it = itertools.chain.from_iterable(epoch() for _ in range(math.ceil((warmup + steps) / per_epoch) + 1))
-        waits = []
-        t_loop = None
-        for i in range(warmup + steps):
-            if i == warmup:
-                t_loop = time.perf_counter()
+        min_steps = max(per_epoch, s["wait_windows"])
+        it = itertools.chain.from_iterable(epoch() for _ in itertools.count())
+        waits, starts = [], []
+        t_loop = 0.0
+        i = 0
+        while True:
             tw = time.perf_counter()
+            if i == warmup:
+                t_loop = tw
+            elif i > warmup and i - warmup >= min_steps and tw - t_loop >= s["wait_loop_s"]:
+                break
             b = next(it)
             waits.append(time.perf_counter() - tw)
+            starts.append(tw)
             b = b.to(dev, non_blocking=True)
             time.sleep(compute_s)  # the device computes; the host thread waits
             bar.update(1)
-        loop_s = time.perf_counter() - t_loop
-        wait = sum(waits[warmup:])
+            i += 1
+        figures = wait_figures(waits[warmup:], starts[warmup:], tw, s["wait_windows"])
         row = {"name": kind, "cold_samples_per_s": n_per_epoch / times[0],
                "warm_samples_per_s": n_per_epoch * (len(times) - 1) / sum(times[1:]),
-               "data_wait_fraction": wait / loop_s, "warmup_steps": warmup,
-               "warmup_wait_s": sum(waits[:warmup]), "max_step_wait_s": max(waits[warmup:]), "cold_epoch_s": times[0], "warm_epoch_s": sum(times[1:]) / (len(times) - 1),
-               "loop_s": loop_s,
+               **figures, "warmup_steps": warmup, "warmup_wait_s": sum(waits[:warmup]),
+               "cold_epoch_s": times[0], "warm_epoch_s": sum(times[1:]) / (len(times) - 1),
                # CPU time of the main process and its workers per warm sample: the loader's cost,
                # unaffected by other processes competing for the CPUs (decode included)
                "warm_cpu_ms_per_sample": 1000 * cpu_warm / (n_per_epoch * (len(times) - 1))}
@@ -271,7 +323,8 @@ def measure(args) -> dict:
     skipped = {k: why for k in kinds if (why := _missing_peer(k))}
     kinds = [k for k in kinds if k not in skipped]
     per_epoch = s["samples"] // s["batch"]
-    loop = wait_loop_steps(per_epoch, s["compute_ms"] / 1000.0, s["wait_loop_s"]) + max(4, per_epoch // 4)
+    # the wait loop is timed: its steps estimated at the compute rate (a data-bound loader takes fewer)
+    loop = max(per_epoch, math.ceil(s["wait_loop_s"] / (s["compute_ms"] / 1000.0))) + max(4, per_epoch // 4)
     steps = (per_epoch * s["epochs"] + loop) * len(kinds)
     from tqdm import tqdm
 
@@ -299,6 +352,7 @@ def measure(args) -> dict:
                                            for k in PEERS if k in by}
         summary["data_wait_fraction"] = {k: by[k]["data_wait_fraction"] for k in by}
     rows += [{"name": k, "skipped": why} for k, why in skipped.items()]
+    s["load_avg_1m_at_end"] = round(os.getloadavg()[0], 2)
     out = {"settings": {**s, "device": "cuda" if cuda else "cpu"}, "loaders": rows, "summary": summary,
            "command": "trainperf bench data " + " ".join(sys.argv[3:] if sys.argv[1:3] == ["bench", "data"] else [])}
     return out

@@ -103,7 +103,9 @@ RULES: list[Rule] = [
          "one rank's own cause (a host stall, its data, its device) holds every rank at the next collective",
          "remove that rank's cause (the finding names it and its fix)", RT.late_rank, scope="job"),
     Rule("host_contention", "the host is shared or unsteady: less CPU than asked, erratic step times",
-         f"CPU runs: compute got < {RT.HOST_MIN_CORES} core per wall second, or < {_pct(RT.HOST_MIN_SHARE)} of "
+         f"CPU runs: compute (the forward, backward and optimizer phases only: time between steps or outside "
+         f"them, e.g. a loop's own sleep, is not counted) got < {RT.HOST_MIN_CORES} core per wall second, or < "
+         f"{_pct(RT.HOST_MIN_SHARE)} of "
          f"run.threads while the machine is >= {RT.MACHINE_BUSY_PCT:.0f}% busy; any run: p90 step time > "
          f"{RT.SPREAD_WARN}x the median over >= {RT.SPREAD_MIN_STEPS} steady steps (critical > {RT.SPREAD_CRIT}x, "
          f"or < {_pct(RT.HOST_CRIT_SHARE)} of the threads)",

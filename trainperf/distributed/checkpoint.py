@@ -74,8 +74,11 @@ def interrupts_unwrapped():
         raise
 
 
-def save(ckpt_dir: str | Path, step: int, modules: list, optimizers: list, extra: dict, *, keep: int = 3) -> Path:
-    """Collective: every rank writes its shards; rank 0 writes ``trainer.pt`` and then ``COMPLETE``."""
+def save(ckpt_dir: str | Path, step: int, modules: list, optimizers: list, extra: dict, *, keep: int = 3,
+         kill_midway: bool = False) -> Path:
+    """Collective: every rank writes its shards; rank 0 writes ``trainer.pt`` and then ``COMPLETE``.
+    ``kill_midway`` (a test knob, ``Knobs.checkpoint_kill_step``): this rank SIGKILLs itself once its shards
+    are written, before the checkpoint is complete."""
     import torch.distributed.checkpoint as dcp
 
     path = Path(ckpt_dir) / f"step-{step:08d}"
@@ -86,6 +89,8 @@ def save(ckpt_dir: str | Path, step: int, modules: list, optimizers: list, extra
     _barrier()
     with interrupts_unwrapped():
         dcp.save(model_optim_state(modules, optimizers), checkpoint_id=str(path))
+    if kill_midway:
+        _kill_self(step)
     if _rank() == 0:
         torch.save(extra, path / "trainer.pt")
     _barrier()
@@ -95,6 +100,17 @@ def save(ckpt_dir: str | Path, step: int, modules: list, optimizers: list, extra
         _prune(Path(ckpt_dir), keep)
     _barrier()
     return path
+
+
+def _kill_self(step: int) -> None:
+    import os
+    import signal
+    import sys
+    import time
+
+    print(f"trainperf: injected fault 'kill in checkpoint' on rank {_rank()} at step {step} (t={time.time():.3f}): "
+          "SIGKILL with its shards written, the checkpoint not complete", file=sys.stderr, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 MANIFEST = "MANIFEST.json"
@@ -263,14 +279,18 @@ class DcpCheckpointer:
     """Several processes: sharded DCP checkpoints, every rank writing its shards (resumable on another
     layout). Collective: every rank calls :meth:`save` and :meth:`resume`."""
 
-    def __init__(self, directory: str | Path, keep: int = 3):
+    def __init__(self, directory: str | Path, keep: int = 3, *, kill_step: int | None = None, kill_rank: int = 0):
         self.dir = Path(directory)
         self.keep = keep
+        # a test knob (Knobs.checkpoint_kill_step / checkpoint_kill_rank): that rank SIGKILLs itself midway
+        # through writing that step's checkpoint (its shards written, the checkpoint never complete)
+        self.kill_step, self.kill_rank = kill_step, kill_rank
         self.set_aside: Path | None = None  # rank 0: the previous run's checkpoints, while this run has none
 
     def save(self, trainer) -> Path:
+        kill = self.kill_step is not None and self.kill_step == trainer.step and _rank() == self.kill_rank
         path = save(self.dir, trainer.step, trainer.pm.modules, trainer.optimizer.optimizers, trainer.extra_state(),
-                    keep=self.keep)
+                    keep=self.keep, kill_midway=kill)
         if self.set_aside is not None:  # this run has a complete checkpoint now: the previous run's are superseded
             shutil.rmtree(self.set_aside, ignore_errors=True)
             self.set_aside = None

@@ -235,6 +235,7 @@ class StepRecorder:
         self.last_loss: float | None = None
         self._t_start = time.perf_counter()
         self._closed = False
+        self._watched: dict[int, Any] = {}  # id(optimizer) -> its step post-hook's handle (watch_optimizer)
 
     # ------------------------------------------------------------------ the step
     def _spent(self, t: float, c: float) -> None:
@@ -271,6 +272,27 @@ class StepRecorder:
         elif name == "optimizer":
             self._stop_counter(self._tokens)
         self._spent(t, c)
+
+    def end_phase(self, name: str) -> None:
+        """The framework's ``name`` work is over (e.g. the optimizer's step returned): what runs from here to the
+        step's end (callbacks, logging, a user's own sleep) is the ``other`` phase, not ``name``'s time, so the
+        CPU-per-wall-second of the phases trainperf times (host_contention) reads only their work."""
+        t, c = time.perf_counter(), time.thread_time()
+        if self.in_step and self.timer.current == name:
+            self.timer.phase("other")
+        self._spent(t, c)
+
+    def watch_optimizer(self, optimizer) -> None:
+        """End the optimizer phase when ``optimizer.step()`` returns (a step post-hook, registered once per
+        optimizer): the framework's hooks after it (on_train_batch_end, a user's callbacks) are not its time."""
+        import torch
+
+        opt = optimizer
+        while not isinstance(opt, torch.optim.Optimizer) and hasattr(opt, "optimizer"):  # framework wrappers
+            opt = opt.optimizer
+        if not isinstance(opt, torch.optim.Optimizer) or id(opt) in self._watched:
+            return
+        self._watched[id(opt)] = opt.register_step_post_hook(lambda *_: self.end_phase("optimizer"))
 
     def add_batch(self, batch=None, *, tokens: int | None = None, samples: int | None = None,
                   seq_len: int | None = None) -> None:
@@ -359,10 +381,16 @@ class StepRecorder:
         if self._closed:
             return {}
         self._closed = True
+        self._unwatch()
         try:
             return self._finish(extra, verbose=verbose)
         finally:
             _release(self.run_dir, self._rank, self._lock)
+
+    def _unwatch(self) -> None:
+        for handle in self._watched.values():
+            handle.remove()
+        self._watched.clear()
 
     def _finish(self, extra: dict | None, *, verbose: bool) -> dict:
         from trainperf.monitor.flops import peak_flops
@@ -443,6 +471,7 @@ class StepRecorder:
         if self._closed:
             return
         self._closed = True
+        self._unwatch()
         try:
             self.mon.close(wait=False)
         finally:

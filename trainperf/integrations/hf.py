@@ -9,8 +9,9 @@ framework's logging/evaluation/saving after it -> the model's first forward of t
 Trainer fetches the step's batches, calls ``on_step_begin`` and moves them to the device in
 between), forward (a forward pre-hook on the model -> its forward post-hook; with gradient
 accumulation every micro-batch adds to it), backward (post-hook -> the next forward or
-``on_pre_optimizer_step``: includes gradient clipping), optimizer (-> ``on_step_end``: the
-optimizer and scheduler steps, zero_grad). Tokens: the ``input_ids`` the model receives. Loss: the
+``on_pre_optimizer_step``: includes gradient clipping), optimizer (-> ``on_optimizer_step``: the
+optimizer's step), other (-> ``on_step_end``: the scheduler step, zero_grad and the callbacks before
+``on_step_end``, a user's own sleep among them: not optimizer time). Tokens: the ``input_ids`` the model receives. Loss: the
 ``loss`` the model returns (read at the next flush, not every step).
 
 Needs only ``transformers`` (and torch).
@@ -91,6 +92,12 @@ class TrainperfCallback(TrainerCallback):
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
         if self.rec is not None:
             self.rec.mark("optimizer")
+
+    def on_optimizer_step(self, args, state, control, **kwargs):
+        # the optimizer's step is done: the scheduler, zero_grad and the callbacks up to on_step_end (a user's
+        # own sleep among them) are the "other" phase, not optimizer time (host_contention reads the phases)
+        if self.rec is not None:
+            self.rec.end_phase("optimizer")
 
     def on_step_end(self, args, state, control, optimizer=None, **kwargs):
         if self.rec is None:

@@ -6,8 +6,9 @@
 
 Phases per optimizer step, from Lightning's hooks: data (``on_train_batch_end`` of the previous
 batch -> ``on_train_batch_start``: the fetch and the move to the device), forward (-> 
-``on_before_backward``), backward (-> ``on_before_optimizer_step``), optimizer (->
-``on_train_batch_end``). Validation and checkpoint saving between batches are not data wait: the
+``on_before_backward``), backward (-> ``on_before_optimizer_step``), optimizer (-> the optimizer's ``step()``
+returning: a step post-hook), other (-> ``on_train_batch_end``: Lightning's and the user's callbacks after
+the optimizer step, e.g. a sleep, are neither optimizer time nor data wait). Validation and checkpoint saving between batches are not data wait: the
 open step is dropped when validation starts and restarts when it ends. Tokens come from the batch
 (``input_ids`` of a dict, else the first integer tensor; a float batch counts samples). With
 gradient accumulation, a record covers one batch (Lightning calls the hooks per batch).
@@ -71,6 +72,7 @@ class TrainperfCallback(Callback):
     def on_before_optimizer_step(self, trainer, pl_module, optimizer):
         if self.rec is not None:
             self.rec.mark("optimizer")
+            self.rec.watch_optimizer(optimizer)  # the phase ends when optimizer.step() returns
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         if self.rec is None:

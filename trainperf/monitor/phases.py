@@ -54,6 +54,11 @@ class PhaseTimer:
         self._cpu = []
         self._current = None
 
+    @property
+    def current(self) -> str | None:
+        """The phase open now (the last boundary's name), None before the step's first boundary."""
+        return self._marks[-1][0] if self._marks else None
+
     def phase(self, name: str) -> None:
         """Close the current phase and open ``name`` (a boundary costs one clock read)."""
         if self.enabled:

@@ -92,7 +92,8 @@ def make_checkpointer(cfg, dims, knobs: Knobs):
     if dims.distributed:
         from trainperf.distributed.checkpoint import DcpCheckpointer
 
-        return DcpCheckpointer(directory, keep=cfg.checkpoint.keep)
+        return DcpCheckpointer(directory, keep=cfg.checkpoint.keep, kill_step=knobs.checkpoint_kill_step,
+                               kill_rank=knobs.checkpoint_kill_rank)
     from trainperf.distributed import checkpoint as sharded
     from trainperf.train.checkpoint import FileCheckpointer
 

@@ -9,7 +9,9 @@ construct one directly.
                          receive no rank sends (stuck in a collective) at that step
                          (:mod:`trainperf.distributed.failure`)
     checkpoint_kill_step the process SIGKILLs itself midway through writing that step's checkpoint
-                         (exact-resume tests)
+                         (exact-resume tests); in a distributed run (sharded DCP checkpoints) the rank
+                         ``checkpoint_kill_rank`` does, once its shards are written (the others then
+                         end with the fail-fast report)
     bf16_gather          DDP bf16 compression through the all-gather fallback even where the
                          backend can all-reduce bf16
     oom_above            (rank, n): on that rank (-1: every rank) a micro-batch of more than n samples
@@ -26,7 +28,7 @@ from trainperf.errors import ConfigError
 SLOW_ENV = "TRAINPERF_SLOW_RANK"  # R:F
 FAULT_ENV = ("TRAINPERF_FAULT", "TRAINPERF_FAULT_RANK", "TRAINPERF_FAULT_STEP")  # kind, rank, step
 FAULT_KINDS = ("exit", "hang", "stop", "collective")
-CKPT_KILL_ENV = "TRAINPERF_FAULT_KILL_IN_CHECKPOINT"  # step
+CKPT_KILL_ENV = "TRAINPERF_FAULT_KILL_IN_CHECKPOINT"  # step; distributed: on rank TRAINPERF_FAULT_RANK (0)
 OOM_ENV = "TRAINPERF_OOM_ABOVE"  # RANK:N (RANK -1: every rank)
 
 
@@ -35,6 +37,7 @@ class Knobs:
     slow_rank: tuple[int, float] | None = None
     fault: tuple[str, int, int] | None = None
     checkpoint_kill_step: int | None = None
+    checkpoint_kill_rank: int = 0
     bf16_gather: bool = False
     oom_above: tuple[int, int] | None = None
 
@@ -84,4 +87,5 @@ def from_environ(environ: Mapping[str, str]) -> Knobs:
             raise ConfigError(f"{OOM_ENV}={environ[OOM_ENV]!r} must be RANK:N, e.g. 1:4 (rank 1 fails micro-batches "
                               "above 4 samples; rank -1: every rank)") from None
     return Knobs(slow_rank=parse_slow_rank(environ.get(SLOW_ENV)), fault=fault,
-                 checkpoint_kill_step=_int(environ, CKPT_KILL_ENV), oom_above=oom)
+                 checkpoint_kill_step=_int(environ, CKPT_KILL_ENV),
+                 checkpoint_kill_rank=_int(environ, FAULT_ENV[1]) or 0, oom_above=oom)
