@@ -348,7 +348,7 @@ def _time_matmuls(device: torch.device, tdtype, shapes: list[tuple], reps: int, 
 
 def _shape_text(shape: tuple) -> str:
     m, k, n, at, bt = shape
-    return f"({m}x{k}{'T' if at else ''})@({k}x{n}{'T' if bt else ''})"
+    return f"{f'({k}x{m})^T' if at else f'({m}x{k})'}@{f'({n}x{k})^T' if bt else f'({k}x{n})'}"
 
 
 def measured_matmul_peak(device: torch.device, dtype: str = "fp32", *, n: int | None = None, reps: int = 2,
