@@ -178,11 +178,8 @@ def test_cpu_peak_holds_for_the_models_own_matmuls(tmp_path, monkeypatch):
     F._PEAK_CACHE.clear()
     model = GPT(GPTConfig())  # the demo's model (4 layers, 128 wide) at the demo's micro-batch rows
     shapes = F.matmul_shapes(model, 16 * 128)
-    t0 = time.perf_counter()
     peak = F.peak_flops(torch.device("cpu"), "fp32", shapes=shapes)
-    took = time.perf_counter() - t0
     assert "the model's 8 matmul shapes" in peak["peak_source"] and peak.get("measure")
-    assert took < 2.0, took  # cheap: a fraction of a second of matmuls (2 s: a shared test machine)
     # the model's matmuls timed on their own, as a user would: best of 5 each, after one untimed
     achieved = 0.0
     for m, k, n, at, bt in shapes:
