@@ -383,7 +383,6 @@ class StepRecorder:
         # measured peaks: the model's own matmuls at the rows of an average step (its micro-batches are unknown)
         rows = int(self.tokens_total / self.step) if (self.step and self.tokens_total) else 0
         shapes = matmul_shapes(self.model, rows) if (rows and self.model is not None) else None
-        self.mon.peak = peak_flops(self.device, self.precision, shapes=shapes)
         self.mon.seq_len = self.seq_len
         n_params = sum(p.numel() for p in self.model.parameters()) if self.model is not None else None
         steps = self.step
@@ -421,7 +420,8 @@ class StepRecorder:
             },
         }
         summary.update(extra or {})
-        self.mon.finish(summary)
+        # the peak measured once the Monitor's threads have stopped (its matmuls are not the run's load)
+        self.mon.finish(summary, measure_peak=lambda: peak_flops(self.device, self.precision, shapes=shapes))
         if self.mon.rank == 0:
             from trainperf.runio import write_json
 

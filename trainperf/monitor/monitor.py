@@ -261,15 +261,22 @@ class Monitor:
             self.prometheus.write({k: v for k, v in record.items() if k not in ("t", "elapsed_s", "step")})
 
     # ------------------------------------------------------------------ end of run
-    def finish(self, summary: dict) -> dict:
-        """Add the monitor's figures to ``summary`` (in place) and stop the threads."""
+    def finish(self, summary: dict, measure_peak=None) -> dict:
+        """Add the monitor's figures to ``summary`` (in place) and stop the threads. ``measure_peak``: a call
+        that returns the peak (an integration measures it at the end), run once the threads have stopped."""
         from trainperf.monitor.flops import remeasured_peak, utilization
 
         tps = summary.get("tokens_per_s")
         summary.update(self.flops)
+        if self.cuda:  # before a measured peak's matmuls allocate
+            summary["mem_peak_bytes"] = torch.cuda.max_memory_allocated(self.device)
+            summary["mem_capacity_bytes"] = torch.cuda.get_device_properties(self.device).total_memory
+        self.close()  # the sampler stopped first: the peak's matmuls below are not sampled as the run's load
         # a peak measured at the start is measured again now, the best of start and end kept; the step records'
         # MFU divided by the start's (peak_flops_start): diagnose / report read them against peak_flops
-        if self._peak_at_start:
+        if measure_peak is not None:
+            self.peak = measure_peak()
+        elif self._peak_at_start:
             self.peak = remeasured_peak(self.peak)
         summary.update({"peak_flops": self.peak.get("peak_flops"), "peak_source": self.peak.get("peak_source")})
         if self.peak.get("peak_flops_start") is not None:
@@ -278,10 +285,6 @@ class Monitor:
         if tps and self.seq_len:
             summary["samples_per_s"] = tps / self.seq_len
         summary["world_size"] = self.world
-        if self.cuda:
-            summary["mem_peak_bytes"] = torch.cuda.max_memory_allocated(self.device)
-            summary["mem_capacity_bytes"] = torch.cuda.get_device_properties(self.device).total_memory
-        self.close()
         self.status["sampler"] = self.sampler.meta
         self.status["samples_written"] = self.sampler.samples
         if self.profile.path is not None:
