@@ -163,10 +163,14 @@ def test_matmul_shapes_are_each_linear_layers_forward_and_gradients():
     top = F.matmul_shapes(model, rows, limit=3)  # the largest FLOP shares first: the output layer's
     assert all(1024 in s[:3] for s in top), top
     # a shape above MAX_MATMUL_FLOPS has its token dimension cut, never its weight's
-    big = torch.nn.Linear(4096, 4096)
-    for m, k, n, at, bt in F.matmul_shapes(big, 1 << 20):
+    big = torch.nn.Linear(2048, 2048)
+    cut = F.matmul_shapes(big, 1 << 20)
+    assert len(cut) == 3
+    for m, k, n, at, bt in cut:
         assert 2.0 * m * k * n <= F.MAX_MATMUL_FLOPS and (k if at else m) < (1 << 20)
-        assert {k, n} == {4096} if not at else (m, n) == (4096, 4096)
+        assert {k, n} == {2048} if not at else (m, n) == (2048, 2048)
+    # one whose operands pass MAX_OPERAND_BYTES (a 16384 x 4096 weight: 256 MiB) is left out: memory
+    assert F.matmul_shapes(torch.nn.Linear(4096, 16384), 1 << 20) == []
 
 
 def test_cpu_peak_holds_for_the_models_own_matmuls(tmp_path, monkeypatch):

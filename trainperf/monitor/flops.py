@@ -273,6 +273,8 @@ def peak_flops(device: torch.device, precision: str = "fp32", *, shapes: list | 
 # timing stays near 10 ms on a CPU (a 1024^3 matmul is 2.1e9).
 MAX_MATMUL_FLOPS = 2.2e9
 MAX_SHAPES = 8  # the model's shapes timed: those with the largest share of its matmul FLOPs
+MAX_OPERAND_BYTES = 64 * 2**20  # a shape whose fp32 operands and result pass this is left out (memory; a matmul
+# that large runs at the machine's best, which the square one measures)
 
 
 def matmul_shapes(model: nn.Module, rows: int, *, limit: int = MAX_SHAPES) -> list[tuple[int, int, int, bool, bool]]:
@@ -282,8 +284,8 @@ def matmul_shapes(model: nn.Module, rows: int, *, limit: int = MAX_SHAPES) -> li
     runs three: the forward ``x @ W.T`` (rows, in, out), the input gradient ``g @ W`` (rows, out,
     in) and the weight gradient ``g.T @ x`` (out, rows, in), with the operands laid out as autograd
     has them. The distinct ones, those with the largest share of the step's matmul FLOPs first, at
-    most ``limit``; the rows of one above :data:`MAX_MATMUL_FLOPS` are cut (a shape that large runs
-    at the machine's best anyway)."""
+    most ``limit``; the rows of one above :data:`MAX_MATMUL_FLOPS` are cut, and one whose operands pass
+    :data:`MAX_OPERAND_BYTES` is left out (a shape that large runs at the machine's best anyway)."""
     weight: dict[tuple, float] = {}
     for mod in model.modules():
         if isinstance(mod, nn.Linear) and mod.weight.dim() == 2:
@@ -298,7 +300,7 @@ def matmul_shapes(model: nn.Module, rows: int, *, limit: int = MAX_SHAPES) -> li
                 k = max(1, int(MAX_MATMUL_FLOPS / (2.0 * m * n)))
             else:
                 m = max(1, int(MAX_MATMUL_FLOPS / (2.0 * k * n)))
-        if (m, k, n, at, bt) not in out:
+        if (m, k, n, at, bt) not in out and 4 * (m * k + k * n + m * n) <= MAX_OPERAND_BYTES:
             out.append((m, k, n, at, bt))
     return out
 
@@ -388,7 +390,7 @@ def measured_matmul_peak(device: torch.device, dtype: str = "fp32", *, n: int | 
         if old > flops:
             flops, how = old, f"best seen on this machine, cached in {cache}"
     threads = f", {torch.get_num_threads()} threads" if device.type == "cpu" else ""
-    what = (f"the model's {len(all_shapes) - 1} matmul shapes and {n}x{n}x{n}" if shapes else f"{n}x{n}")
+    what = (f"the model's {len(set(map(tuple, shapes)))} matmul shapes and {n}x{n}x{n}" if shapes else f"{n}x{n}")
     best_at = f", best {_shape_text(best_shape)}" if shapes and how == "this run" else ""
     out = {"peak_flops": flops,
            "peak_source": f"measured: best of {taken} {dtype} matmuls of {what} on {device.type}{threads} "
