@@ -74,6 +74,15 @@ def handle(signum, frame) -> None:
         os._exit(128 + int(_state["first"] or signum))
 
 
+def record(signum: int) -> None:
+    """A signal that another handler of this command received (torchrun's agent, in `trainperf launch`, turns
+    SIGINT / SIGTERM into its own ``SignalException``): the command is stopping all the same, so the CLI ends
+    it through :func:`exit_now`, not the interpreter's shutdown (which, with the agent's C++ threads still
+    there, aborted: "terminate called without an active exception", exit -6, issue 40)."""
+    if _state["first"] is None:
+        _state["first"] = signum
+
+
 def _children_may_end() -> None:
     """Once stopping, a worker that ends (the same signal reached it) is expected: a Python SIGCHLD handler
     (torch's DataLoader raises "worker killed by signal" from one, even inside ``__del__`` at exit) becomes

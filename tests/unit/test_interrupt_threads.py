@@ -4,6 +4,7 @@ sharer, a worker's pipe) does not print a traceback; before any signal, and for 
 from __future__ import annotations
 
 import threading
+import time
 from types import SimpleNamespace
 
 from trainperf import interrupt
@@ -118,3 +119,41 @@ def test_a_workers_resource_sharer_reset_by_its_stopping_parent_is_quiet(tmp_pat
                            cwd=str(tmp_path), env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
         assert r.returncode == 0 and "exit 0" in r.stdout, (method, r.stdout, r.stderr[-2000:])
         assert "Traceback" not in r.stderr and "Error" not in r.stderr, (method, r.stderr[-2000:])
+
+
+_LAUNCH_STOPPED = r"""
+import signal, sys, threading, time
+import torch.distributed.run as torchrun
+from torch.distributed.elastic.multiprocessing.api import SignalException
+
+def run(args):  # the agent handed SIGTERM to the ranks and waited for them; its threads are still there
+    threading.Thread(target=time.sleep, args=(100,), name="agent-thread").start()
+    raise SignalException("Process got signal: 15", sigval=signal.SIGTERM)
+
+torchrun.run = run
+sys.argv = ["trainperf", "launch", "--nproc-per-node", "2", CONFIG] + [w for kv in SETS for w in ("--set", kv)]
+from trainperf.cli import main
+raise SystemExit(main())
+"""
+
+
+def test_launch_stopped_through_torchruns_handler_ends_as_the_interrupted_command_does(tmp_path):
+    """Issue 40 item 6: `trainperf launch` sent SIGTERM (parent:launch-2-ranks-term) printed that the ranks were
+    stopped, then aborted in the interpreter's shutdown ("terminate called without an active exception", exit
+    -6 instead of 143): torchrun's agent had the signal, not trainperf's handler, so the CLI did not end through
+    interrupt.exit_now. Here the agent leaves a thread behind: the shutdown would wait for it; exit_now does not."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT, TINY
+
+    script = tmp_path / "launch_stopped.py"
+    script.write_text(_LAUNCH_STOPPED.replace("CONFIG", repr(str(ROOT / "configs" / "gpt-tiny.yaml")))
+                      .replace("SETS", repr(TINY + ["data.source=synthetic", f"run.dir={tmp_path / 'run'}"])))
+    t0 = time.perf_counter()
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=80, cwd=str(tmp_path),
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 143, (r.returncode, r.stderr[-2000:])
+    assert "trainperf launch: terminated (SIGTERM): the ranks were stopped" in r.stderr
+    assert time.perf_counter() - t0 < 80  # not held by the thread the agent left (100 s)
