@@ -18,7 +18,9 @@ The rule: the process the user started decides; the processes it started do not.
   it starts them is held until the start is done and then delivered: a child is never started
   without the parent knowing it (the parent can always close what it started).
 - A worker whose parent went away (its pipe closed: BrokenPipe, EOF, a reset connection) ends
-  quietly: :func:`parent_gone` tells such an error apart.
+  quietly: :func:`parent_gone` tells such an error apart. In a worker (one that called
+  :func:`worker_signals`, or a process forked from the command, as a torch DataLoader's workers are) a
+  background thread's connection error is quiet at any time: its other end is the command.
 
 :func:`deferred` holds signals over a short section that must not be cut in two (writing a result).
 """
@@ -32,7 +34,9 @@ import sys
 import threading
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
-_state = {"first": None, "extra": 0}
+# first/extra: the signals received; pid: the process install() ran in (a process forked from it inherits the
+# hooks and this state); worker: worker_signals() ran here
+_state = {"first": None, "extra": 0, "pid": None, "worker": False}
 
 
 class Terminated(KeyboardInterrupt):
@@ -68,6 +72,15 @@ def handle(signum, frame) -> None:
         with contextlib.suppress(OSError):
             os.write(2, b"trainperf: interrupted again: stopping now, without cleaning up\n")
         os._exit(128 + int(_state["first"] or signum))
+
+
+def record(signum: int) -> None:
+    """A signal that another handler of this command received (torchrun's agent, in `trainperf launch`, turns
+    SIGINT / SIGTERM into its own ``SignalException``): the command is stopping all the same, so the CLI ends
+    it through :func:`exit_now`, not the interpreter's shutdown (which, with the agent's C++ threads still
+    there, aborted: "terminate called without an active exception", exit -6, issue 40)."""
+    if _state["first"] is None:
+        _state["first"] = signum
 
 
 def _children_may_end() -> None:
@@ -112,12 +125,26 @@ def exit_now(code: int) -> None:
 _STOPPING_ERRORS = (ConnectionError, EOFError, BrokenPipeError)
 
 
+def _in_worker() -> bool:
+    """A worker process: one that called :func:`worker_signals`, or one forked from the command (a torch
+    DataLoader's workers: they inherit the command's hooks and state, and never hear the user's signal)."""
+    return _state["worker"] or (_state["pid"] is not None and os.getpid() != _state["pid"])
+
+
+def _stopping_closed(exc_type) -> bool:
+    """A background thread's connection error that the stopping caused: after a signal to the command; in a
+    worker at any time, since its connections' other end is the command (a worker's resource sharer serves
+    its batches' file descriptors to the command, and the command stopping, or going, mid-transfer resets
+    it: issue 40, `bench data` stopped by SIGTERM printed the worker's ConnectionResetError)."""
+    return issubclass(exc_type, _STOPPING_ERRORS) and (received() is not None or _in_worker())
+
+
 def _thread_hook(prev):
-    """A ``threading.excepthook`` that, once a signal stopped the command, keeps quiet about a background thread
-    whose connection the stopping closed (multiprocessing's resource sharer, a worker's pipe): that is part of
-    stopping, not an error; every other exception goes to ``prev``."""
+    """A ``threading.excepthook`` that, once a signal stopped the command (in a worker: always), keeps quiet
+    about a background thread whose connection the stopping closed (multiprocessing's resource sharer, a
+    worker's pipe): that is part of stopping, not an error; every other exception goes to ``prev``."""
     def hook(args):
-        if received() is not None and issubclass(args.exc_type, _STOPPING_ERRORS):
+        if _stopping_closed(args.exc_type):
             return
         prev(args)
     hook.trainperf = True
@@ -127,14 +154,25 @@ def _thread_hook(prev):
 def _sys_hook(prev):
     """The same for ``sys.excepthook``, which multiprocessing's resource sharer calls from its own thread (not
     through ``threading.excepthook``) when the connection it was serving is reset by the stopping. Only in a
-    thread other than the main one: the main thread's errors are the command's own."""
+    thread other than the main one: the main thread's errors are the command's (or the worker's) own."""
     def hook(exc_type, exc, tb):
-        if (received() is not None and issubclass(exc_type, _STOPPING_ERRORS)
-                and threading.current_thread() is not threading.main_thread()):
+        if _stopping_closed(exc_type) and threading.current_thread() is not threading.main_thread():
             return
         prev(exc_type, exc, tb)
     hook.trainperf = True
     return hook
+
+
+def _wrap_hooks() -> dict:
+    """Wrap ``threading.excepthook`` and ``sys.excepthook`` once; returns the hooks replaced."""
+    old = {}
+    if not getattr(threading.excepthook, "trainperf", False):
+        old["excepthook"] = threading.excepthook
+        threading.excepthook = _thread_hook(threading.excepthook)
+    if not getattr(sys.excepthook, "trainperf", False):
+        old["sys_excepthook"] = sys.excepthook
+        sys.excepthook = _sys_hook(sys.excepthook)
+    return old
 
 
 def install() -> dict:
@@ -147,12 +185,8 @@ def install() -> dict:
         prev = signal.getsignal(sig)
         if prev is not signal.SIG_IGN and prev is not None:
             old[sig] = signal.signal(sig, handle)
-    if not getattr(threading.excepthook, "trainperf", False):
-        old["excepthook"] = threading.excepthook
-        threading.excepthook = _thread_hook(threading.excepthook)
-    if not getattr(sys.excepthook, "trainperf", False):
-        old["sys_excepthook"] = sys.excepthook
-        sys.excepthook = _sys_hook(sys.excepthook)
+    _state["pid"] = os.getpid()
+    old.update(_wrap_hooks())
     return old
 
 
@@ -170,7 +204,7 @@ def restore(old: dict) -> None:
 
 def reset() -> None:
     """Forget a received signal (tests that call the CLI in one process several times)."""
-    _state["first"], _state["extra"] = None, 0
+    _state["first"], _state["extra"], _state["pid"] = None, 0, None
 
 
 @contextlib.contextmanager
@@ -227,6 +261,8 @@ def worker_signals(*, term: str = "default") -> None:
     (``term="default"``: at once, no Python code runs; ``term="exit"``: ``SystemExit(143)`` once, so that
     ``finally`` blocks release what the worker holds, then further ones are ignored), then the signals
     blocked by :func:`starting` are let through."""
+    _state["worker"] = True  # a connection its parent closes mid-transfer is quiet (see _stopping_closed)
+    _wrap_hooks()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if term == "exit":
         def _exit(signum, frame):

@@ -134,7 +134,8 @@ def test_mfu_and_hfu_from_throughput_and_peak():
 def test_cpu_peak_is_measured_and_says_so(tmp_path, monkeypatch):
     monkeypatch.setenv("TRAINPERF_CACHE", str(tmp_path))
     p = F.measured_matmul_peak(torch.device("cpu"), n=256, reps=2)
-    assert p["peak_flops"] > 1e8 and p["peak_source"].startswith("measured: best of 2 fp32 256x256")
+    assert p["peak_flops"] > 1e8 and p["peak_source"].startswith("measured: best of ")
+    assert "fp32 matmuls of 256x256 on cpu" in p["peak_source"]
     assert "this run" in p["peak_source"]
     # The disk cache keeps the best figure seen: a busy machine's measurement does not lower it.
     cache = tmp_path / "matmul_peak.json"
@@ -146,6 +147,68 @@ def test_cpu_peak_is_measured_and_says_so(tmp_path, monkeypatch):
     again = F.measured_matmul_peak(torch.device("cpu"), n=256, reps=2)
     assert again["peak_flops"] == 1e15 and "best seen on this machine" in again["peak_source"]
     F._PEAK_CACHE.clear()
+
+
+def test_matmul_shapes_are_each_linear_layers_forward_and_gradients():
+    from trainperf.models.gpt import GPT, GPTConfig
+
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=1024))
+    shapes = F.matmul_shapes(model, 4 * 16, limit=100)
+    rows = 64
+    # q/k/v/o (32 -> 32), fc (32 -> 128), proj (128 -> 32), lm_head (32 -> 1024): forward x @ W.T,
+    # input gradient g @ W, weight gradient g.T @ x
+    for i, o in ((32, 32), (32, 128), (128, 32), (32, 1024)):
+        assert {(rows, i, o, False, True), (rows, o, i, False, False), (o, rows, i, True, False)} <= set(shapes)
+    assert len(shapes) == len(set(shapes))
+    top = F.matmul_shapes(model, rows, limit=3)  # the largest FLOP shares first: the output layer's
+    assert all(1024 in s[:3] for s in top), top
+    # a shape above MAX_MATMUL_FLOPS has its token dimension cut, never its weight's
+    big = torch.nn.Linear(2048, 2048)
+    cut = F.matmul_shapes(big, 1 << 20)
+    assert len(cut) == 3
+    for m, k, n, at, bt in cut:
+        assert 2.0 * m * k * n <= F.MAX_MATMUL_FLOPS and (k if at else m) < (1 << 20)
+        assert {k, n} == {2048} if not at else (m, n) == (2048, 2048)
+    # one whose operands pass MAX_OPERAND_BYTES (a 16384 x 4096 weight: 256 MiB) is left out: memory
+    assert F.matmul_shapes(torch.nn.Linear(4096, 16384), 1 << 20) == []
+
+
+def test_cpu_peak_holds_for_the_models_own_matmuls(tmp_path, monkeypatch):
+    """The peak MFU divides by is at least what the model's own matmuls reach: issue 40 item 7 (gpt-tiny's
+    steps ran above a peak measured on 1024^3 matmuls: MFU above 100%)."""
+    from trainperf.models.gpt import GPT, GPTConfig
+
+    monkeypatch.setenv("TRAINPERF_CACHE", str(tmp_path))  # a newcomer's machine: nothing cached
+    F._PEAK_CACHE.clear()
+    model = GPT(GPTConfig())  # the demo's model (4 layers, 128 wide) at the demo's micro-batch rows
+    shapes = F.matmul_shapes(model, 16 * 128)
+    peak = F.peak_flops(torch.device("cpu"), "fp32", shapes=shapes)
+    assert "the model's 8 matmul shapes" in peak["peak_source"] and peak.get("measure")
+    # the model's matmuls timed on their own, as a user would: best of 5 each, after one untimed
+    achieved = 0.0
+    for m, k, n, at, bt in shapes:
+        a, b = F._operands((m, k, n, at, bt), torch.float32, torch.device("cpu"))
+        a @ b
+        best = min(_timed(lambda: a @ b) for _ in range(5))
+        achieved = max(achieved, 2.0 * m * k * n / best)
+    # the end of a run measures again and keeps the best (what the monitor does): that figure holds. On a
+    # loaded machine both can fall in a busy moment (start 67 GFLOP/s against 192 achieved at load 9); the
+    # disk cache keeps the best seen, so the next runs' measurements raise it: up to 3 of them here
+    held = F.remeasured_peak(peak)
+    assert held["peak_flops_start"] == peak["peak_flops"] and held["peak_flops"] >= peak["peak_flops"]
+    assert "start and end of the run" in held["peak_source"]
+    for _ in range(3):
+        if held["peak_flops"] >= 0.9 * achieved:
+            break
+        held = F.remeasured_peak(held)
+    assert held["peak_flops"] >= 0.9 * achieved, (held["peak_source"], achieved / 1e9)
+    F._PEAK_CACHE.clear()
+
+
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
 
 
 def test_gpu_peak_comes_from_the_dense_catalog(monkeypatch):

@@ -328,6 +328,7 @@ def run_torchrun(torchrun_argv: list[str]) -> int:
         from trainperf import interrupt
 
         code = 128 + int(exc.sigval)
+        interrupt.record(int(exc.sigval))  # stopped by a signal: the CLI ends through interrupt.exit_now
         print(f"trainperf launch: {interrupt.describe(code)}: the ranks were stopped", file=sys.stderr)
         return code
     except ChildFailedError as exc:

@@ -143,6 +143,22 @@ def known_state(run: dict) -> dict[str, Any]:
     }
 
 
+def _to_run_peak(ranks: dict[int, list[dict]], summary: Any) -> None:
+    """Step records' MFU/HFU divide by the peak measured at the start of the run (``peak_flops_start``);
+    summary.json's ``peak_flops`` is the best of that and the same matmuls measured at the end. The records'
+    figures are rescaled to it in place, so every MFU of a run divides by the one peak it names."""
+    if not isinstance(summary, dict):
+        return
+    start, peak = summary.get("peak_flops_start"), summary.get("peak_flops")
+    if not (_is_num(start) and _is_num(peak) and start > 0 and peak > 0) or start == peak:
+        return
+    for recs in ranks.values():
+        for r in recs:
+            for k in ("mfu", "hfu"):
+                if _is_num(r.get(k)):
+                    r[k] = r[k] * start / peak
+
+
 def load_run(run_dir: str | Path) -> dict[str, Any]:
     """Everything the rules, the report and compare need, from one run directory."""
     from trainperf.errors import UserError
@@ -184,8 +200,10 @@ def load_run(run_dir: str | Path) -> dict[str, Any]:
         metas = [x["meta"] for x in recs if isinstance(x.get("meta"), dict)]
         if metas:
             sample_meta[r] = metas[-1]
+    summary = _read_json(d / "summary.json")
+    _to_run_peak(ranks, summary)
     return {"dir": d, "ranks": ranks, "evals": evals, "samples": samples, "sample_meta": sample_meta,
             "rank_files": rank_files, "malformed": malformed, "skipped_lines": skipped, "out_of_order": out_of_order,
-            "summary": _read_json(d / "summary.json"), "config": _read_yaml(d / "config.yaml"),
+            "summary": summary, "config": _read_yaml(d / "config.yaml"),
             "failures": [f for f in read_jsonl(d / "failures.jsonl") if isinstance(f.get("report"), str)],
             "crashed": not (d / "summary.json").is_file()}

@@ -3,9 +3,10 @@ can have are left out of every figure, with a note naming the file.
 
 A step record with a non-positive, non-finite or absurd step time or tokens/s (or, counted by
 :func:`trainperf.diagnosis.rundir.load_run`, a step time that is NaN or text) is left out of every figure;
-an MFU/HFU outside [0, 1] is left out of the MFU/HFU figures only. summary.json figures that are
-non-positive, non-finite or absurd are ignored. :func:`screen_run` applies both to a loaded run and
-returns the notes; :func:`no_steps` says why a run has no step record left.
+an MFU/HFU outside [0, 1] is left out of the MFU/HFU figures only (above 1 against a measured peak, the
+note says what that means). summary.json figures that are non-positive, non-finite or absurd are ignored.
+:func:`screen_run` applies both to a loaded run and returns the notes; :func:`no_steps` says why a run has
+no step record left.
 """
 
 from __future__ import annotations
@@ -41,9 +42,11 @@ def _screen_steps(run: dict) -> list[str]:
     time that is NaN or text) out of every figure, and an MFU/HFU outside [0, 1] out of the MFU/HFU figures
     (the record's timing is kept: an MFU is only as good as the peak it divides by); one note per file."""
     out = []
+    summ = run.get("summary") if isinstance(run.get("summary"), dict) else {}
+    measured = str(summ.get("peak_source") or "").startswith("measured")
     for rank in sorted(run["ranks"]):
         recs = run["ranks"][rank]
-        keep, why, util = [], {}, {}
+        keep, why, util, over = [], {}, {}, False
         for r in recs:
             reason = _bad_step(r)
             if reason is not None:
@@ -54,6 +57,7 @@ def _screen_steps(run: dict) -> list[str]:
                 if k in r and (v is None or not 0 <= v <= 1):
                     r = {x: y for x, y in r.items() if x != k}
                     util[k] = util.get(k, 0) + 1
+                    over = over or (measured and v is not None and v > 1)
             keep.append(r)
         unreadable = run.get("malformed", {}).get(rank, 0)
         if unreadable:
@@ -77,7 +81,9 @@ def _screen_steps(run: dict) -> list[str]:
         if util:
             parts.append(("" if parts else f"{_rank_file(run, rank)}: ") + " and ".join(
                 f"the {k.upper()} of {n} step records (outside [0, 1])" for k, n in util.items())
-                + " left out of the MFU/HFU figures")
+                + " left out of the MFU/HFU figures" + (
+                    " (above 100% of a measured peak: a best matmul timing on this machine, not a hardware limit, "
+                    "which these steps outran)" if over else ""))
         if parts:
             out.append("; ".join(parts))
     return out

@@ -24,7 +24,7 @@ model has it, else a Hugging Face ``config`` in any submodule: see
 :class:`~trainperf.monitor.flops.StepFlopCounter` over the forward + backward of one real step (the
 second: the first warms up), recompute included. Without a formula, MFU uses 3 x the counted
 forward FLOPs (``mfu_convention`` says so). The peak is :func:`trainperf.monitor.flops.peak_flops`
-(catalog on CUDA, measured matmul peak on CPU).
+(catalog on CUDA; on CPU measured at the end on the model's own matmul shapes at the rows of an average step).
 
 Overhead: the time spent inside the recorder's own calls is accumulated (``overhead_s``) and
 reported per step in summary.json (``monitor_overhead``), next to the mean step time: the sum
@@ -393,7 +393,7 @@ class StepRecorder:
         self._watched.clear()
 
     def _finish(self, extra: dict | None, *, verbose: bool) -> dict:
-        from trainperf.monitor.flops import peak_flops
+        from trainperf.monitor.flops import matmul_shapes, peak_flops
 
         self._stop_counter(None)
         self.timer.start_step()  # an open data phase after the last batch is not a step
@@ -408,7 +408,9 @@ class StepRecorder:
             "flops_recompute_note": "in the counted figure (HFU)",
             "flops_counted_note": self._counted_note,
         }
-        self.mon.peak = peak_flops(self.device, self.precision)
+        # measured peaks: the model's own matmuls at the rows of an average step (its micro-batches are unknown)
+        rows = int(self.tokens_total / self.step) if (self.step and self.tokens_total) else 0
+        shapes = matmul_shapes(self.model, rows) if (rows and self.model is not None) else None
         self.mon.seq_len = self.seq_len
         n_params = sum(p.numel() for p in self.model.parameters()) if self.model is not None else None
         steps = self.step
@@ -446,7 +448,8 @@ class StepRecorder:
             },
         }
         summary.update(extra or {})
-        self.mon.finish(summary)
+        # the peak measured once the Monitor's threads have stopped (its matmuls are not the run's load)
+        self.mon.finish(summary, measure_peak=lambda: peak_flops(self.device, self.precision, shapes=shapes))
         if self.mon.rank == 0:
             from trainperf.runio import write_json
 

@@ -24,12 +24,16 @@ Conventions (every figure names its own):
   which (``mfu_source``: ``formula`` | ``counted``).
 
 Peaks: on CUDA the catalog's **dense** peak for the precision (``trainperf.hardware.catalog``);
-on CPU (or an unknown GPU) a measured matmul peak: the best of a few square matmuls, measured
-once per process and cached on disk per machine.
+on CPU (or an unknown GPU) a measured matmul peak: the best single timing of the model's own matmul
+shapes (forward, input and weight gradients of every ``nn.Linear`` at the run's micro-batch rows)
+and a square one, in the run's dtype and thread count, each timed in turn for a fraction of a
+second; measured at the start of a run and again at its end (the best kept), and cached on disk
+per machine (the best seen).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -234,11 +238,13 @@ def _catalog_peak(spec, dtype: str) -> float | None:
     return table.get(dtype) or None
 
 
-def peak_flops(device: torch.device, precision: str = "fp32") -> dict:
+def peak_flops(device: torch.device, precision: str = "fp32", *, shapes: list | None = None) -> dict:
     """{"peak_flops", "peak_source"} for one device of this process.
 
     CUDA: the catalog's dense figure for the precision (fp32 precision means FP32 non-tensor-core
-    peak unless TF32 matmuls are allowed). CPU or unknown GPU: a measured matmul peak."""
+    peak unless TF32 matmuls are allowed). CPU or unknown GPU: a measured matmul peak, over
+    ``shapes`` (the model's own matmuls, :func:`matmul_shapes`) and a square one, in the precision's
+    dtype; the dict then also holds ``measure`` (what :func:`remeasured_peak` repeats at the end)."""
     if device.type == "cuda" and torch.cuda.is_available():
         name = torch.cuda.get_device_name(device)
         dtype = _catalog_dtype(precision)
@@ -256,10 +262,47 @@ def peak_flops(device: torch.device, precision: str = "fp32") -> dict:
                 dtype = "fp32 (no TF32 tensor cores)"
             return {"peak_flops": tf * 1e12,
                     "peak_source": f"catalog {spec.key} dense {dtype} peak {tf:g} TFLOP/s ({name})"}
-        return measured_matmul_peak(device, "bf16" if dtype in ("bf16", "fp16") else "fp32")
+        return measured_matmul_peak(device, "bf16" if dtype in ("bf16", "fp16") else "fp32", shapes=shapes)
     if device.type == "xla":  # lazy tensors: an untimed trace, not a matmul; no peak rather than a wrong one
         return {"peak_flops": None, "peak_source": "not measured on XLA devices (MFU not reported)"}
-    return measured_matmul_peak(device, "fp32")
+    # CPU: the matmuls in the run's own dtype (autocast to bf16 / fp16 runs its matmuls in it)
+    return measured_matmul_peak(device, precision if precision in ("bf16", "fp16") else "fp32", shapes=shapes)
+
+
+# The largest matmul the peak times (FLOPs): rows of a larger shape are cut to stay under it, so one
+# timing stays near 10 ms on a CPU (a 1024^3 matmul is 2.1e9).
+MAX_MATMUL_FLOPS = 2.2e9
+MAX_SHAPES = 8  # the model's shapes timed: those with the largest share of its matmul FLOPs
+MAX_OPERAND_BYTES = 64 * 2**20  # a shape whose fp32 operands and result pass this is left out (memory; a matmul
+# that large runs at the machine's best, which the square one measures)
+
+
+def matmul_shapes(model: nn.Module, rows: int, *, limit: int = MAX_SHAPES) -> list[tuple[int, int, int, bool, bool]]:
+    """The matmuls a training step of ``model`` runs, as ``(m, k, n, a_transposed, b_transposed)``.
+
+    ``rows``: the tokens of one micro-batch (micro_batch x seq_len). Each ``nn.Linear(in, out)``
+    runs three: the forward ``x @ W.T`` (rows, in, out), the input gradient ``g @ W`` (rows, out,
+    in) and the weight gradient ``g.T @ x`` (out, rows, in), with the operands laid out as autograd
+    has them. The distinct ones, those with the largest share of the step's matmul FLOPs first, at
+    most ``limit``; the rows of one above :data:`MAX_MATMUL_FLOPS` are cut, and one whose operands pass
+    :data:`MAX_OPERAND_BYTES` is left out (a shape that large runs at the machine's best anyway)."""
+    weight: dict[tuple, float] = {}
+    for mod in model.modules():
+        if isinstance(mod, nn.Linear) and mod.weight.dim() == 2:
+            out_f, in_f = (int(x) for x in mod.weight.shape)  # the local shard under tensor parallelism
+            for shape in ((rows, in_f, out_f, False, True), (rows, out_f, in_f, False, False),
+                          (out_f, rows, in_f, True, False)):
+                weight[shape] = weight.get(shape, 0.0) + 2.0 * rows * in_f * out_f
+    out = []
+    for (m, k, n, at, bt) in sorted(weight, key=lambda s: -weight[s])[:limit]:
+        if 2.0 * m * k * n > MAX_MATMUL_FLOPS:  # cut the token dimension (m, or k for a weight gradient)
+            if at:
+                k = max(1, int(MAX_MATMUL_FLOPS / (2.0 * m * n)))
+            else:
+                m = max(1, int(MAX_MATMUL_FLOPS / (2.0 * k * n)))
+        if (m, k, n, at, bt) not in out and 4 * (m * k + k * n + m * n) <= MAX_OPERAND_BYTES:
+            out.append((m, k, n, at, bt))
+    return out
 
 
 def _cache_file() -> Path:
@@ -267,34 +310,75 @@ def _cache_file() -> Path:
     return Path(root) / "matmul_peak.json"
 
 
-def measured_matmul_peak(device: torch.device, dtype: str = "fp32", *, n: int | None = None, reps: int = 5,
-                         use_disk_cache: bool = True) -> dict:
-    """Best-of-``reps`` throughput of an ``n x n x n`` matmul: 2n^3 FLOPs / time.
+def _operands(shape, tdtype, device):
+    m, k, n, at, bt = shape
+    a = torch.randn(k, m, dtype=tdtype, device=device).t() if at else torch.randn(m, k, dtype=tdtype, device=device)
+    b = torch.randn(n, k, dtype=tdtype, device=device).t() if bt else torch.randn(k, n, dtype=tdtype, device=device)
+    return a, b
 
-    Measured once per process. The disk cache keeps the best figure seen on this machine (keyed by
-    device name, dtype, size, threads and torch version), so a measurement taken while the machine
-    was busy does not lower the peak for good; the figure used is max(this measurement, the cache)."""
-    tdtype = torch.bfloat16 if dtype == "bf16" else torch.float32
+
+BURST = 3  # timings of one shape in a row (a round): the first after another shape finds a cold cache
+
+
+def _time_matmuls(device: torch.device, tdtype, shapes: list[tuple], reps: int, budget_s: float) -> tuple[float, tuple, int]:
+    """(best FLOP/s, its shape, timings taken): every shape once untimed, then rounds of :data:`BURST`
+    timings of each shape in turn until ``reps`` rounds are done and ``budget_s`` has passed (or 2 x
+    ``budget_s`` whatever the count)."""
+    ops = [(s, *_operands(s, tdtype, device)) for s in shapes]
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    for _, a, b in ops:  # warm-up: thread pool, packing buffers, clocks
+        a @ b
+    best, best_shape, taken, done = 0.0, shapes[0], 0, 0
+    t_begin = time.perf_counter()
+    while True:
+        for shape, a, b in ops:
+            for _ in range(BURST):  # back to back, as a layer's matmuls run: its operands in cache
+                sync()
+                t0 = time.perf_counter()
+                a @ b
+                sync()
+                dt = time.perf_counter() - t0
+                taken += 1
+                rate = 2.0 * shape[0] * shape[1] * shape[2] / dt if dt > 0 else 0.0
+                if rate > best:
+                    best, best_shape = rate, shape
+        done += 1
+        spent = time.perf_counter() - t_begin
+        if (done >= reps and spent >= budget_s) or (done >= 1 and spent >= 2 * budget_s):
+            return best, best_shape, taken
+
+
+def _shape_text(shape: tuple) -> str:
+    m, k, n, at, bt = shape
+    return f"{f'({k}x{m})^T' if at else f'({m}x{k})'}@{f'({n}x{k})^T' if bt else f'({k}x{n})'}"
+
+
+def measured_matmul_peak(device: torch.device, dtype: str = "fp32", *, n: int | None = None, reps: int = 2,
+                         shapes: list | None = None, budget_s: float | None = None, use_disk_cache: bool = True,
+                         fresh: bool = False) -> dict:
+    """The best throughput (2mkn FLOPs / time) of the model's own matmuls (``shapes``, from
+    :func:`matmul_shapes`) and an ``n x n x n`` one, each timed in turn (:func:`_time_matmuls`: at least
+    ``reps`` rounds, for ``budget_s``, 0.25 s by default, at most twice that), the best single timing kept.
+
+    Measured once per process (``fresh``: again, the end of a run). The disk cache keeps the best
+    figure seen on this machine (keyed by device name, dtype, shapes, threads and torch version), so
+    a measurement taken while the machine was busy does not lower the peak for good; the figure used
+    is max(this measurement, the cache). ``measure`` in the result says how to measure it again."""
+    tdtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(dtype, torch.float32)
     if device.type == "cuda":
         name, n = torch.cuda.get_device_name(device), n or 8192
     else:
         name, n = platform.processor() or platform.machine(), n or 1024
-    key = (device.type, name, dtype, n, torch.get_num_threads(), torch.__version__)
-    if key in _PEAK_CACHE:
+    all_shapes = [tuple(s) for s in (shapes or [])]
+    if (n, n, n, False, False) not in all_shapes:
+        all_shapes.append((n, n, n, False, False))
+    budget = 0.25 if budget_s is None else budget_s
+    digest = hashlib.sha1(repr(all_shapes).encode()).hexdigest()[:10]
+    key = (device.type, name, dtype, n if not shapes else f"{len(all_shapes)} shapes {digest}",
+           torch.get_num_threads(), torch.__version__)
+    if key in _PEAK_CACHE and not fresh:
         return _PEAK_CACHE[key]
-    a = torch.randn(n, n, dtype=tdtype, device=device)
-    b = torch.randn(n, n, dtype=tdtype, device=device)
-    best = float("inf")
-    for i in range(reps + 1):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        t0 = time.perf_counter()
-        a @ b
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        if i:  # the first is warm-up
-            best = min(best, time.perf_counter() - t0)
-    flops = 2.0 * n**3 / best
+    flops, best_shape, taken = _time_matmuls(device, tdtype, all_shapes, reps, budget)
     how = "this run"
     skey, cache, data = "|".join(map(str, key)), _cache_file(), {}
     if use_disk_cache:
@@ -306,9 +390,13 @@ def measured_matmul_peak(device: torch.device, dtype: str = "fp32", *, n: int | 
         if old > flops:
             flops, how = old, f"best seen on this machine, cached in {cache}"
     threads = f", {torch.get_num_threads()} threads" if device.type == "cpu" else ""
+    what = (f"the model's {len(set(map(tuple, shapes)))} matmul shapes and {n}x{n}x{n}" if shapes else f"{n}x{n}")
+    best_at = f", best {_shape_text(best_shape)}" if shapes and how == "this run" else ""
     out = {"peak_flops": flops,
-           "peak_source": f"measured: best of {reps} {dtype} {n}x{n} matmuls on {device.type}{threads} "
-                          f"({flops / 1e9:.1f} GFLOP/s, {how})"}
+           "peak_source": f"measured: best of {taken} {dtype} matmuls of {what} on {device.type}{threads} "
+                          f"({flops / 1e9:.1f} GFLOP/s{best_at}, {how})",
+           "measure": {"device": device, "dtype": dtype, "n": n, "reps": reps, "shapes": shapes, "budget_s": budget,
+                       "use_disk_cache": use_disk_cache}}
     _PEAK_CACHE[key] = out
     if use_disk_cache and how == "this run":
         try:
@@ -320,6 +408,24 @@ def measured_matmul_peak(device: torch.device, dtype: str = "fp32", *, n: int | 
         except OSError:
             pass
     return out
+
+
+def remeasured_peak(peak: dict) -> dict:
+    """The best of ``peak`` (measured at the start of a run) and the same matmuls measured again now
+    (the end of the run: a machine busy at the start, or clocks not yet up, set too low a peak).
+    ``peak_flops_start`` keeps the figure the run's step records divided by. A catalog peak (no
+    ``measure``) is returned as it is."""
+    how = peak.get("measure")
+    if not how or not peak.get("peak_flops"):
+        return peak
+    end = measured_matmul_peak(fresh=True, **how)
+    start = float(peak["peak_flops"])
+    best = max(start, float(end["peak_flops"] or 0.0))
+    which = "the start" if best == start else "the end"
+    src = end["peak_source"] if best > start else peak["peak_source"]
+    return {**peak, "peak_flops": best, "peak_flops_start": start,
+            "peak_source": f"{src}; measured at the start and end of the run, the best kept (from {which}: start "
+                           f"{start / 1e9:.1f}, end {float(end['peak_flops']) / 1e9:.1f} GFLOP/s)"}
 
 
 # ---------------------------------------------------------------------- MFU / HFU

@@ -71,6 +71,7 @@ class Monitor:
         self.status: dict[str, Any] = {}
         self.flops: dict[str, Any] = {}
         self.peak: dict[str, Any] = {}
+        self._peak_at_start = False  # measured before the first step (setup_flops): measured again in finish
         self._extras: dict[int, dict] = {}
         self.seq_len: int | None = None
         # The PhaseTimer whose per-phase CPU time is logged; for_trainer uses the trainer's.
@@ -163,7 +164,10 @@ class Monitor:
             "flops_recompute_note": note,
             "flops_counted_note": cnote,
         }
-        self.peak = F.peak_flops(trainer.device, cfg.precision.dtype)
+        # the model's own matmuls at the micro-batch's rows: a CPU peak that the run itself cannot outrun
+        shapes = F.matmul_shapes(model, int(getattr(trainer, "micro_batch", 1)) * int(trainer.data.seq_len))
+        self.peak = F.peak_flops(trainer.device, cfg.precision.dtype, shapes=shapes)
+        self._peak_at_start = True
 
     def counting(self):
         """Around ``trainer.train_step()``: FlopCounterMode over the step due to be counted (the first eager
@@ -257,21 +261,30 @@ class Monitor:
             self.prometheus.write({k: v for k, v in record.items() if k not in ("t", "elapsed_s", "step")})
 
     # ------------------------------------------------------------------ end of run
-    def finish(self, summary: dict) -> dict:
-        """Add the monitor's figures to ``summary`` (in place) and stop the threads."""
-        from trainperf.monitor.flops import utilization
+    def finish(self, summary: dict, measure_peak=None) -> dict:
+        """Add the monitor's figures to ``summary`` (in place) and stop the threads. ``measure_peak``: a call
+        that returns the peak (an integration measures it at the end), run once the threads have stopped."""
+        from trainperf.monitor.flops import remeasured_peak, utilization
 
         tps = summary.get("tokens_per_s")
         summary.update(self.flops)
+        if self.cuda:  # before a measured peak's matmuls allocate
+            summary["mem_peak_bytes"] = torch.cuda.max_memory_allocated(self.device)
+            summary["mem_capacity_bytes"] = torch.cuda.get_device_properties(self.device).total_memory
+        self.close()  # the sampler stopped first: the peak's matmuls below are not sampled as the run's load
+        # a peak measured at the start is measured again now, the best of start and end kept; the step records'
+        # MFU divided by the start's (peak_flops_start): diagnose / report read them against peak_flops
+        if measure_peak is not None:
+            self.peak = measure_peak()
+        elif self._peak_at_start:
+            self.peak = remeasured_peak(self.peak)
         summary.update({"peak_flops": self.peak.get("peak_flops"), "peak_source": self.peak.get("peak_source")})
+        if self.peak.get("peak_flops_start") is not None:
+            summary["peak_flops_start"] = self.peak["peak_flops_start"]
         summary.update(utilization(tps, self.flops, self.peak, self.world))
         if tps and self.seq_len:
             summary["samples_per_s"] = tps / self.seq_len
         summary["world_size"] = self.world
-        if self.cuda:
-            summary["mem_peak_bytes"] = torch.cuda.max_memory_allocated(self.device)
-            summary["mem_capacity_bytes"] = torch.cuda.get_device_properties(self.device).total_memory
-        self.close()
         self.status["sampler"] = self.sampler.meta
         self.status["samples_written"] = self.sampler.samples
         if self.profile.path is not None:
