@@ -168,3 +168,26 @@ def test_the_balancers_history_reaches_the_run_directory_and_the_diagnosis(tmp_p
     assert tried.startswith(f"step {pol.decisions[0].step}: shares 16/16 -> ") and "tried (threshold" in tried
     assert kept.startswith(f"step {pol.verdicts[0].step}: kept (measured +") and f["severity"] == "info"
     assert "rank 1 slowed" in f["evidence"]
+
+
+def test_a_slow_rank_with_a_large_intercept_is_refined_on_the_measured_slopes():
+    """A busy process on rank 1's CPU doubles its per-step overhead as well as its per-sample time (measured in
+    the trainer: ~90 ms + 20 ms per sample against 12 + 13 ms on rank 0). The proportional first move (11/5)
+    undershoots; the trial's two-point fit sees the intercept, and refining on it rounds to 12/4 (within a
+    sample of 11/5, which the proportional deadband of a whole sample would have called settled)."""
+    def step_ms(step, shares):
+        return [12 + 13 * shares[0], (12 + 13 * shares[1]) if step < 30 else 90 + 20 * shares[1]]
+
+    finals = []
+    for seed in range(4):
+        rng = random.Random(seed)
+        pol = BalancePolicy(16, 2)
+        for step in range(1, 121):
+            c = [t / 1000 * (1 + rng.uniform(-0.1, 0.1)) for t in step_ms(step, pol.shares)]
+            f = [0.004, 0.004 if step < 30 else 0.008]
+            w = max(a + b for a, b in zip(c, f)) + 0.02
+            pol.update(step, c, f, [w, w])
+        finals.append(pol.shares)
+        assert pol.decisions[0].new_shares == [11, 5] and pol.decisions[0].model == "proportional"
+    refined = [p for p in finals if p[0] >= 12]
+    assert len(refined) >= 3, finals

@@ -26,7 +26,8 @@ Proposal, made when at least ``min_steps`` measurements exist under the current 
    to cut the step by ``trigger_gain`` for ``min_steps`` judgements in a row (the CV alone misses a 1.4x
    straggler between two ranks), or the balancer is *refining* (its last move was kept);
 2. some rank's current share is a whole sample or more away from its speed-proportional,
-   bounded target (otherwise the shares already are a rounding of it), and
+   bounded target (otherwise the shares already are a rounding of it); while refining on the last trial's
+   measured slopes, the target's rounding differs from the current shares, and
 3. the new shares (the target rounded) are predicted to cut the step's time
    ``max_r fixed_r + share_r x per_sample_time_r`` by at least ``min_gain`` (2% by default), and
 4. while refining, they are not the shares the last move left.
@@ -328,10 +329,14 @@ class BalancePolicy:
         per_sample, offsets, how = self._cost_model(times, fixed)
         target = proportional_targets([1 / p for p in per_sample], self.global_batch, lo=self.lo, hi=self.hi,
                                       offsets=offsets)
-        if all(abs(s - x) < 1 for s, x in zip(self.shares, target)):
-            self.engaged = False  # the current shares are already a rounding of the target: settled
-            return None
         new = round_shares(target, self.global_batch, lo=self.lo, hi=self.hi)
+        # settled when the current shares are already a rounding of the target; with the proportional guess any
+        # rounding within a sample, with the last trial's measured slopes (a fit of two arrangements, intercepts
+        # included) the rounding itself: one sample is 6% of a global batch of 16, too much to leave to a guess
+        near = new == self.shares if how == "measured" else all(abs(s - x) < 1 for s, x in zip(self.shares, target))
+        if near:
+            self.engaged = False
+            return None
         if self.engaged and new == self._previous:
             self.engaged = False  # refining back to the shares just left: noise between neighbours
             return None
