@@ -191,3 +191,39 @@ def test_a_slow_rank_with_a_large_intercept_is_refined_on_the_measured_slopes():
         assert pol.decisions[0].new_shares == [11, 5] and pol.decisions[0].model == "proportional"
     refined = [p for p in finals if p[0] >= 12]
     assert len(refined) >= 3, finals
+
+
+def test_the_exchange_is_rarer_while_settled_and_every_step_while_a_move_is_tried():
+    """Each exchange is a collective (on a busy host, several ms waiting for every rank to be scheduled): while
+    nothing is being tried it runs every sync_every_settled steps; from a change to the verdict, every step."""
+    from trainperf.distributed.balance import DynamicBalancer
+
+    calls = []
+    per_sample = [4e-3, 4e-3]
+
+    rank1 = []  # rank 1's compute of each step, as it was measured then
+
+    def gather(values):
+        n = len(values) // 3
+        calls.append(n)
+        other = list(values)
+        for j in range(n):
+            other[3 * j] = rank1[-n + j]
+        return [values, other]
+
+    bal = DynamicBalancer(32, world=2, rank=0, gather=gather, sync_every=1, sync_every_settled=5)
+    steps_at = []
+    for step in range(1, 121):
+        if step == 40:
+            per_sample[1] = 8e-3  # rank 1 twice as slow from step 40
+        n = len(calls)
+        rank1.append(bal.shares[1] * per_sample[1])
+        bal.step(step, bal.local_share * per_sample[0], 0.0, None)
+        if len(calls) > n:
+            steps_at.append(step)
+    settled = [s for s in steps_at if 20 <= s < 40]
+    assert all(b - a == 5 for a, b in zip(settled, settled[1:])) and len(settled) == 4  # every 5 steps
+    change = bal.changes[0]
+    assert 40 <= change.since_step and change.step <= 50  # seen within the settled cadence
+    trying = [s for s in steps_at if bal.decisions[0].step < s <= bal.verdicts[0].step]
+    assert trying == list(range(trying[0], trying[-1] + 1))  # every step while the move was tried

@@ -428,6 +428,7 @@ class DynamicBalancer:
 
     def __init__(self, global_batch: int, *, world: int | None = None, rank: int | None = None, group=None,
                  sync_every: int = 1, gather: Callable[[list[float]], list[list[float]]] | None = None,
+                 sync_every_settled: int | None = None,
                  device=None, **policy_kwargs):
         if world is None or rank is None:
             import torch.distributed as dist
@@ -438,6 +439,9 @@ class DynamicBalancer:
             raise ConfigError(f"parallelism.balance.sync_every={sync_every} must be >= 1; use e.g. 1 or 10")
         self.rank, self.world, self.group, self.device = rank, world, group, device
         self.sync_every = sync_every
+        # while settled (no move tried or refined, no change to act on) the exchange may be rarer: each one is a
+        # collective that waits for every rank's threads to be scheduled, which a busy host makes cost several ms
+        self.sync_every_settled = max(sync_every, sync_every_settled or sync_every)
         self.policy = BalancePolicy(global_batch, world, **policy_kwargs)
         self._gather = gather or self._all_gather
         self._pending: list[float] = []
@@ -446,7 +450,8 @@ class DynamicBalancer:
     def from_config(cls, balance_cfg, global_batch: int, *, micro_steps: int = 1, group=None, device=None,
                     **kwargs) -> "DynamicBalancer":
         b = balance_cfg
-        return cls(global_batch, group=group, device=device, sync_every=b.sync_every, window=b.window,
+        return cls(global_batch, group=group, device=device, sync_every=b.sync_every,
+                   sync_every_settled=b.sync_every_settled, window=b.window,
                    threshold=b.threshold, min_share=b.min_share, max_share=b.max_share, min_gain=b.min_gain,
                    min_steps=b.min_steps, micro_steps=micro_steps, trigger_gain=b.trigger_gain, verify=b.verify,
                    verify_steps=b.verify_steps, verify_block=b.verify_block, backoff_steps=b.backoff_steps,
@@ -499,7 +504,10 @@ class DynamicBalancer:
         else None. :attr:`shares` may also change between a trial's blocks.
         """
         self._pending += [float(compute_s), float(fixed_s), -1.0 if wall_s is None else float(wall_s)]
-        if len(self._pending) < 3 * self.sync_every:
+        p = self.policy
+        quiet = p.trial is None and not p.engaged and not p._after_change and p.measurements >= p.min_steps
+        every = self.sync_every_settled if quiet else self.sync_every  # the same on every rank: state is shared
+        if len(self._pending) < 3 * every:
             return None
         rows = self._gather(self._pending)
         self._pending = []
