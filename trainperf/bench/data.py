@@ -200,12 +200,10 @@ def _build(kind: str, src, decode, s: dict, cuda: bool, cache_dir: str):
 
 
 def _percentile(xs: list[float], q: float) -> float:
-    """The ``q`` quantile of ``xs`` (linear between the nearest ranks; ``xs`` not empty)."""
-    v = sorted(xs)
-    pos = q * (len(v) - 1)
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(v) - 1)
-    return v[lo] + (v[hi] - v[lo]) * (pos - lo)
+    """The ``q`` quantile of ``xs`` (linear between the nearest ranks; ``xs`` not empty): the diagnosis's."""
+    from trainperf.diagnosis.run_evidence import _percentile as quantile
+
+    return quantile(xs, q)
 
 
 def wait_figures(waits: list[float], starts: list[float], end: float, windows: int = WAIT_WINDOWS) -> dict:

@@ -78,14 +78,7 @@ def _classes(tl: Timeline, n: int) -> np.ndarray:
 def merged_points(*runs: np.ndarray) -> np.ndarray:
     """The distinct values of arrays that are each sorted already, sorted: a merge (timsort finds the runs),
     not a full sort."""
-    pts = np.concatenate(runs)
-    pts.sort(kind="stable")
-    if pts.size < 2:
-        return pts
-    keep = np.empty(pts.size, dtype=bool)
-    keep[0] = True
-    np.not_equal(pts[1:], pts[:-1], out=keep[1:])
-    return pts[keep]
+    return unique(np.concatenate(runs), kind="stable")
 
 
 def bounds(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
