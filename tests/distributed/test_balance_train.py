@@ -116,18 +116,28 @@ def test_a_slowed_rank_loses_samples_and_the_losses_stay_exact(runs, name):
     verdicts = [r for r in rows if "balance/verdict" in r]
     assert d["step"] + VERDICT_WITHIN < STEPS, f"the decision came at step {d['step']}, too late for a verdict"
     assert verdicts, [(r["step"], r.get("balance/shares")) for r in rows]
-    assert verdicts[0]["step"] <= d["step"] + VERDICT_WITHIN + 1, (d["step"], verdicts[0]["step"])
+    v = verdicts[0]
+    # The move the verdict judges is the last one started before it: the first, unless a change of the ranks'
+    # speeds (a busy machine's noise can read as one) left the first trial, and a move from there was tried.
+    dv = [r for r in decisions if r["step"] < v["step"]][-1]
+    changes = [(r["step"], r["balance/change"]) for r in rows if "balance/change" in r and d["step"] <= r["step"] < dv["step"]]
+    assert dv is d or any(r.get("balance/change_aborted_trial") for r in rows if d["step"] <= r["step"] < dv["step"]), \
+        ("a second move without a change that left the first", d["step"], dv["step"], changes)
+    assert v["step"] <= dv["step"] + VERDICT_WITHIN + 1, (dv["step"], v["step"])
     # Kept or reverted is the measured step time's call (a busy machine's noise can hide the gain of a move
     # over a few steps; the verdict's rules are tested on scripted timings in tests/unit/test_balance_verify.py).
     # What must hold: the verdict follows its own measurement, and the shares it names are the ones run next.
-    v = verdicts[0]
-    assert v["balance/verdict_old_shares"] == [8, 8] and v["balance/verdict_new_shares"] == new
+    assert v["balance/verdict_old_shares"] == dv["balance/old_shares"]
+    assert v["balance/verdict_new_shares"] == dv["balance/new_shares"]
+    if dv is d:
+        assert dv["balance/old_shares"] == [8, 8]
+    new = dv["balance/new_shares"]
     m = v["balance/verdict_measurements"]
     assert min(m["old"], m["new"]) >= 3  # parallelism.balance.verify_steps=3 per arm
     if v["balance/verdict"] == "kept":
         assert v["balance/verdict_measured_gain"] > 0 and v["balance/verdict_shares"] == new
     else:
-        assert v["balance/verdict"] == "reverted" and v["balance/verdict_shares"] == [8, 8]
+        assert v["balance/verdict"] == "reverted" and v["balance/verdict_shares"] == dv["balance/old_shares"]
         assert v["balance/verdict_backoff_steps"] > 0
     nxt = [r for r in rows if r["step"] == v["step"] + 1]
     assert not nxt or nxt[0]["balance/shares"] == v["balance/verdict_shares"]  # applied from the next step on

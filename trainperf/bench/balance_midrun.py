@@ -10,9 +10,10 @@ one without (their order alternates from round to round, so a drift of the machi
   ``--model mlp`` the bench's own per-token MLP (:mod:`trainperf.bench.balance`, ``--seq``, ``--dim``) through the
   same ``Trainer.train_step`` in a plain loop, rank 0 writing each step's record to the run's metrics.jsonl;
 - the balancer runs with the defaults of ``parallelism.balance`` (what a user gets with ``enabled=true``);
-- after ``--hog-step`` steps (the bench reads the run's own metrics.jsonl, flushed every 0.2 s) a busy process
-  (``while True: pass``) starts on the CPU of rank ``--slow-rank`` and stays to the end of the run: another job
-  landing on the node;
+- after ``--hog-step`` steps a busy process (``while True: pass``) starts on the CPU of rank ``--slow-rank`` and
+  stays to the end of the run: another job landing on the node. The rank starts it itself, before its step
+  ``--hog-step + 1`` (the ``busy`` fault of :mod:`trainperf.distributed.failure`), so it starts at the same
+  step however loaded the machine is, and the step it started at is read back from the rank;
 - the figure of a run is the median step time (rank 0's ``step_time_s``, the trainer's whole step) over its last
   ``--last`` steps; the round's figure is balanced / unbalanced (below 1: balancing paid).
 
@@ -25,16 +26,15 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 from trainperf.errors import UserError
 
-FLUSH_S = 0.2  # monitor.flush_s of the bench's runs: the hog starts within this of the step it waits for
+FLUSH_S = 0.2  # monitor.flush_s of the bench's runs
+BUSY_FILE = "busy.json"  # the busy process's start (step, time, pid), written by the rank that started it
 
 
 def check_midrun_args(args) -> None:
@@ -75,7 +75,16 @@ def run_sets(args, run_dir: Path, balanced: bool) -> list[str]:
         f"parallelism.balance.enabled={'true' if balanced else 'false'}", f"distributed.timeout_s={args.timeout_s}"]
 
 
-def _worker(rank: int, world: int, init: str, config: str | None, sets: list[str], timeout_s: float) -> None:
+def _write_busy(run_dir: str, rank: int) -> None:
+    """The rank that started the busy process writes its start (the bench reads the step from it)."""
+    from trainperf.distributed.failure import busy_log
+
+    if busy_log:
+        Path(run_dir, BUSY_FILE).write_text(json.dumps({"rank": rank, **busy_log[0]}))
+
+
+def _worker(rank: int, world: int, init: str, config: str | None, sets: list[str], timeout_s: float,
+            fault: tuple[str, int, int], run_dir: str) -> None:
     from datetime import timedelta
 
     from trainperf import interrupt
@@ -94,10 +103,15 @@ def _worker(rank: int, world: int, init: str, config: str | None, sets: list[str
     from trainperf.train.build import train
     from trainperf.train.resolve import resolve
 
-    train(resolve(load_config(config, sets), world_size=world), resume="never", verbose=False)
+    from trainperf.train.knobs import Knobs
+
+    train(resolve(load_config(config, sets), world_size=world), resume="never", verbose=False,
+          knobs=Knobs(fault=fault))
+    _write_busy(run_dir, rank)
 
 
-def _worker_mlp(rank: int, world: int, init: str, a: dict, balanced: bool, run_dir: str) -> None:
+def _worker_mlp(rank: int, world: int, init: str, a: dict, balanced: bool, run_dir: str,
+                fault: tuple[str, int, int]) -> None:
     """``--model mlp``: the bench's own model and in-memory data through ``Trainer.train_step``; rank 0 writes
     each step's record (step, step_time_s, the balancer's balance/*) to metrics.jsonl as it goes."""
     from datetime import timedelta
@@ -137,9 +151,12 @@ def _worker_mlp(rank: int, world: int, init: str, a: dict, balanced: bool, run_d
     data = SimpleNamespace(train=_Batches(x, y, GlobalBatchSampler(4 * B, B, rank=rank, world=world, seed=0)),
                            val=None, seq_len=a["seq"], vocab_size=0, meta={})
     trainer = assemble(cfg, ParallelDims.from_config(cfg, world), _model(a["dim"], 1.0), data, rank=rank)
+    from trainperf.distributed.failure import end_busy, inject_fault
+
     out = open(Path(run_dir) / "metrics.jsonl", "w") if rank == 0 else None
     try:
         for _ in range(a["run_steps"]):
+            inject_fault(fault, rank, trainer.step)  # the busy process, before step hog_step + 1
             res = trainer.train_step()
             if out is not None:
                 rec = {"step": trainer.step, "step_time_s": res.step_time,
@@ -147,60 +164,12 @@ def _worker_mlp(rank: int, world: int, init: str, a: dict, balanced: bool, run_d
                 out.write(json.dumps(rec) + "\n")
                 out.flush()
     finally:
+        end_busy()
         if out is not None:
             out.close()
+    _write_busy(run_dir, rank)
     del trainer
     destroy_distributed(barrier=True)
-
-
-def _last_step(metrics: Path) -> int:
-    try:
-        lines = metrics.read_text().splitlines()
-    except OSError:
-        return 0
-    for line in reversed(lines):
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue  # a line being written
-        if "step_time_s" in rec:
-            return int(rec["step"])
-    return 0
-
-
-class _Hog:
-    """The busy process, started on ``cpu`` once the run's metrics show ``step``; always killed at the end."""
-
-    def __init__(self, metrics: Path, step: int, cpu: int):
-        self.metrics, self.step, self.cpu = metrics, step, cpu
-        self.proc = None
-        self.started_at_step: int | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, daemon=True)
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def _watch(self) -> None:
-        from trainperf import interrupt
-
-        while not self._stop.wait(FLUSH_S / 4):
-            seen = _last_step(self.metrics)
-            if seen >= self.step:
-                cpu = self.cpu
-                with interrupt.starting():
-                    self.proc = subprocess.Popen([sys.executable, "-c", interrupt.HOG_CODE],
-                                                 preexec_fn=lambda: os.sched_setaffinity(0, {cpu}))
-                self.started_at_step = seen
-                return
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait()
 
 
 def run_arm(args, run_dir: Path, balanced: bool) -> dict:
@@ -209,16 +178,16 @@ def run_arm(args, run_dir: Path, balanced: bool) -> dict:
     from trainperf.distributed.spawn import run_processes
 
     run_dir.mkdir(parents=True, exist_ok=True)
-    cpus = sorted(os.sched_getaffinity(0))
     init = f"file://{run_dir / '.store'}"
+    fault = ("busy", args.slow_rank, args.hog_step)
     t0 = time.perf_counter()
-    with _Hog(run_dir / "metrics.jsonl", args.hog_step, cpus[args.slow_rank]) as hog:
-        if args.model == "mlp":
-            a = {k: getattr(args, k) for k in ("global_batch", "seq", "dim", "run_steps", "timeout_s")}
-            run_processes(_worker_mlp, (args.ranks, init, a, balanced, str(run_dir)), args.ranks)
-        else:
-            run_processes(_worker, (args.ranks, init, args.config, run_sets(args, run_dir, balanced), args.timeout_s),
-                          args.ranks)
+    if args.model == "mlp":
+        a = {k: getattr(args, k) for k in ("global_batch", "seq", "dim", "run_steps", "timeout_s")}
+        run_processes(_worker_mlp, (args.ranks, init, a, balanced, str(run_dir), fault), args.ranks)
+    else:
+        run_processes(_worker, (args.ranks, init, args.config, run_sets(args, run_dir, balanced), args.timeout_s,
+                                fault, str(run_dir)), args.ranks)
+    busy = json.loads((run_dir / BUSY_FILE).read_text()) if (run_dir / BUSY_FILE).is_file() else {}
     recs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     steps = sorted((r for r in recs if "step_time_s" in r), key=lambda r: r["step"])
     times = [r["step_time_s"] for r in steps]
@@ -226,7 +195,7 @@ def run_arm(args, run_dir: Path, balanced: bool) -> dict:
     shares = [r.get("balance/shares") for r in steps if "balance/shares" in r]
     return {"balanced": balanced, "last_median_s": statistics.median(last), "last_mean_s": statistics.mean(last),
             "before_hog_median_s": statistics.median(times[:args.hog_step][-20:]),
-            "hog_started_at_step": hog.started_at_step, "steps": len(times), "wall_s": time.perf_counter() - t0,
+            "hog_started_at_step": busy.get("step"), "steps": len(times), "wall_s": time.perf_counter() - t0,
             "final_shares": shares[-1] if shares else None, "balance_log": balance_log(steps) if balanced else [],
             "run_dir": str(run_dir)}
 

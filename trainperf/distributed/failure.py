@@ -21,9 +21,10 @@ it is stopped) ends that process with SIGKILL before it exits, and the job ends 
 A peer on another host is named "died or froze" (no process to look at there).
 
 Fault injection for tests: ``FailFast(..., fault=(kind, rank, step))`` (``Knobs.fault``; the CLI
-takes it from ``TRAINPERF_FAULT=exit|hang|stop|collective``, ``TRAINPERF_FAULT_RANK``,
-``TRAINPERF_FAULT_STEP``) makes that rank exit (code 17), sleep forever, stop itself (SIGSTOP: frozen) or
-wait in a receive no rank sends (stuck in a collective) at that step.
+takes it from ``TRAINPERF_FAULT=exit|hang|stop|collective|busy``, ``TRAINPERF_FAULT_RANK``,
+``TRAINPERF_FAULT_STEP``) makes that rank exit (code 17), sleep forever, stop itself (SIGSTOP: frozen),
+wait in a receive no rank sends (stuck in a collective) or, "busy", go on beside a busy process started on its
+own CPUs (another job on the host: a straggler that appears mid-run) at that step.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -250,6 +252,7 @@ class FailFast:
 
     def close(self) -> None:
         self._done.set()
+        end_busy()
 
     # ------------------------------------------------------------------ triggers
     def _on_sigterm(self, signum, frame) -> None:
@@ -337,13 +340,17 @@ _STUCK_TAG = 7717  # no send ever uses it
 
 def inject_fault(fault: tuple[str, int, int], rank: int, step: int) -> None:
     """``fault = (kind, rank, step)``: on that rank at that step, exit (kind "exit", code 17), hang (sleep),
-    stop (SIGSTOP to itself: frozen, every thread, until a SIGCONT) or wait in a collective that never
-    completes ("collective": a receive from the next rank, which never sends it)."""
+    stop (SIGSTOP to itself: frozen, every thread, until a SIGCONT), wait in a collective that never
+    completes ("collective": a receive from the next rank, which never sends it) or go on beside a busy
+    process on its own CPUs ("busy": :func:`start_busy`)."""
     kind, at_rank, at_step = fault
     if at_rank != rank or at_step != step:
         return
     print(f"trainperf: injected fault {kind!r} on rank {rank} at step {step} (t={time.time():.3f}) in process "
           f"{os.getpid()}", file=sys.stderr, flush=True)
+    if kind == "busy":
+        start_busy(step)
+        return
     if kind == "exit":
         os._exit(17)
     if kind == "hang":
@@ -356,3 +363,36 @@ def inject_fault(fault: tuple[str, int, int], rank: int, step: int) -> None:
         import torch.distributed as dist
 
         dist.recv(torch.zeros(1), src=(rank + 1) % dist.get_world_size(), tag=_STUCK_TAG)
+
+
+# A busy loop that dies with the process that started it (PR_SET_PDEATHSIG where Linux has it; a parent
+# already gone before the call is checked after it) and leaves Ctrl-C to the job.
+_BUSY_CODE = ("import ctypes, os, sys\n"
+              "try:\n    ctypes.CDLL(None).prctl(1, 9)\nexcept Exception:\n    pass\n"
+              "if os.getppid() != int(sys.argv[1]):\n    sys.exit(0)\n")
+_busy: list[subprocess.Popen] = []
+busy_log: list[dict] = []  # {"step", "time", "pid"} of each busy process started in this process
+
+
+def start_busy(step: int = 0) -> subprocess.Popen:
+    """Start a busy process on this process's CPUs (it inherits the affinity: a rank pinned to one CPU gets
+    its CPU shared, as with another job on the host); it runs until :func:`end_busy` or this process ends."""
+    from trainperf import interrupt
+
+    proc = subprocess.Popen([sys.executable, "-c", _BUSY_CODE + interrupt.HOG_CODE, str(os.getpid())],
+                            stdin=subprocess.DEVNULL)
+    if not _busy:
+        import atexit
+
+        atexit.register(end_busy)
+    _busy.append(proc)
+    busy_log.append({"step": step, "time": time.time(), "pid": proc.pid})
+    return proc
+
+
+def end_busy() -> None:
+    """End the busy processes :func:`start_busy` started (none: nothing to do)."""
+    while _busy:
+        proc = _busy.pop()
+        proc.kill()
+        proc.wait()

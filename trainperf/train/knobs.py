@@ -5,8 +5,9 @@ construct one directly.
     slow_rank            (rank, factor): that global rank does ``factor`` x the model compute per
                          sample (:mod:`trainperf.distributed.slow`), a straggler for the balancer
                          and the diagnosis
-    fault                (kind, rank, step): that rank exits (code 17), hangs, stops (SIGSTOP) or waits in a
-                         receive no rank sends (stuck in a collective) at that step
+    fault                (kind, rank, step): that rank exits (code 17), hangs, stops (SIGSTOP), waits in a
+                         receive no rank sends (stuck in a collective) or gets a busy process on its CPUs
+                         ("busy": a straggler from that step on) at that step
                          (:mod:`trainperf.distributed.failure`)
     checkpoint_kill_step the process SIGKILLs itself midway through writing that step's checkpoint
                          (exact-resume tests); in a distributed run (sharded DCP checkpoints) the rank
@@ -27,7 +28,7 @@ from trainperf.errors import ConfigError
 
 SLOW_ENV = "TRAINPERF_SLOW_RANK"  # R:F
 FAULT_ENV = ("TRAINPERF_FAULT", "TRAINPERF_FAULT_RANK", "TRAINPERF_FAULT_STEP")  # kind, rank, step
-FAULT_KINDS = ("exit", "hang", "stop", "collective")
+FAULT_KINDS = ("exit", "hang", "stop", "collective", "busy")
 CKPT_KILL_ENV = "TRAINPERF_FAULT_KILL_IN_CHECKPOINT"  # step; distributed: on rank TRAINPERF_FAULT_RANK (0)
 OOM_ENV = "TRAINPERF_OOM_ABOVE"  # RANK:N (RANK -1: every rank)
 
@@ -76,7 +77,8 @@ def from_environ(environ: Mapping[str, str]) -> Knobs:
     if kind:
         if kind not in FAULT_KINDS:
             raise ConfigError(f"{FAULT_ENV[0]}={kind!r} must be one of {', '.join(FAULT_KINDS)} (exit with code 17, "
-                              "sleep forever, SIGSTOP itself: a frozen rank, or wait in a receive no rank sends)")
+                              "sleep forever, SIGSTOP itself: a frozen rank, wait in a receive no rank sends, or "
+                              "go on beside a busy process on its CPUs)")
         fault = (kind, _int(environ, FAULT_ENV[1]) or 0, _int(environ, FAULT_ENV[2]) or 0)
     oom = None
     if environ.get(OOM_ENV):
