@@ -38,6 +38,8 @@ def test_mid_run_bench_measures_both_runs_and_logs_the_balancer(tmp_path, capsys
         assert a["steps"] == 24 and a["last_median_s"] > 0
         assert a["hog_started_at_step"] == 6  # the rank starts it before its step 7, however loaded the machine
     assert r["ratio"] == pytest.approx(r["balanced"]["last_median_s"] / r["unbalanced"]["last_median_s"])
+    aa = r["balanced"]["before_hog_median_s"] / r["unbalanced"]["before_hog_median_s"]
+    assert r["before_hog_ratio"] == pytest.approx(aa) and res["before_hog"]["min"] == pytest.approx(aa)
     assert r["balanced"]["final_shares"] is not None and sum(r["balanced"]["final_shares"]) == 8
     assert r["unbalanced"]["final_shares"] is None  # no balancer there
     # the balanced run's directory is a run like any other: the diagnosis reads it

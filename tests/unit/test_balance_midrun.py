@@ -227,3 +227,22 @@ def test_the_exchange_is_rarer_while_settled_and_every_step_while_a_move_is_trie
     assert 40 <= change.since_step and change.step <= 50  # seen within the settled cadence
     trying = [s for s in steps_at if bal.decisions[0].step < s <= bal.verdicts[0].step]
     assert trying == list(range(trying[0], trying[-1] + 1))  # every step while the move was tried
+
+
+def test_the_mid_run_report_prints_each_round_and_the_noise_between_runs(capsys):
+    from trainperf.bench.balance_midrun import print_midrun
+
+    arm = {"last_median_s": 0.3, "hog_started_at_step": 30, "final_shares": [11, 5],
+           "balance_log": ["step 35: rank 1 slowed x1.9 at step 31; re-measuring under the current shares"]}
+    rounds = [{"round": i + 1, "ratio": ratio, "before_hog_ratio": aa, "balanced": arm,
+               "unbalanced": {**arm, "last_median_s": 0.3 / ratio, "final_shares": None, "balance_log": []},
+               "load_1m_before": 1.0, "load_1m_after": 2.0} for i, (ratio, aa) in enumerate([(0.7, 0.9), (0.85, 1.2)])]
+    res = {"rounds": rounds, "setup": {"model": "gpt-tiny", "ranks": 2, "run_steps": 120, "global_batch": 16,
+                                       "slow_rank": 1, "hog_step": 30, "last": 40},
+           "summary": {"target_ratio": 0.8, "at_or_below_target": 1, "rounds": 2, "above_1": 0, "median": 0.775,
+                       "worst": 0.85, "best": 0.7},
+           "before_hog": {"min": 0.9, "median": 1.05, "max": 1.2}}
+    print_midrun(res)
+    out = capsys.readouterr().out
+    assert "rank 1 slowed x1.9" in out and "11/5" in out and "1 of 2" in out
+    assert "0.900-1.200" in out and "noise between runs" in out

@@ -72,6 +72,34 @@ def test_a_trial_alternates_new_old_old_new_and_skips_the_first_step_of_each_blo
     assert verdict == "kept" and i == 11 and t.counts() == {"old": 4, "new": 4}  # one round: 2 blocks x 2 per arm
 
 
+def _run_trial(new_time, old_time, *, steps=10, block=5, seed=0, noise=0.05, limit=400):
+    """A trial fed step times (``new_time``/``old_time`` with +-noise): (verdict, steps it took, counts)."""
+    rng = random.Random(seed)
+    t = Trial(old=[16, 16], new=[21, 11], block=block, steps=steps, max_steps=4 * steps)
+    for i in range(limit):
+        shares = t.shares
+        base = new_time if shares == [21, 11] else old_time
+        t.record(shares, base * (1 + rng.uniform(-noise, noise)), [1.0, 1.0], [0.0, 0.0])
+        verdict = t.advance()
+        if verdict:
+            return verdict, i + 1, t.counts()
+    return None, limit, t.counts()
+
+
+def test_the_early_look_keeps_a_clear_gain_and_leaves_a_move_that_measured_no_faster_after_one_round():
+    # steps=20: the regular look needs 20 per arm (2 ABBA rounds of blocks of 5 + 1 settle step); the early
+    # look comes after the first round (10 per arm, 24 steps)
+    verdict, n, counts = _run_trial(0.7, 1.0, steps=20)
+    assert verdict == "kept" and n == 24 and counts == {"old": 10, "new": 10}
+    for seed in range(10):  # 5% slower: not faster at all, left at the first look
+        verdict, n, _ = _run_trial(1.05, 1.0, steps=20, seed=seed)
+        assert verdict == "reverted" and n == 24, (seed, verdict, n)
+    # a small gain inside the noise is neither kept nor left at the early look: the trial runs on
+    verdicts = [_run_trial(0.99, 1.0, steps=20, seed=seed, noise=0.10) for seed in range(10)]
+    assert all(n > 24 for v, n, _ in verdicts if v == "kept")
+    assert any(n > 24 for _, n, _ in verdicts)
+
+
 # --------------------------------------------------------------------------- the policy
 
 

@@ -224,6 +224,9 @@ def measure_midrun(args) -> dict:
             b, u = arms["balanced"], arms["unbalanced"]
             rounds.append({"round": i + 1, "ratio": b["last_median_s"] / u["last_median_s"],
                            "mean_ratio": b["last_mean_s"] / u["last_mean_s"], "order": list(order),
+                           # before the busy process both runs are the same job on equal shares: this ratio is
+                           # the noise between two runs on this machine (A/A), the spread the round's ratio carries
+                           "before_hog_ratio": b["before_hog_median_s"] / u["before_hog_median_s"],
                            "balanced": b, "unbalanced": u, "load_1m_before": round(load0, 2),
                            "load_1m_after": round(os.getloadavg()[0], 2)})
     bar.close()
@@ -231,8 +234,12 @@ def measure_midrun(args) -> dict:
                                            "rounds", "target_ratio", "config", "timeout_s")}
     setup["model"] = (f"the bench's per-token MLP (dim {args.dim}, {args.seq} tokens per sample)" if args.model == "mlp"
                       else args.config or "gpt-tiny (model.preset=tiny, synthetic tokens)")
+    aa = [r["before_hog_ratio"] for r in rounds]
     return {"mode": "mid_run", "rounds": rounds, "setup": setup,
             "summary": summarize_rounds([r["ratio"] for r in rounds], args.target_ratio),
+            "before_hog": {"what": "balanced / unbalanced median step before the busy process (the same job on equal "
+                                   "shares in both runs: the run-to-run noise)",
+                           "min": min(aa), "median": statistics.median(aa), "max": max(aa)},
             "cpus": len(os.sched_getaffinity(0))}
 
 
@@ -241,13 +248,18 @@ def print_midrun(res: dict) -> None:
     print(f"balance bench, mid-run straggler: {st['model']} on {st['ranks']} gloo ranks (one CPU each), "
           f"{st['run_steps']} steps, global batch {st['global_batch']}; a busy process on rank {st['slow_rank']}'s CPU "
           f"from step {st['hog_step']}; median step time of the last {st['last']} steps, balanced / unbalanced")
-    print(f"{'round':>5} {'ratio':>7} {'balanced ms':>12} {'unbalanced ms':>14} {'hog at':>7} {'shares':>9}  load")
+    print(f"{'round':>5} {'ratio':>7} {'balanced ms':>12} {'unbalanced ms':>14} {'hog at':>7} {'shares':>9} "
+          f"{'before hog':>10}  load")
     for r in res["rounds"]:
         b, u = r["balanced"], r["unbalanced"]
         shares = "/".join(map(str, b["final_shares"])) if b["final_shares"] else "-"
         print(f"{r['round']:>5} {r['ratio']:>7.3f} {1e3 * b['last_median_s']:>12.1f} {1e3 * u['last_median_s']:>14.1f} "
-              f"{str(b['hog_started_at_step']):>7} {shares:>9}  {r['load_1m_before']:.1f}-{r['load_1m_after']:.1f}")
+              f"{str(b['hog_started_at_step']):>7} {shares:>9} {r['before_hog_ratio']:>10.3f}  "
+              f"{r['load_1m_before']:.1f}-{r['load_1m_after']:.1f}")
         for line in b["balance_log"]:
             print(f"      {line}")
     print(f"  <= {s['target_ratio']:.2f}: {s['at_or_below_target']} of {s['rounds']}; above 1.0: {s['above_1']}; "
           f"median {s['median']:.3f}, worst {s['worst']:.3f}, best {s['best']:.3f}")
+    a = res["before_hog"]
+    print(f"  before the busy process (the same job in both runs: the noise between runs) balanced / unbalanced "
+          f"{a['min']:.3f}-{a['max']:.3f}, median {a['median']:.3f}")
