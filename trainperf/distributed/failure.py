@@ -38,6 +38,27 @@ import threading
 import time
 
 EXIT_CODE = 3
+
+
+def write_line(text: str, out=None) -> None:
+    """Write ``text`` and its newline in one ``write(2)`` to ``out``'s file descriptor (stderr by default).
+
+    The ranks of a job share the launcher's stderr: ``print`` writes the text and its newline in two calls,
+    and two ranks failing at once interleaved them, one report glued to the end of the other's line. One
+    write of under ``PIPE_BUF`` (4096) bytes to a pipe is atomic, so each rank's line stays whole."""
+    out = out if out is not None else sys.stderr
+    data = (text + "\n").encode("utf-8", "backslashreplace")
+    try:
+        fd = out.fileno()
+    except (AttributeError, OSError, ValueError):
+        fd = None
+    if fd is None:  # a StringIO or the like (tests): no descriptor, one write call
+        out.write(text + "\n")
+        out.flush()
+        return
+    out.flush()  # anything still buffered goes first, in order
+    while data:
+        data = data[os.write(fd, data):]
 _PREFIX = "trainperf/heartbeat/"  # "<step> <time the step began>"
 _ALIVE = "trainperf/alive/"  # "<time> <pid> <host#pid namespace>", refreshed every _ALIVE_EVERY_S by the watchdog thread
 _DEAD_AFTER_S = 2.0
@@ -228,7 +249,7 @@ class FailFast:
             self._failing = True
         try:
             text = self.report(reason)
-            print(text, file=self.out, flush=True)
+            write_line(text, self.out)
             self._record(reason, text)
             self._end_stopped_peers()
         except Exception:  # noqa: BLE001
@@ -346,8 +367,8 @@ def inject_fault(fault: tuple[str, int, int], rank: int, step: int) -> None:
     kind, at_rank, at_step = fault
     if at_rank != rank or at_step != step:
         return
-    print(f"trainperf: injected fault {kind!r} on rank {rank} at step {step} (t={time.time():.3f}) in process "
-          f"{os.getpid()}", file=sys.stderr, flush=True)
+    write_line(f"trainperf: injected fault {kind!r} on rank {rank} at step {step} (t={time.time():.3f}) in process "
+               f"{os.getpid()}")
     if kind == "busy":
         start_busy(step)
         return
