@@ -27,16 +27,20 @@ The rule: the process the user started decides; the processes it started do not.
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import os
 import signal
 import sys
 import threading
+import time
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 # first/extra: the signals received; pid: the process install() ran in (a process forked from it inherits the
 # hooks and this state); worker: worker_signals() ran here
-_state = {"first": None, "extra": 0, "pid": None, "worker": False}
+# raised: (the exception a handler raised, its signal, the handler to re-arm) until it is seen swallowed;
+# again: a signal re-delivered because its exception was swallowed (see _unraisable_hook)
+_state = {"first": None, "extra": 0, "pid": None, "worker": False, "raised": None, "again": None}
 
 
 class Terminated(KeyboardInterrupt):
@@ -63,15 +67,27 @@ def describe(code: int | None = None) -> str:
 
 def handle(signum, frame) -> None:
     """The command's handler (see the module doc); a handler of its own may hand a signal on to it."""
-    if _state["first"] is None:
-        _state["first"] = signum
-        _children_may_end()
-        raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+    if _state["first"] is None or _state["again"] == signum:
+        _state["again"] = None
+        if _state["first"] is None:
+            _state["first"] = signum
+            _children_may_end()
+        _raise_from_handler(Terminated() if signum == signal.SIGTERM else KeyboardInterrupt(), signum, handle)
     _state["extra"] += 1
     if _state["extra"] >= 2:  # the third signal: a clean-up that does not end; stop now, quietly
         with contextlib.suppress(OSError):
             os.write(2, b"trainperf: interrupted again: stopping now, without cleaning up\n")
         os._exit(128 + int(_state["first"] or signum))
+
+
+def _raise_from_handler(exc: BaseException, signum: int, rearm) -> None:
+    """Raise ``exc`` from a signal handler, remembering it: Python runs a handler between any two bytecodes
+    of the main thread, also inside a weakref callback or a ``__del__``, and an exception raised there is
+    only printed ("Exception ignored in ...") and lost: the process went on as if never signalled (seen in
+    tune's trial worker, inside importlib's module-lock callback). :func:`_unraisable_hook` sees it lost and
+    delivers the signal again, to ``rearm``."""
+    _state["raised"] = (exc, signum, rearm)
+    raise exc
 
 
 def record(signum: int) -> None:
@@ -163,9 +179,40 @@ def _sys_hook(prev):
     return hook
 
 
+def _unraisable_hook(prev):
+    """A ``sys.unraisablehook`` that, when the exception lost is the one a handler of this module raised (see
+    :func:`_raise_from_handler`), prints nothing and sends the signal again: its handler then runs outside
+    the callback, where the exception stops the process as it should (were it lost again, the same happens
+    again). Everything else goes to ``prev``."""
+    def hook(u):
+        raised = _state["raised"]
+        if raised is not None and u.exc_value is raised[0] and \
+                threading.current_thread() is threading.main_thread():
+            _state["raised"] = None
+            _, signum, rearm = raised
+            _state["again"] = signum
+            signal.signal(signum, rearm)
+            # from another thread, a moment later: raised here, the handler would run before this hook
+            # returns, and be lost again (threading.Thread.start waits, so the bare _thread is used)
+            _thread.start_new_thread(_send_again, (signum,))
+            return
+        prev(u)
+    hook.trainperf = True
+    return hook
+
+
+def _send_again(signum: int) -> None:
+    time.sleep(0.005)
+    os.kill(os.getpid(), signum)
+
+
 def _wrap_hooks() -> dict:
-    """Wrap ``threading.excepthook`` and ``sys.excepthook`` once; returns the hooks replaced."""
+    """Wrap ``threading.excepthook``, ``sys.excepthook`` and ``sys.unraisablehook`` once; returns the hooks
+    replaced."""
     old = {}
+    if not getattr(sys.unraisablehook, "trainperf", False):
+        old["unraisablehook"] = sys.unraisablehook
+        sys.unraisablehook = _unraisable_hook(sys.unraisablehook)
     if not getattr(threading.excepthook, "trainperf", False):
         old["excepthook"] = threading.excepthook
         threading.excepthook = _thread_hook(threading.excepthook)
@@ -197,6 +244,8 @@ def restore(old: dict) -> None:
             threading.excepthook = handler
         elif sig == "sys_excepthook":
             sys.excepthook = handler
+        elif sig == "unraisablehook":
+            sys.unraisablehook = handler
         else:
             signal.signal(sig, handler)
     reset()
@@ -205,6 +254,7 @@ def restore(old: dict) -> None:
 def reset() -> None:
     """Forget a received signal (tests that call the CLI in one process several times)."""
     _state["first"], _state["extra"], _state["pid"] = None, 0, None
+    _state["raised"] = _state["again"] = None
 
 
 @contextlib.contextmanager
@@ -267,7 +317,7 @@ def worker_signals(*, term: str = "default") -> None:
     if term == "exit":
         def _exit(signum, frame):
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
-            raise SystemExit(128 + signum)
+            _raise_from_handler(SystemExit(128 + signum), signum, _exit)
 
         signal.signal(signal.SIGTERM, _exit)
     else:
