@@ -72,7 +72,9 @@ def handle(signum, frame) -> None:
         if _state["first"] is None:
             _state["first"] = signum
             _children_may_end()
-        _raise_from_handler(Terminated() if signum == signal.SIGTERM else KeyboardInterrupt(), signum, handle)
+        # no re-arming: the signal sent again goes to whatever handles it then (handle, or a deferred block's
+        # hold, which delivers it to handle at the block's end; after finished(), nothing)
+        _raise_from_handler(Terminated() if signum == signal.SIGTERM else KeyboardInterrupt(), signum, None)
     _state["extra"] += 1
     if _state["extra"] >= 2:  # the third signal: a clean-up that does not end; stop now, quietly
         with contextlib.suppress(OSError):
@@ -85,7 +87,7 @@ def _raise_from_handler(exc: BaseException, signum: int, rearm) -> None:
     of the main thread, also inside a weakref callback or a ``__del__``, and an exception raised there is
     only printed ("Exception ignored in ...") and lost: the process went on as if never signalled (seen in
     tune's trial worker, inside importlib's module-lock callback). :func:`_unraisable_hook` sees it lost and
-    delivers the signal again, to ``rearm``."""
+    sends the signal again, after setting ``rearm`` (if not None) as its handler."""
     _state["raised"] = (exc, signum, rearm)
     raise exc
 
@@ -191,7 +193,8 @@ def _unraisable_hook(prev):
             _state["raised"] = None
             _, signum, rearm = raised
             _state["again"] = signum
-            signal.signal(signum, rearm)
+            if rearm is not None:  # a handler that set the signal ignored before it raised (a worker's)
+                signal.signal(signum, rearm)
             # from another thread, a moment later: raised here, the handler would run before this hook
             # returns, and be lost again (threading.Thread.start waits, so the bare _thread is used)
             _thread.start_new_thread(_send_again, (signum,))

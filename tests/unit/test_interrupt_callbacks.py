@@ -73,3 +73,30 @@ def test_other_unraisable_errors_are_still_printed():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and proc.stdout.strip() == "went on", proc.stdout + proc.stderr
     assert "Exception ignored" in proc.stderr and "a real error in __del__" in proc.stderr, proc.stderr
+
+
+def test_a_signal_sent_again_into_a_deferred_block_waits_for_its_end():
+    """The command's signal, lost in a callback just before a block that must not be cut in two, is sent again:
+    it is held to the block's end (the handler is not set back over the block's own), then stops the command."""
+    code = textwrap.dedent("""
+        import signal, time
+        from types import SimpleNamespace
+        from trainperf import interrupt
+        interrupt.install()
+        interrupt._state["first"] = signal.SIGTERM  # as handle() records it before it raises
+        lost = interrupt.Terminated()
+        interrupt._state["raised"] = (lost, signal.SIGTERM, None)
+        inside = []
+        try:
+            with interrupt.deferred():
+                import sys
+                sys.unraisablehook(SimpleNamespace(exc_value=lost, exc_type=type(lost)))
+                for _ in range(50):
+                    time.sleep(0.01)  # the signal sent again arrives here, and is held
+                inside.append("block finished")
+        except interrupt.Terminated:
+            print(inside, "then stopped")
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.stdout.strip() == "['block finished'] then stopped", proc.stdout + proc.stderr
+    assert proc.returncode == 0 and not proc.stderr, proc.stderr
