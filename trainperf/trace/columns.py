@@ -62,6 +62,8 @@ def _ints(values: list) -> np.ndarray:
 def _stream_num(v: Any) -> int:
     """A stream or device id (an int, an integral float, or text ending in digits); -1: none or corrupt
     (also an id beyond int64, which no real trace has)."""
+    if v.__class__ is int:  # the common case, first (a bool is not an int here: its class is bool)
+        return v if -_I64_LIMIT <= v < _I64_LIMIT else -1
     if isinstance(v, bool):
         return -1
     if isinstance(v, float) and v.is_integer() and abs(v) < _I64_LIMIT:
