@@ -11,7 +11,7 @@ import zlib
 import pytest
 
 from trainperf.errors import UserError
-from trainperf.trace import reader
+from trainperf.trace import inflate, reader
 
 PAYLOAD = os.urandom(1 << 16).hex().encode() + b'{"a": 1}' * 50_000  # ~530 kB, partly compressible
 
@@ -24,7 +24,7 @@ def test_the_inflated_bytes_are_what_gzip_reads_in_pieces_of_n(layout, n):
             "zero padding": gzip.compress(PAYLOAD) + b"\0" * 3000,
             "members and padding": gzip.compress(PAYLOAD[:99]) + b"\0" * 7 + gzip.compress(PAYLOAD[99:]) + b"\0",
             "empty": gzip.compress(b"")}[layout]
-    pieces = list(reader._gunzip(io.BytesIO(data), n))
+    pieces = list(inflate.gunzip(io.BytesIO(data), n))
     assert b"".join(pieces) == gzip.decompress(data)
     assert all(len(p) == n for p in pieces[:-1]) and all(0 < len(p) <= n for p in pieces)
 
@@ -39,7 +39,7 @@ def test_a_damaged_gzip_fails_as_gzip_does(damage):
     with pytest.raises((OSError, EOFError, zlib.error)):
         gzip.decompress(data)
     with pytest.raises((OSError, EOFError, zlib.error)):
-        b"".join(reader._gunzip(io.BytesIO(data), 1 << 16))
+        b"".join(inflate.gunzip(io.BytesIO(data), 1 << 16))
 
 
 def test_a_damaged_gzipped_trace_is_a_user_error_naming_the_file(tmp_path):

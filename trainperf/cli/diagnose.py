@@ -51,9 +51,21 @@ def progress_bar(files, quiet: bool):
 
 
 def run(args) -> int:
-    from trainperf.cli._common import no_blas_threads, print_json
+    from trainperf.cli._common import no_blas_threads
 
     no_blas_threads()  # before numpy is imported
+    from trainperf.trace import inflate
+
+    # a gzipped trace is read and inflated on another core while the analysis is imported
+    inflate.start(args.path)
+    try:
+        return _run(args)
+    finally:
+        inflate.cancel_all()
+
+
+def _run(args) -> int:
+    from trainperf.cli._common import print_json
     from trainperf.errors import UserError
     from trainperf.diagnosis.engine import contract, diagnose_found
     from trainperf.trace.ranks import discover

@@ -37,6 +37,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Union
 
 from trainperf.errors import UserError
+from trainperf.trace import inflate
+from trainperf.trace.inflate import CHUNK  # noqa: F401 - decompressed bytes read at a time
 
 try:
     import msgspec
@@ -44,7 +46,6 @@ except ImportError as exc:  # pragma: no cover - a declared dependency
     raise ImportError("trainperf's trace reader needs msgspec (a dependency of trainperf): "
                       "pip install 'msgspec>=0.18'") from exc
 
-CHUNK = 4 << 20  # decompressed bytes read at a time
 MAX_EVENT = 256 << 20  # one event (or the metadata before traceEvents) larger than this is not a trace
 _BOUNDARY = re.compile(rb"\}\s*,\s*\{")
 _KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
@@ -155,23 +156,27 @@ class _Source:
         head = self.f.read(2)
         self.f.seek(0)
         self.gz = head == b"\x1f\x8b"
-        self._pieces = None  # a gzipped file's inflater (_gunzip), once reading
+        self._pieces = None  # a gzipped file's pieces (inflate.gunzip or a read-ahead), once reading
+        self._ahead = None
         self.progress = progress
         self.eof = False
 
     def read(self, n: int) -> bytes:
+        pos = None
         if not self.gz:
             b = self.f.read(n)
         else:
             if self._pieces is None:
-                self._pieces = _gunzip(self.f, n)
+                self._ahead = inflate.take(self.path, n)  # inflated on another core since the command began
+                self._pieces = self._ahead.pieces() if self._ahead is not None else \
+                    ((p, self.f.tell()) for p in inflate.gunzip(self.f, n))
             try:
-                b = next(self._pieces, b"")
+                b, pos = next(self._pieces, (b"", None))
             except (OSError, EOFError, zlib.error) as exc:
                 raise _bad(self.path, f"is not a readable gzip file ({exc})") from exc
         if self.progress is not None:
             try:
-                self.progress(self.f.tell())
+                self.progress(self.f.tell() if pos is None else pos)
             except (OSError, ValueError):
                 pass
         if not b:
@@ -179,48 +184,9 @@ class _Source:
         return b
 
     def close(self) -> None:
+        if self._ahead is not None:
+            self._ahead.cancel()
         self.f.close()
-
-
-_MEMBER_INPUT = 1 << 20  # compressed bytes handed to zlib at a time
-
-
-def _gunzip(f, n: int) -> Iterator[bytes]:
-    """The decompressed bytes of gzip file ``f``, ``n`` at a time (the last piece shorter), as
-    :class:`gzip.GzipFile` reads them (every member; zero padding after one skipped; each member's CRC and
-    length checked by zlib), in large calls to zlib: a third faster than ``GzipFile.read`` on a 10 MB trace,
-    whose 8 kB reads and second CRC pass in Python it skips."""
-    d = zlib.decompressobj(31)
-    between = False  # after a member's end: zero padding, another member or the end
-    data = b""
-    out: list[bytes] = []
-    size = 0
-    while True:
-        if not data:
-            data = f.read(_MEMBER_INPUT)
-            if not data:
-                if not between and not d.eof:
-                    raise EOFError("Compressed file ended before the end-of-stream marker was reached")
-                break
-        if between:
-            data = data.lstrip(b"\0")
-            if not data:
-                continue
-            if not data.startswith(b"\x1f\x8b"[:len(data)]):
-                raise OSError("Not a gzipped file: bytes after the last gzip member")
-            d, between = zlib.decompressobj(31), False
-        piece = d.decompress(data, n - size)
-        data = d.unconsumed_tail
-        if piece:
-            out.append(piece)
-            size += len(piece)
-        if d.eof:
-            data, between = d.unused_data, True
-        if size >= n:
-            yield b"".join(out)
-            out, size = [], 0
-    if out:
-        yield b"".join(out)
 
 
 def _decode_run(buf: bytearray, cut: int) -> list[Event] | None:
