@@ -146,3 +146,25 @@ def test_diagnose_on_a_gzipped_trace_takes_the_read_ahead_and_leaves_no_thread(t
     assert main(["diagnose", str(p), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["source"] == "trace"
     assert started == [True] and not inflate._AHEAD and _no_inflate_threads()
+
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork: POSIX only")
+def test_a_forked_child_reads_the_file_itself_not_the_parents_read_ahead(tmp_path):
+    p = tmp_path / "t.json.gz"
+    p.write_bytes(gzip.compress(_trace(500)))
+    assert inflate.start(p)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: no read-ahead here (its thread is the parent's); reading must not wait for one
+        try:
+            ok = not inflate._AHEAD and inflate.take(p, inflate.CHUNK) is None and len(reader.read_all(p)[1]) == 500
+            os.write(w, b"1" if ok else b"0")
+        finally:
+            os._exit(0)
+    os.close(w)
+    got = os.read(r, 1)
+    os.close(r)
+    os.waitpid(pid, 0)
+    assert got == b"1"
+    assert inflate.take(p, inflate.CHUNK) is not None  # the parent's own is still there for it

@@ -78,6 +78,7 @@ class ReadAhead:
 
     def __init__(self, path: str, identity: tuple, n: int = CHUNK, depth: int = 2):
         self.path, self.identity, self.n = path, identity, n
+        self.pid = os.getpid()  # a forked child has the object but not the thread
         self.q: queue.Queue = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="trainperf-inflate", daemon=True)
@@ -151,7 +152,7 @@ def take(path, n: int) -> ReadAhead | None:
     ra = _AHEAD.pop(ident[0], None)
     if ra is None:
         return None
-    if ra.identity != ident or ra.n != n:
+    if ra.identity != ident or ra.n != n or ra.pid != os.getpid():
         ra.cancel()
         return None
     return ra
@@ -162,3 +163,12 @@ def cancel_all() -> None:
     while _AHEAD:
         _, ra = _AHEAD.popitem()
         ra.cancel()
+
+
+def _forget() -> None:
+    """In a forked child (a pool's worker): the read-aheads are the parent's, their threads are not here."""
+    _AHEAD.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget)
