@@ -168,3 +168,30 @@ def test_a_forked_child_reads_the_file_itself_not_the_parents_read_ahead(tmp_pat
     os.waitpid(pid, 0)
     assert got == b"1"
     assert inflate.take(p, inflate.CHUNK) is not None  # the parent's own is still there for it
+
+
+def test_a_read_ahead_whose_thread_died_is_an_error_not_a_wait(tmp_path, monkeypatch):
+    p = tmp_path / "t.json.gz"
+    p.write_bytes(gzip.compress(_trace(100)))
+
+    def dies(self):  # a thread that ends without its last piece (whatever the cause)
+        return None
+
+    monkeypatch.setattr(inflate.ReadAhead, "_run", dies)
+    assert inflate.start(p)
+    with pytest.raises(UserError, match=r"t\.json\.gz: is not a readable gzip file \(the read-ahead"):
+        reader.read_all(p)
+
+
+def test_an_unexpected_error_in_the_thread_reaches_the_reader(tmp_path, monkeypatch):
+    p = tmp_path / "t.json.gz"
+    p.write_bytes(gzip.compress(_trace(100)))
+
+    def broken(f, n):
+        raise ValueError("something unforeseen")
+        yield b""  # pragma: no cover
+
+    monkeypatch.setattr(inflate, "gunzip", broken)
+    assert inflate.start(p)
+    with pytest.raises(ValueError, match="something unforeseen"):
+        reader.read_all(p)

@@ -91,7 +91,7 @@ class ReadAhead:
                     if not self._put((piece, f.tell())):
                         return
                 self._put((b"", f.tell()))
-        except (OSError, EOFError, zlib.error, MemoryError) as exc:  # the reader raises it, as its own
+        except Exception as exc:  # noqa: BLE001 - handed over: the reader raises it, as its own
             self._put(exc)
 
     def _put(self, item) -> bool:
@@ -106,7 +106,12 @@ class ReadAhead:
     def pieces(self) -> Iterator[tuple[bytes, int]]:
         """``(decompressed piece, compressed bytes consumed so far)`` in order, ``b""`` last."""
         while True:
-            item = self.q.get()
+            try:
+                item = self.q.get(timeout=0.5)
+            except queue.Empty:
+                if not self.thread.is_alive() and self.q.empty():  # never a wait on a thread that is gone
+                    raise OSError("the read-ahead of this file ended without its last piece") from None
+                continue
             if isinstance(item, BaseException):
                 raise item
             yield item
